@@ -1,0 +1,67 @@
+"""EngineConfig: the one configuration object of an engine process, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.errors import InvalidRequestError
+
+
+class ConfigError(InvalidRequestError):
+    """A flag combination the engine cannot run with."""
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    served_model_name: str | None = None  # defaults to the model directory's name
+    tokenizer: str | None = None  # defaults to the model directory
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | npu
+    seed: int = 0
+    # KV cache
+    block_size: int = 16
+    kv_cache_memory_mb: int = 512  # memory for K and V of all layers
+    num_kv_blocks: int | None = None  # overrides kv_cache_memory_mb (tests, tuning)
+    enable_prefix_caching: bool = True
+    # Scheduling
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int | None = None  # defaults to max(max_model_len, 2048)
+    max_waiting_requests: int = 1024  # past this the API answers 503
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_request_body_bytes: int = 8 * 1024 * 1024
+    admin_token: str | None = None
+    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default
+
+    def __post_init__(self) -> None:
+        if not Path(self.model, "config.json").is_file():
+            raise ConfigError(f"--model {self.model!r} is not a model directory: config.json not found there")
+        if self.served_model_name is None:
+            self.served_model_name = Path(self.model).resolve().name
+        if self.tokenizer is None:
+            self.tokenizer = self.model
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"--dtype {self.dtype!r}: expected auto, float32, bfloat16 or float16")
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ConfigError(f"--block-size {self.block_size}: expected a power of two up to 128")
+        if self.max_num_seqs < 1:
+            raise ConfigError("--max-num-seqs must be at least 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ConfigError("--num-kv-blocks must be at least 2")
+
+    def finalize(self, model_max_len: int) -> None:
+        """Fill the defaults that depend on the loaded model; check the scheduling limits fit together."""
+        if self.max_model_len is None:
+            self.max_model_len = model_max_len
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        if self.max_num_batched_tokens < self.max_model_len:
+            # no chunked prefill: a whole prompt must fit in one step
+            raise ConfigError(
+                f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be at least "
+                f"--max-model-len ({self.max_model_len}); lower --max-model-len or raise the token budget"
+            )

@@ -1,0 +1,143 @@
+"""AsyncLLMEngine: runs the LLMEngine on its own thread so HTTP handlers never wait on a forward pass.
+
+Handlers put requests and aborts in an inbox; the engine thread drains it between steps and hands
+each step's outputs back to the event loop in one `call_soon_threadsafe`. A consumer that stops
+iterating (the client went away) aborts its request, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from data_plane.config import EngineConfig
+from data_plane.engine.llm_engine import EngineStats, LLMEngine
+from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.sequence import Request
+from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.config = engine.config
+        self.tokenizer = engine.tokenizer
+        self.healthy = True
+        self.dead_reason: str | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._stats = engine.stats()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
+        return cls(LLMEngine.from_config(config))
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+
+    # ---- API side ------------------------------------------------------------------------------
+    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
+        if not self.healthy:
+            raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
+        self.engine.validate(request)
+        if self._stats.num_waiting + self._inbox.qsize() >= self.config.max_waiting_requests:
+            raise OverloadedError(
+                f"The server is overloaded: {self.config.max_waiting_requests} requests are already waiting. Retry later."
+            )
+        if request.request_id in self._streams:
+            raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+        stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._streams[request.request_id] = stream
+        self._post("add", request)
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def _post(self, kind: str, payload: object) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    # ---- engine thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                outputs = self._drain_inbox()
+                if self.engine.has_work():
+                    outputs.extend(self.engine.step())
+                else:
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+                self._stats = self.engine.stats()
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+        except BaseException as exc:  # the loop itself broke: say so loudly and fail everyone
+            logger.exception("engine loop died")
+            self.healthy = False
+            self.dead_reason = f"{type(exc).__name__}: {exc}"
+            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"The engine died: {self.dead_reason}"))
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return outputs
+            if kind == "add":
+                try:
+                    self.engine.add_request(payload)
+                except Exception as exc:  # validated on the API side already; still never kill the loop
+                    self._loop.call_soon_threadsafe(self._deliver_error, payload.request_id, exc)
+            elif kind == "abort":
+                aborted = self.engine.abort_request(payload)
+                if aborted is not None:
+                    outputs.append(aborted)
+
+    # ---- back on the event loop ----------------------------------------------------------------
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put_nowait(output)
+
+    def _deliver_error(self, request_id: str, exc: Exception) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put_nowait(exc)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(exc)

@@ -1,0 +1,51 @@
+"""Turns the scheduler's decision into one StepInput: flat tokens, positions, KV slots, adapters."""
+
+from __future__ import annotations
+
+import torch
+
+from data_plane.engine.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
+from data_plane.engine.scheduler import SchedulerOutput
+from data_plane.engine.sequence import Sequence
+from data_plane.engine.step_input import StepInput
+
+
+class BatchBuilder:
+    def __init__(self, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.device = device
+
+    def build(self, sched: SchedulerOutput) -> tuple[StepInput, list[Sequence]]:
+        """The step input and the sequences in the order of its logits rows."""
+        token_ids: list[int] = []
+        positions: list[int] = []
+        logits_indices: list[int] = []
+        seqs: list[Sequence] = []
+
+        decode_entries: list[DecodeEntry] = []
+        for seq in sched.decodes:
+            position = len(seq) - 1  # the last sampled token, not yet in the cache
+            token_ids.append(seq.last_token_id)
+            positions.append(position)
+            logits_indices.append(len(token_ids) - 1)
+            decode_entries.append(DecodeEntry(seq.block_table, position + 1))
+            seqs.append(seq)
+
+        prefill_entries: list[PrefillEntry] = []
+        for item in sched.prefills:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            token_ids.extend(seq.all_token_ids[start:])
+            positions.extend(range(start, len(seq)))
+            logits_indices.append(len(token_ids) - 1)
+            prefill_entries.append(PrefillEntry(seq.block_table, start, item.num_new_tokens))
+            seqs.append(seq)
+
+        attn = build_attention_metadata(decode_entries, prefill_entries, self.block_size, self.device)
+        return StepInput(
+            input_ids=torch.tensor(token_ids, dtype=torch.int64, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
+            attn=attn,
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
+            seq_ids=[s.seq_id for s in seqs],
+            adapter_ids=[s.adapter_id for s in seqs],
+        ), seqs

@@ -1,0 +1,197 @@
+"""LLMEngine: the synchronous core — admit requests, run steps, hand back per-request outputs.
+
+Only the engine thread calls it (see async_engine.py); it holds no locks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from data_plane.config import EngineConfig
+from data_plane.device import resolve_device
+from data_plane.engine.batch_builder import BatchBuilder
+from data_plane.engine.block_manager import BlockManager
+from data_plane.engine.model_runner import ModelRunner
+from data_plane.engine.output_processor import OutputProcessor
+from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.scheduler import Scheduler
+from data_plane.engine.sequence import FinishReason, Request, Sequence
+from data_plane.model.loader import load_model
+from data_plane.model.sampler import Sampler
+from data_plane.tokenizer import Tokenizer
+from shared.errors import InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+
+
+@dataclass
+class _RequestState:
+    request: Request
+    seqs: list[Sequence]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer, vocab_size: int) -> None:
+        assert config.max_model_len is not None and config.max_num_batched_tokens is not None
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.builder = BatchBuilder(config.block_size, runner.device)
+        self.sampler = Sampler(tokenizer.eos_token_ids)
+        self.outputs = OutputProcessor(tokenizer, config.max_model_len)
+        self.requests: dict[str, _RequestState] = {}
+        self._seq_ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        """Load the model and tokenizer named by the config (slow: reads the checkpoint)."""
+        device = resolve_device(config.device)
+        model, model_config = load_model(Path(config.model), dtype=config.dtype, device=device)
+        config.finalize(model_config.max_position_embeddings)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        tokenizer = Tokenizer.from_pretrained(config.tokenizer)
+        dtype = next(model.parameters()).dtype
+        runner = ModelRunner(model, config, device, dtype)
+        return cls(config, runner, tokenizer, model_config.vocab_size)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def validate(self, request: Request) -> None:
+        """Reject what can never be served, before it is queued (→ HTTP 400)."""
+        prompt_len = len(request.prompt_token_ids)
+        max_len = self.config.max_model_len
+        if prompt_len == 0:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        if prompt_len + request.sampling_params.max_tokens > max_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{prompt_len + request.sampling_params.max_tokens} tokens ({prompt_len} in the prompt, "
+                f"{request.sampling_params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
+                param="max_tokens" if prompt_len < max_len else "prompt",
+                code="context_length_exceeded",
+            )
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= self.vocab_size:
+            raise InvalidRequestError(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
+        blocks = self.block_manager.blocks_needed(prompt_len + 1)
+        if blocks > self.block_manager.num_blocks - self.block_manager.watermark:
+            raise InvalidRequestError(
+                f"The prompt needs {blocks} KV blocks but the cache holds {self.block_manager.num_blocks}; "
+                "shorten the prompt or start the engine with a larger --kv-cache-memory-mb.",
+                param="prompt",
+            )
+
+    def add_request(self, request: Request) -> None:
+        self.validate(request)
+        seqs = []
+        for index in range(request.sampling_params.n):
+            seq = Sequence(next(self._seq_ids), request, index)
+            if request.sampling_params.seed is not None:
+                seq.generator = torch.Generator(self.runner.device).manual_seed(request.sampling_params.seed + index)
+            self.scheduler.add(seq)
+            seqs.append(seq)
+        self.requests[request.request_id] = _RequestState(request, seqs)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        state = self.requests.get(request_id)
+        if state is None:
+            return None
+        return self._fail(state, FinishReason.ABORT, error=None)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return self._fail_unschedulable()
+        step_input, seqs = self.builder.build(sched)
+        try:
+            logits = self.runner.forward(step_input)  # [S, vocab]
+            sampled = self.sampler(logits, seqs)
+        except Exception as exc:  # a failing batch fails its requests, never the engine
+            logger.exception("step failed; failing the %d requests of this batch", len(seqs))
+            failed = {s.request.request_id: self.requests[s.request.request_id] for s in seqs}
+            error = f"engine error: {type(exc).__name__}: {exc}"
+            return [self._fail(state, FinishReason.ERROR, error=error) for state in failed.values()]
+
+        now = time.monotonic()
+        touched: dict[str, _RequestState] = {}
+        for row, seq in enumerate(seqs):
+            seq.num_computed_tokens = len(seq)
+            self.block_manager.cache_full_blocks(seq)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.last_token_time = now
+            self.outputs.append_token(seq, sampled.token_ids[row], sampled.logprobs[row] if sampled.logprobs else None)
+            if seq.is_finished:
+                self.scheduler.remove(seq)
+            touched[seq.request.request_id] = self.requests[seq.request.request_id]
+        return [self._collect(state) for state in touched.values()]
+
+    def _collect(self, state: _RequestState) -> RequestOutput:
+        deltas = [d for d in (self.outputs.take_delta(s) for s in state.seqs) if d is not None]
+        finished = state.finished
+        if finished:
+            del self.requests[state.request.request_id]
+        return RequestOutput(
+            request_id=state.request.request_id,
+            prompt_token_ids=state.request.prompt_token_ids,
+            deltas=deltas,
+            finished=finished,
+            num_cached_tokens=max(s.num_cached_tokens for s in state.seqs),
+        )
+
+    def _fail(self, state: _RequestState, reason: FinishReason, error: str | None) -> RequestOutput:
+        for seq in state.seqs:
+            if not seq.is_finished:
+                self.scheduler.remove(seq)
+                seq.finish(reason)
+        output = self._collect(state)
+        output.error = error
+        return output
+
+    def _fail_unschedulable(self) -> list[RequestOutput]:
+        """Nothing runs and the head of the queue still does not fit: it never will (grown too long)."""
+        if self.scheduler.running or not self.scheduler.waiting:
+            return []
+        seq = self.scheduler.waiting[0]
+        logger.warning("sequence %d needs more KV blocks than the cache has; failing it", seq.seq_id)
+        state = self.requests[seq.request.request_id]
+        return [self._fail(state, FinishReason.LENGTH, error=None)]
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_used_blocks,
+            prefix_cache_queried_tokens=bm.stats.queried_tokens,
+            prefix_cache_hit_tokens=bm.stats.hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+        )

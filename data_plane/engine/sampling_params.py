@@ -1,0 +1,53 @@
+"""Per-request sampling parameters, validated once at the API edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0) disables top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs per generated token; None = off
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.top_k == 0:
+            self.top_k = -1
+        checks: list[tuple[bool, str, str]] = [
+            (self.n >= 1, "n", "n must be at least 1"),
+            (self.max_tokens >= 1, "max_tokens", "max_tokens must be at least 1"),
+            (self.min_tokens >= 0, "min_tokens", "min_tokens must be non-negative"),
+            (self.min_tokens <= self.max_tokens, "min_tokens", "min_tokens must not exceed max_tokens"),
+            (self.temperature >= 0.0, "temperature", "temperature must be non-negative"),
+            (0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
+            (self.top_k >= -1, "top_k", "top_k must be -1 (disabled) or positive"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "min_p must be in [0, 1]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+            (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "repetition_penalty must be in (0, 2]"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be between 0 and 20"),
+        ]
+        for ok, param, message in checks:
+            if not ok:
+                raise InvalidRequestError(message, param=param)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

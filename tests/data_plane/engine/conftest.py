@@ -1,0 +1,50 @@
+"""Helpers to drive a real LLMEngine step by step on the tiny checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data_plane.config import EngineConfig
+from data_plane.demo.tokenizer_builder import write_tokenizer
+from data_plane.engine.llm_engine import LLMEngine
+from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.sequence import Request
+
+
+@pytest.fixture(scope="session")
+def engine_checkpoints(tiny_checkpoints: dict[str, Path]) -> dict[str, Path]:
+    """The tiny checkpoints plus a tokenizer of matching vocabulary (the engine needs one)."""
+    for path in tiny_checkpoints.values():
+        if not (path / "tokenizer.json").exists():
+            vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+            write_tokenizer(path, vocab_size=vocab)
+    return tiny_checkpoints
+
+
+def make_engine(path: Path, **overrides) -> LLMEngine:
+    config = EngineConfig(model=str(path), device="cpu", block_size=overrides.pop("block_size", 4), **overrides)
+    return LLMEngine.from_config(config)
+
+
+def greedy(max_tokens: int = 32, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, arrive_every: int = 0) -> list[list[int]]:
+    """Run prompts to completion; with arrive_every > 0, request i arrives after i*arrive_every steps."""
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+    pending = list(enumerate(prompts))
+    steps = 0
+    while pending or engine.has_work():
+        while pending and steps >= pending[0][0] * arrive_every:
+            i, prompt = pending.pop(0)
+            engine.add_request(Request(f"r{i}", list(prompt), params))
+        for output in engine.step():
+            for delta in output.deltas:
+                tokens[output.request_id].extend(delta.token_ids)
+        steps += 1
+        assert steps < 10_000, "engine made no progress"
+    return [tokens[f"r{i}"] for i in range(len(prompts))]

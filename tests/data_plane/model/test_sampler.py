@@ -1,0 +1,207 @@
+"""Sampler tests; transformers' logits processors serve as an independent oracle."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.sequence import Request, Sequence
+from data_plane.model.sampler import Sampler, _apply_penalties, apply_min_p, apply_top_k_top_p
+
+EOS = 2
+
+
+def make_seq(
+    i: int,
+    prompt: list[int] | None = None,
+    output: list[int] | None = None,
+    seed: int | None = None,
+    **params: object,
+) -> Sequence:
+    sp = SamplingParams(seed=seed, **params)  # type: ignore[arg-type]
+    req = Request(request_id=f"r{i}", prompt_token_ids=prompt or [0, 1], sampling_params=sp)
+    seq = Sequence(seq_id=i, request=req, index=0, output_token_ids=list(output or []))
+    if seed is not None:
+        seq.generator = torch.Generator().manual_seed(seed)
+    return seq
+
+
+def test_greedy_fast_path_equals_argmax() -> None:
+    logits = torch.randn(8, 1000, generator=torch.Generator().manual_seed(0))
+    seqs = [make_seq(i, temperature=0.0) for i in range(8)]
+    out = Sampler({EOS})(logits, seqs)
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert out.logprobs is None
+
+
+def test_greedy_rows_in_a_mixed_batch_equal_argmax() -> None:
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(1))
+    seqs = [make_seq(i, temperature=0.0 if i % 2 == 0 else 1.0, top_k=5) for i in range(6)]
+    before = logits.clone()
+    out = Sampler({EOS})(logits, seqs)
+    expected = logits.argmax(-1).tolist()
+    assert [out.token_ids[i] for i in (0, 2, 4)] == [expected[i] for i in (0, 2, 4)]
+    assert torch.equal(logits, before)  # the caller's logits are not modified
+
+
+def test_repetition_penalty_matches_transformers() -> None:
+    gen = torch.Generator().manual_seed(2)
+    vocab = 50
+    logits = torch.randn(4, vocab, generator=gen) * 3
+    penalties = [1.0, 1.3, 0.7, 2.0]
+    prompts = [[1, 5, 7], [3, 3, 9, 11], [0, 20], [4]]
+    outputs = [[2], [12, 3], [], [40, 41, 4]]
+    seqs = [
+        make_seq(i, prompt=prompts[i], output=outputs[i], temperature=0.0, repetition_penalty=penalties[i])
+        for i in range(4)
+    ]
+    ours = _apply_penalties(logits, seqs)
+    for i in range(4):
+        input_ids = torch.tensor([prompts[i] + outputs[i]])
+        oracle = RepetitionPenaltyLogitsProcessor(penalties[i])(input_ids, logits[i : i + 1].clone())
+        torch.testing.assert_close(ours[i : i + 1], oracle)
+        assert Sampler({EOS})(logits[i : i + 1], [seqs[i]]).token_ids == [int(oracle.argmax())]
+
+
+def test_presence_and_frequency_penalty_arithmetic() -> None:
+    logits = torch.tensor([[0.0, -1.0, 1.0, 2.0, 0.5, 0.0]])
+    seq = make_seq(
+        0,
+        prompt=[3],
+        output=[1, 1, 2],
+        frequency_penalty=0.5,
+        presence_penalty=0.25,
+        repetition_penalty=2.0,
+    )
+    # token 1: -1 * 2 (repetition) - 2 * 0.5 - 0.25 = -3.25; token 2: 1 / 2 - 0.5 - 0.25 = -0.25
+    # token 3 is in the prompt only: repetition applies, frequency/presence do not -> 2 / 2 = 1
+    expected = torch.tensor([[0.0, -3.25, -0.25, 1.0, 0.5, 0.0]])
+    torch.testing.assert_close(_apply_penalties(logits, [seq]), expected)
+
+
+@pytest.mark.parametrize("top_k", [1, 3, 17, 64])
+def test_top_k_matches_transformers(top_k: int) -> None:
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(top_k))
+    ours = apply_top_k_top_p(logits, torch.full((5,), top_k), torch.ones(5))
+    oracle = TopKLogitsWarper(top_k)(None, logits.clone())
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(oracle))
+
+
+def test_top_p_and_min_p_match_transformers_per_row() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 200, generator=gen) * 2
+    top_p = [0.05, 0.3, 0.5, 0.9, 0.99, 1.0]
+    min_p = [0.0, 0.01, 0.1, 0.3, 0.7, 1.0]
+    ours_p = apply_top_k_top_p(logits, torch.full((6,), 200), torch.tensor(top_p))
+    ours_min = apply_min_p(logits, torch.tensor(min_p))
+    for i in range(6):
+        row = logits[i : i + 1]
+        oracle_p = TopPLogitsWarper(top_p[i])(None, row.clone())
+        assert torch.equal(torch.isfinite(ours_p[i : i + 1]), torch.isfinite(oracle_p)), top_p[i]
+        if min_p[i] > 0:
+            oracle_min = MinPLogitsWarper(min_p[i])(None, row.clone())
+            assert torch.equal(torch.isfinite(ours_min[i : i + 1]), torch.isfinite(oracle_min)), min_p[i]
+    assert torch.isfinite(ours_min[0]).all()  # min_p 0 keeps everything
+
+
+def test_top_k_then_top_p_matches_transformers_chain() -> None:
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(4)) * 2
+    ours = apply_top_k_top_p(logits, torch.tensor([20]), torch.tensor([0.6]))
+    oracle = TopPLogitsWarper(0.6)(None, TopKLogitsWarper(20)(None, logits.clone()))
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(oracle))
+
+
+def test_sampled_tokens_stay_inside_the_filtered_set() -> None:
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(5)).expand(2000, 100)
+    kept = torch.isfinite(
+        apply_min_p(
+            apply_top_k_top_p(logits[:1], torch.tensor([30]), torch.tensor([0.8])), torch.tensor([0.05])
+        )
+    )[0]
+    seqs = [make_seq(i, temperature=1.0, top_k=30, top_p=0.8, min_p=0.05, seed=i) for i in range(2000)]
+    out = Sampler({EOS})(logits, seqs)
+    assert all(kept[t] for t in out.token_ids)
+    assert len(set(out.token_ids)) > 1  # it really samples
+
+
+def test_temperature_sampling_frequencies_match_softmax() -> None:
+    n, temperature = 20_000, 0.7
+    base = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.5])
+    seqs = [make_seq(i, temperature=temperature) for i in range(n)]
+    with torch.random.fork_rng():
+        torch.manual_seed(6)
+        out = Sampler({EOS})(base.expand(n, 5).contiguous(), seqs)
+    observed = torch.bincount(torch.tensor(out.token_ids), minlength=5).double()
+    expected = torch.softmax(base.double() / temperature, dim=0) * n
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 25.0, (observed, expected)  # df = 4: p(chi2 > 25) ~ 5e-5
+
+
+def test_seeded_rows_are_reproducible_and_independent_of_batch() -> None:
+    vocab, steps = 300, 6
+    gen = torch.Generator().manual_seed(7)
+    step_logits = [torch.randn(vocab, generator=gen) for _ in range(steps)]
+    sampler = Sampler({EOS})
+
+    def run(batch_size: int, position: int) -> list[int]:
+        target = make_seq(0, temperature=0.9, top_p=0.95, seed=1234)
+        others = [make_seq(i + 1, temperature=1.0, seed=None if i % 2 else i) for i in range(batch_size - 1)]
+        seqs = others[:position] + [target] + others[position:]
+        for logits in step_logits:
+            batch = torch.randn(len(seqs), vocab)
+            batch[position] = logits
+            out = sampler(batch, seqs)
+            for seq, tok in zip(seqs, out.token_ids, strict=True):
+                seq.output_token_ids.append(tok)
+        return target.output_token_ids
+
+    alone = run(1, 0)
+    assert run(1, 0) == alone
+    assert run(5, 2) == alone
+    assert run(9, 8) == alone
+    assert len(set(alone)) > 1
+
+
+def test_min_tokens_masks_eos_and_stop_token_ids() -> None:
+    logits = torch.zeros(3, 10)
+    logits[:, EOS] = 10.0
+    logits[:, 7] = 9.0
+    logits[:, 4] = 8.0
+    seqs = [
+        make_seq(0, temperature=0.0, min_tokens=2, stop_token_ids=[7], output=[5]),
+        make_seq(1, temperature=0.0, min_tokens=2, stop_token_ids=[7], output=[5, 5]),
+        make_seq(2, temperature=1.0, min_tokens=2, ignore_eos=True, stop_token_ids=[7], seed=0),
+    ]
+    out = Sampler({EOS})(logits, seqs)
+    assert out.token_ids[0] == 4  # eos and stop id masked while output is shorter than min_tokens
+    assert out.token_ids[1] == EOS  # min_tokens reached: eos allowed again
+    assert out.token_ids[2] not in (EOS, 7)
+
+
+def test_logprobs_are_raw_log_softmax_with_top_ids() -> None:
+    logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(8))
+    seqs = [
+        make_seq(0, temperature=0.0, logprobs=5, repetition_penalty=1.5, prompt=[int(logits[0].argmax())]),
+        make_seq(1, temperature=1.0, logprobs=0, seed=3),
+        make_seq(2, temperature=0.0),
+    ]
+    out = Sampler({EOS})(logits, seqs)
+    assert out.logprobs is not None
+    reference = torch.log_softmax(logits, dim=-1)
+    for i, n in ((0, 5), (1, 0)):
+        entry = out.logprobs[i]
+        assert next(iter(entry)) == out.token_ids[i]  # sampled token first
+        top_ids = reference[i].topk(n).indices.tolist() if n else []
+        assert set(entry) == {out.token_ids[i], *top_ids}
+        for tok, lp in entry.items():
+            assert math.isclose(lp, float(reference[i, tok]), rel_tol=1e-5, abs_tol=1e-6)
+    assert out.logprobs[2] == {}
