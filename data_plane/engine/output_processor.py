@@ -22,25 +22,27 @@ class OutputProcessor:
             seq.output_logprobs.append(logprobs)
         num_out = len(seq.output_token_ids)
         min_reached = num_out >= params.min_tokens
+        at_length = num_out >= params.max_tokens or len(seq) >= self.max_model_len
         # EOS and stop token ids end the sequence without adding their text
         if min_reached and not params.ignore_eos and token_id in self.eos_token_ids:
             seq.finish(FinishReason.STOP)
         elif min_reached and token_id in params.stop_token_ids:
             seq.finish(FinishReason.STOP, stop_reason=token_id)
         else:
-            self._detokenize(seq)
+            self._detokenize(seq, flush=at_length)  # the last token: emit a held-back partial character too
             if min_reached and params.stop:
                 self._check_stop_strings(seq)
-        if not seq.is_finished and (num_out >= params.max_tokens or len(seq) >= self.max_model_len):
+        if not seq.is_finished and at_length:
             seq.finish(FinishReason.LENGTH)
 
-    def _detokenize(self, seq: Sequence) -> None:
+    def _detokenize(self, seq: Sequence, flush: bool) -> None:
         text, seq.detok_prefix_offset, seq.detok_read_offset = detokenize_incrementally(
             self.tokenizer,
             seq.output_token_ids,
             seq.detok_prefix_offset,
             seq.detok_read_offset,
             seq.sampling_params.skip_special_tokens,
+            flush=flush,
         )
         seq.output_text += text
         seq.detok_new_chars = len(text)

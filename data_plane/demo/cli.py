@@ -1,0 +1,31 @@
+"""`loraplane demo-model DIR [--seed N] [--force]`: generate the demo checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loraplane demo-model",
+        description="Write a small random Qwen2 checkpoint (config, safetensors, tokenizer) to DIR.",
+    )
+    parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created if missing)")
+    parser.add_argument("--seed", type=int, default=0, help="weight init seed (default: 0)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing model in DIR")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out_dir: Path = args.dir
+    if (out_dir / "config.json").exists() and not args.force:
+        print(f"{out_dir / 'config.json'} exists; leaving the model as it is (use --force to overwrite)")
+        return 0
+    # Imported here so that `--help` does not pay for importing torch.
+    from data_plane.demo.model_builder import write_demo_model
+
+    for path in write_demo_model(out_dir, seed=args.seed):
+        print(f"wrote {path} ({path.stat().st_size} bytes)")
+    return 0

@@ -1,0 +1,60 @@
+"""The `loraplane` console script: dispatch on the first argument to a subcommand module.
+
+Subcommand modules are imported only when chosen, so `loraplane demo-model` does not import the
+web stack and `loraplane --help` imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+# name -> (module, help line); each module has `main(argv: list[str]) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "engine": ("data_plane.api.server", "run a data-plane engine (OpenAI-compatible API)"),
+    "control": ("control_plane.cli", "run the control plane or call its admin API"),
+    "demo-model": ("data_plane.demo.cli", "write a small random Qwen2 checkpoint for demos and tests"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    lines = ["usage: loraplane <command> [args...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_line}" for name, (_, help_line) in SUBCOMMANDS.items()]
+    lines += ["", "Run `loraplane <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def _load(module_name: str) -> Callable[[list[str]], int]:
+    return importlib.import_module(module_name).main
+
+
+def run(argv: list[str]) -> int:
+    """Dispatch and return the exit code (main() wraps this in sys.exit)."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"loraplane: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name = SUBCOMMANDS[name][0]
+    try:
+        command = _load(module_name)
+    except ImportError as e:
+        # Only "the subcommand module itself is missing" gets the friendly message; a broken import
+        # inside an existing module is a bug and should show its traceback.
+        if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise
+        print(f"loraplane: the {name!r} command is not available in this installation ({e})", file=sys.stderr)
+        return 1
+    return int(command(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(run(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()
