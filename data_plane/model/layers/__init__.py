@@ -1,0 +1,1 @@
+"""Building blocks of the llama-family models, written ready for tensor parallelism."""
