@@ -50,6 +50,8 @@ class EngineConfig:
             raise ConfigError(f"--block-size {self.block_size}: expected a power of two up to 128")
         if self.max_num_seqs < 1:
             raise ConfigError("--max-num-seqs must be at least 1")
+        if self.max_waiting_requests < 1:
+            raise ConfigError("--max-waiting-requests must be at least 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
 

@@ -1,0 +1,165 @@
+"""The engine's HTTP app: thin OpenAI-compatible controllers over the serving services.
+
+Every error, including Litestar's own (unknown route, oversized body), leaves as an OpenAI-style
+body `{"error": {"message", "type", "param", "code"}}`; see errors.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, TypeVar
+
+from litestar import Litestar, Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.response import Stream
+
+from data_plane.api.errors import ClientDisconnected, exception_handlers
+from data_plane.api.models import ModelResolver
+from data_plane.api.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from data_plane.api.serving_chat import ChatService
+from data_plane.api.serving_completion import CompletionService
+from data_plane.api.streaming import EventStream
+from data_plane.config import EngineConfig
+from data_plane.metrics import CONTENT_TYPE, EngineMetrics
+from shared.errors import EngineDeadError
+
+T = TypeVar("T")
+
+try:
+    __version__ = version("loraplane")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it if the client goes away first: the engine then aborts the request
+    instead of generating an answer nobody reads. (Streams watch for this themselves later on.)"""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # server shutdown: stop the work too
+        await _cancel(task, watcher)
+        raise
+    if not task.done():  # the client left first
+        await _cancel(task, watcher)
+        raise ClientDisconnected("The client closed the connection.")
+    watcher.cancel()
+    return task.result()
+
+
+async def _cancel(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel and wait, so the work's cleanup (closing its generation → engine abort) has run."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _respond(result: dict[str, Any] | EventStream) -> Response[Any]:
+    if isinstance(result, EventStream):
+        return Stream(
+            result.body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            background=BackgroundTask(result.aclose),  # runs however the stream ended
+        )
+    return Response(result)
+
+
+@post("/v1/chat/completions", status_code=200, operation_id="createChatCompletion")
+async def create_chat_completion(request: Request, state: State) -> Response[Any]:
+    """Create a model response for a chat conversation (OpenAI-compatible; `stream` for SSE)."""
+    body = decode_request(await request.body(), ChatCompletionRequest)
+    return _respond(await _until_disconnect(request, state.chat.create(body)))
+
+
+@post("/v1/completions", status_code=200, operation_id="createCompletion")
+async def create_completion(request: Request, state: State) -> Response[Any]:
+    """Create a completion for a prompt (OpenAI-compatible legacy completions; `stream` for SSE)."""
+    body = decode_request(await request.body(), CompletionRequest)
+    return _respond(await _until_disconnect(request, state.completion.create(body)))
+
+
+@get("/v1/models", operation_id="listModels")
+async def list_models(state: State) -> dict[str, Any]:
+    """List the models this engine serves (the base model; adapters once loaded)."""
+    return {"object": "list", "data": state.resolver.cards()}
+
+
+@get("/v1/models/{model_id:path}", operation_id="retrieveModel")
+async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
+    """One served model by name (404 when this engine does not serve it)."""
+    return state.resolver.card(model_id.lstrip("/"))  # :path keeps names with slashes ("org/adapter")
+
+
+@get("/health", operation_id="health")
+async def health(state: State) -> Response[Any]:
+    """200 while the engine loop runs; 503 with the reason once it has died."""
+    engine = state.engine
+    if engine.healthy:
+        return Response({"status": "ok"})
+    error = EngineDeadError(f"The engine is not running: {engine.dead_reason}")
+    return Response(error.to_body(), status_code=error.status_code)
+
+
+@get("/metrics", operation_id="metrics", include_in_schema=False)
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus exposition of this engine's metrics."""
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+@get("/version", operation_id="version")
+async def get_version() -> dict[str, str]:
+    """The loraplane version of this engine."""
+    return {"version": __version__}
+
+
+def create_app(engine: Any, config: EngineConfig) -> Litestar:
+    """engine: an AsyncLLMEngine (not started: startup starts it inside the server's event loop)."""
+    assert config.max_model_len is not None, "finalize the config (load the engine) first"
+    resolver = ModelResolver(config.served_model_name or config.model, config.model, config.max_model_len)
+    engine_metrics = EngineMetrics(engine.stats)
+    state = State(
+        {
+            "engine": engine,
+            "config": config,
+            "resolver": resolver,
+            "metrics": engine_metrics,
+            "chat": ChatService(engine, resolver, engine_metrics),
+            "completion": CompletionService(engine, resolver, engine_metrics),
+        }
+    )
+
+    async def start_engine() -> None:
+        engine.start()  # captures the running loop: the engine thread hands outputs back to it
+
+    async def stop_engine() -> None:
+        await engine.shutdown()
+
+    return Litestar(
+        route_handlers=[
+            create_chat_completion,
+            create_completion,
+            list_models,
+            retrieve_model,
+            health,
+            metrics,
+            get_version,
+        ],
+        state=state,
+        on_startup=[start_engine],
+        on_shutdown=[stop_engine],
+        exception_handlers=exception_handlers(),
+        request_max_body_size=config.max_request_body_bytes,
+        openapi_config=OpenAPIConfig(title="loraplane engine", version=__version__),
+        logging_config=None,  # the process configures logging at its edge (server.py), not the app
+    )

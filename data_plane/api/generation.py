@@ -1,0 +1,158 @@
+"""One engine request in flight, as the serving layer sees it.
+
+`start_generation` submits a Request and waits for its first output, so that what the engine
+refuses on admission (400 prompt too long, 503 overloaded, engine dead) becomes an HTTP error
+before any byte of a response — streamed or not — has been sent. `Generation` then yields the
+remaining outputs, records the request's metrics, and is always closed: closing it closes the
+engine's generator, which aborts the request and frees its KV blocks if it had not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+import anyio
+
+from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.sequence import Request
+from data_plane.metrics import RequestMetrics
+from shared.errors import EngineDeadError, LoraplaneError, OverloadedError
+
+logger = logging.getLogger(__name__)
+
+EngineStream = AsyncGenerator[RequestOutput, None]
+
+
+class EngineLike(Protocol):
+    def generate(self, request: Request) -> EngineStream: ...
+
+
+class Generation:
+    def __init__(
+        self, request_id: str, stream: EngineStream, first: RequestOutput, metrics: RequestMetrics
+    ) -> None:
+        self.request_id = request_id
+        self._stream = stream
+        self._pending: RequestOutput | None = first
+        self._metrics = metrics
+        self._done = False
+        self._closed = False
+        self._outcome: str | None = None  # None when closed early: the request was aborted
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._pending is not None:
+                output, self._pending = self._pending, None
+            else:
+                output = await anext(self._stream)
+        except StopAsyncIteration:  # the engine ended the stream without a finished output
+            self._done, self._outcome = True, "error"
+            raise EngineDeadError("The engine ended the request without finishing it.") from None
+        except Exception:
+            self._done, self._outcome = True, "error"
+            raise
+        self._metrics.on_output(sum(len(d.token_ids) for d in output.deltas))
+        if output.error:  # the engine failed the request (its batch crashed): no partial answer
+            self._done, self._outcome = True, "error"
+            # the engine's message names internals (exception types, device errors): log it, don't send it
+            logger.warning("request %s failed in the engine: %s", self.request_id, output.error)
+            raise LoraplaneError("The engine failed to process the request.")
+        if output.finished:
+            self._done, self._outcome = True, "ok"
+        return output
+
+    async def aclose(self) -> None:
+        """Idempotent; safe inside a cancelled scope (the abort must reach the engine)."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._stream.aclose()  # unfinished: the engine aborts it and frees its KV blocks
+        self._metrics.finish(self._outcome or "abort")
+
+
+async def start_generation(engine: EngineLike, request: Request, metrics: RequestMetrics) -> Generation:
+    """Submit `request` and wait for its first output; engine refusals raise here."""
+    stream = engine.generate(request)
+    try:
+        first = await anext(stream)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+        metrics.finish(_outcome_of(exc))
+        if isinstance(exc, StopAsyncIteration):
+            raise EngineDeadError("The engine ended the request without any output.") from None
+        raise
+    metrics.admitted(len(request.prompt_token_ids))
+    return Generation(request.request_id, stream, first, metrics)
+
+
+def _outcome_of(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return "abort"
+    if isinstance(exc, OverloadedError) or (isinstance(exc, LoraplaneError) and exc.status_code < 500):
+        return "rejected"  # refused on admission: the request never ran
+    return "error"
+
+
+async def start_all(engine: EngineLike, requests: list[tuple[Request, RequestMetrics]]) -> list[Generation]:
+    """Start several requests concurrently (a batched prompt); if one is refused, close the others."""
+    results = await asyncio.gather(
+        *(start_generation(engine, r, m) for r, m in requests), return_exceptions=True
+    )
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        for r in results:
+            if isinstance(r, Generation):
+                await r.aclose()
+        raise errors[0]
+    return list(results)  # type: ignore[arg-type]
+
+
+class MergedGenerations:
+    """Outputs of several generations as they arrive, tagged with the generation's index."""
+
+    def __init__(self, generations: list[Generation]) -> None:
+        self.generations = generations
+        self._tasks: dict[asyncio.Task[RequestOutput], int] = {}
+        self._started = False
+
+    def __aiter__(self) -> MergedGenerations:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        if not self._started:
+            self._started = True
+            for i in range(len(self.generations)):
+                self._schedule(i)
+        while self._tasks:
+            done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+            task = done.pop()
+            index = self._tasks.pop(task)
+            try:
+                output = task.result()
+            except StopAsyncIteration:
+                continue
+            self._schedule(index)
+            return index, output
+        raise StopAsyncIteration
+
+    def _schedule(self, index: int) -> None:
+        self._tasks[asyncio.ensure_future(anext(self.generations[index]))] = index
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
+            for generation in self.generations:
+                await generation.aclose()

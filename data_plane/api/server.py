@@ -1,0 +1,125 @@
+"""`loraplane engine`: parse flags into an EngineConfig, load the model, serve the API with uvicorn.
+
+This is the only place that reads the command line or the environment for an engine process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from shared.errors import LoraplaneError
+
+if TYPE_CHECKING:
+    from data_plane.config import EngineConfig
+
+logger = logging.getLogger("loraplane.engine")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="loraplane engine", description="Serve a model over an OpenAI-compatible API."
+    )
+    p.add_argument(
+        "--model", required=True, help="Hugging Face model directory (config.json, safetensors, tokenizer)"
+    )
+    p.add_argument("--served-model-name", help="name clients pass as `model` (default: the directory's name)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | npu (optionally with :index)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory-mb", type=int, default=512)
+    p.add_argument("--num-kv-blocks", type=int, help="overrides --kv-cache-memory-mb")
+    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--max-model-len", type=int, help="default: the model's max_position_embeddings")
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--max-waiting-requests", type=int, default=1024, help="past this, requests get 503")
+    p.add_argument("--max-request-body-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--num-threads", type=int, help="torch intra-op threads on CPU")
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("LORAPLANE_ADMIN_TOKEN"),
+        help="bearer token for the admin endpoints (default: $LORAPLANE_ADMIN_TOKEN)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    # imported here so `loraplane engine --help` stays fast
+    from data_plane.config import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        block_size=args.block_size,
+        kv_cache_memory_mb=args.kv_cache_memory_mb,
+        num_kv_blocks=args.num_kv_blocks,
+        enable_prefix_caching=args.enable_prefix_caching,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_waiting_requests=args.max_waiting_requests,
+        host=args.host,
+        port=args.port,
+        max_request_body_bytes=args.max_request_body_bytes,
+        admin_token=args.admin_token,
+        num_threads=args.num_threads,
+    )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind before serving so `--port 0` can report the port it got."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvicorn
+
+    from data_plane.api.app import create_app
+    from data_plane.engine.async_engine import AsyncLLMEngine
+
+    try:
+        config = config_from_args(args)
+        logger.info("loading %s", config.model)
+        engine = AsyncLLMEngine.from_config(config)  # slow: reads the checkpoint, sizes the KV cache
+        sock = _bind(config.host, config.port)
+    except (LoraplaneError, OSError) as exc:
+        print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 2
+    app = create_app(engine, config)
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    print(f"loraplane engine: serving {config.served_model_name!r} on {url}", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=args.log_level == "debug"
+        )
+    )
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

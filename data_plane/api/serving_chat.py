@@ -1,0 +1,167 @@
+"""POST /v1/chat/completions: render the conversation, run one engine Request (n samples), and
+answer with a chat.completion object or a stream of chat.completion.chunk events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from data_plane.api.generation import Generation, start_generation
+from data_plane.api.logprobs import LogprobFormatter
+from data_plane.api.models import ModelResolver
+from data_plane.api.protocol import ChatCompletionRequest
+from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
+from data_plane.engine.sequence import Request
+from data_plane.metrics import EngineMetrics
+from shared.errors import LoraplaneError
+
+
+@dataclass
+class _Choice:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatService:
+    def __init__(self, engine: Any, resolver: ModelResolver, metrics: EngineMetrics) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len: int = engine.config.max_model_len
+        self.resolver = resolver
+        self.metrics = metrics
+
+    async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | EventStream:
+        """The response body, or an EventStream when req.stream; engine refusals raise (→ 4xx/5xx)."""
+        arrival = time.monotonic()
+        try:
+            request = self._engine_request(req)
+        except LoraplaneError:
+            # no adapter label here: the name may be one we do not serve (unbounded label values)
+            self.metrics.start_request(arrival).finish("rejected")
+            raise
+        generation = await start_generation(
+            self.engine, request, self.metrics.start_request(arrival, adapter=req.model)
+        )
+        ctx = _Context(req, request.request_id, request.prompt_token_ids, LogprobFormatter(self.tokenizer))
+        if req.stream:
+            return event_stream(_chunks(generation, ctx), generation.aclose)
+        try:
+            return await _collect(generation, ctx)
+        finally:
+            await generation.aclose()
+
+    def _engine_request(self, req: ChatCompletionRequest) -> Request:
+        req.check()
+        adapter_id = self.resolver.resolve(req.model)
+        prompt = self.tokenizer.apply_chat_template(req.conversation(), add_generation_prompt=True)
+        prompt_ids = self.tokenizer.encode(prompt)  # the template already holds any BOS token
+        params = req.to_sampling_params(default_max_tokens=max(1, self.max_model_len - len(prompt_ids)))
+        return Request(new_id("chatcmpl"), prompt_ids, params, adapter_id=adapter_id)
+
+
+@dataclass
+class _Context:
+    req: ChatCompletionRequest
+    request_id: str
+    prompt_token_ids: list[int]
+    formatter: LogprobFormatter
+    created: int = field(default_factory=now_s)
+
+    @property
+    def top_n(self) -> int:
+        return self.req.top_logprobs or 0
+
+    def header(self, obj: str) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created, "model": self.req.model}
+
+
+async def _collect(generation: Generation, ctx: _Context) -> dict[str, Any]:
+    n = ctx.req.n or 1
+    choices = [_Choice() for _ in range(n)]
+    cached = 0
+    async for output in generation:
+        cached = max(cached, output.num_cached_tokens)
+        for d in output.deltas:
+            c = choices[d.index]
+            c.text += d.text
+            c.token_ids += d.token_ids
+            c.logprobs += d.logprobs or []
+            if d.finish_reason is not None:
+                c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
+    body = ctx.header("chat.completion")
+    body["choices"] = [_choice_body(i, c, ctx) for i, c in enumerate(choices)]
+    body["usage"] = usage(len(ctx.prompt_token_ids), sum(len(c.token_ids) for c in choices), cached)
+    if ctx.req.return_token_ids:
+        body["prompt_token_ids"] = ctx.prompt_token_ids
+    return body
+
+
+def _choice_body(index: int, c: _Choice, ctx: _Context) -> dict[str, Any]:
+    logprobs = None
+    if ctx.req.logprobs:
+        logprobs = {"content": ctx.formatter.chat(c.token_ids, c.logprobs, ctx.top_n)}
+    choice: dict[str, Any] = {
+        "index": index,
+        "message": {"role": "assistant", "content": c.text},
+        "logprobs": logprobs,
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
+    if ctx.req.return_token_ids:
+        choice["token_ids"] = c.token_ids
+    return choice
+
+
+async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[str, Any]]:
+    req = ctx.req
+
+    def chunk(choice: dict[str, Any]) -> dict[str, Any]:
+        body = {**ctx.header("chat.completion.chunk"), "choices": [choice]}
+        if req.include_usage:
+            body["usage"] = None  # only the final chunk carries usage
+        return body
+
+    # OpenAI opens every choice with a chunk that carries only the role
+    for index in range(req.n or 1):
+        first = chunk(
+            {
+                "index": index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
+        if req.return_token_ids and index == 0:
+            first["prompt_token_ids"] = ctx.prompt_token_ids
+        yield first
+    completion_tokens = cached = 0
+    async for output in generation:
+        cached = max(cached, output.num_cached_tokens)
+        for d in output.deltas:
+            completion_tokens += len(d.token_ids)
+            if not d.text and not d.token_ids and d.finish_reason is None:
+                continue
+            choice: dict[str, Any] = {
+                "index": d.index,
+                "delta": {"content": d.text} if d.text else {},
+                "logprobs": {"content": ctx.formatter.chat(d.token_ids, d.logprobs or [], ctx.top_n)}
+                if req.logprobs
+                else None,
+                "finish_reason": d.finish_reason,
+            }
+            if d.finish_reason is not None:
+                choice["stop_reason"] = d.stop_reason
+            if req.return_token_ids:
+                choice["token_ids"] = d.token_ids
+            yield chunk(choice)
+    if req.include_usage:
+        yield {
+            **ctx.header("chat.completion.chunk"),
+            "choices": [],
+            "usage": usage(len(ctx.prompt_token_ids), completion_tokens, cached),
+        }

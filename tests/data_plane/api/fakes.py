@@ -1,0 +1,119 @@
+"""A scripted engine and tokenizer with the AsyncLLMEngine interface, for testing the HTTP layer
+without a model: one character per token, outputs known in advance."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from data_plane.engine.outputs import CompletionDelta, RequestOutput
+from data_plane.engine.sequence import Request
+from shared.errors import InvalidRequestError, OverloadedError
+
+MAX_MODEL_LEN = 64
+
+
+class FakeTokenizer:
+    """One token per character (id = code point), so texts and ids map trivially."""
+
+    eos_token_ids = {0}
+    vocab_size = 0x110000
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        text = "".join(f"{m['role']}:{m['content']}\n" for m in messages)
+        return text + ("assistant:" if add_generation_prompt else "")
+
+
+@dataclass
+class FakeConfig:
+    max_model_len: int = MAX_MODEL_LEN
+    served_model_name: str = "fake"
+    model: str = "/models/fake"
+    max_request_body_bytes: int = 4096
+
+
+@dataclass
+class FakeStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 8
+    kv_blocks_used: int = 0
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+
+
+@dataclass
+class FakeEngine:
+    """Choice j of a request generates `reply` shifted by j ("abc…" → "bcd…" for j=1), one char per step."""
+
+    reply: str = "hello world"
+    step_delay: float = 0.0
+    overloaded: bool = False
+    fail_with: Exception | None = None  # raised on admission (tests the 500 path)
+    error_after: int | None = None  # steps after which the output carries an engine error
+    config: FakeConfig = field(default_factory=FakeConfig)
+    tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
+    healthy: bool = True
+    dead_reason: str | None = None
+    started: bool = False
+    requests: list[Request] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        asyncio.get_running_loop()  # like the real engine: must run inside the loop
+        self.started = True
+
+    async def shutdown(self) -> None:
+        self.started = False
+
+    def stats(self) -> FakeStats:
+        return FakeStats(num_running=len(self.requests) - len(self.aborted) - len(self.finished))
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
+        params = request.sampling_params
+        if self.fail_with is not None:
+            raise self.fail_with
+        if len(request.prompt_token_ids) + params.max_tokens > self.config.max_model_len:
+            raise InvalidRequestError("prompt too long", param="prompt", code="context_length_exceeded")
+        if self.overloaded:
+            raise OverloadedError("The server is overloaded.")
+        self.requests.append(request)
+        done = False
+        try:
+            for step in range(params.max_tokens):
+                if self.step_delay:
+                    await asyncio.sleep(self.step_delay)
+                else:
+                    await asyncio.sleep(0)
+                if self.error_after is not None and step >= self.error_after:
+                    done = True
+                    yield RequestOutput(
+                        request.request_id, request.prompt_token_ids, finished=True, error="boom"
+                    )
+                    return
+                last = step == params.max_tokens - 1
+                deltas = [self._delta(j, step, last, params.logprobs) for j in range(params.n)]
+                done = last
+                yield RequestOutput(request.request_id, request.prompt_token_ids, deltas, finished=last)
+        finally:
+            if done:
+                self.finished.append(request.request_id)
+            else:
+                self.abort(request.request_id)
+
+    def _delta(self, choice: int, step: int, last: bool, logprobs: int | None) -> CompletionDelta:
+        char = chr(ord(self.reply[step % len(self.reply)]) + choice)
+        token = ord(char)
+        lp = None if logprobs is None else [{token: -0.5, ord("?"): -1.5, ord("!"): -2.5}]
+        return CompletionDelta(choice, char, [token], lp, "length" if last else None)
