@@ -27,11 +27,6 @@ def _padded_block_tables(tables: list[list[int]]) -> torch.Tensor:  # [B, max_bl
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
 
 
-def _gather_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:  # [B, L]
-    pos = torch.arange(length)
-    return block_tables[:, pos // block_size] * block_size + pos % block_size
-
-
 def _slots_of(block_table: list[int], start: int, stop: int, block_size: int) -> list[int]:
     return [block_table[p // block_size] * block_size + p % block_size for p in range(start, stop)]
 
@@ -40,32 +35,37 @@ def build_attention_metadata(
     decode: list[DecodeEntry], prefill: list[PrefillEntry], block_size: int, device: torch.device
 ) -> AttentionMetadata:
     slot_mapping: list[int] = []
-    decode_gather = decode_mask = None
+    decode_tables = decode_mask = None
+    decode_len = 0
     if decode:
         ctx = torch.tensor([d.context_len for d in decode])
-        length = int(ctx.max())
-        decode_gather = _gather_slots(_padded_block_tables([d.block_table for d in decode]), length, block_size)
-        decode_mask = (torch.arange(length)[None, :] < ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, Ld]
+        length = decode_len = int(ctx.max())
+        decode_tables = _padded_block_tables([d.block_table for d in decode])
+        if bool((ctx != length).any()):  # equal lengths need no mask, and SDPA runs faster without one
+            decode_mask = (torch.arange(length)[None, :] < ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, Ld]
         for d in decode:
             slot_mapping.extend(_slots_of(d.block_table, d.context_len - 1, d.context_len, block_size))
 
-    prefill_gather = prefill_mask = query_index = query_valid = None
+    prefill_tables = prefill_mask = query_index = query_valid = None
+    prefill_len = 0
     if prefill:
         computed = torch.tensor([p.num_computed for p in prefill])
         new = torch.tensor([p.num_new for p in prefill])
-        length = int((computed + new).max())
+        length = prefill_len = int((computed + new).max())
         max_q = int(new.max())
-        prefill_gather = _gather_slots(_padded_block_tables([p.block_table for p in prefill]), length, block_size)
+        prefill_tables = _padded_block_tables([p.block_table for p in prefill])
         qi = torch.arange(max_q)
         query_valid = qi[None, :] < new[:, None]  # [Bp, Qp]
         starts = torch.cumsum(new, 0) - new
         query_index = torch.where(query_valid, starts[:, None] + qi[None, :], 0)
-        # key j is visible to query i of sequence b when j <= num_computed[b] + i (causal, prefix offset)
-        keys = torch.arange(length)
-        mask = keys[None, None, :] <= (computed[:, None, None] + qi[None, :, None])  # [Bp, Qp, Lp]
-        # padded query rows attend key 0 only, so SDPA never sees an all-masked row (NaN); they are dropped
-        mask = torch.where(query_valid[:, :, None], mask, keys[None, None, :] == 0)
-        prefill_mask = mask[:, None]
+        if bool(computed.any()) or bool((new != max_q).any()):
+            # key j is visible to query i of sequence b when j <= num_computed[b] + i (causal, prefix offset)
+            keys = torch.arange(length)
+            mask = keys[None, None, :] <= (computed[:, None, None] + qi[None, :, None])  # [Bp, Qp, Lp]
+            # padded query rows attend key 0 only, so SDPA never sees an all-masked row (NaN); they are dropped
+            mask = torch.where(query_valid[:, :, None], mask, keys[None, None, :] == 0)
+            prefill_mask = mask[:, None]
+        # else: equal fresh prompts, plain causal attention (prefill_mask None)
         for p in prefill:
             slot_mapping.extend(_slots_of(p.block_table, p.num_computed, p.num_computed + p.num_new, block_size))
 
@@ -73,13 +73,16 @@ def build_attention_metadata(
         return None if t is None else t.to(device, non_blocking=True)
 
     return AttentionMetadata(
+        block_size=block_size,
         slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
         num_decode_tokens=len(decode),
-        decode_gather_slots=dev(decode_gather),
+        decode_block_tables=dev(decode_tables),
+        decode_context_len=decode_len,
         decode_mask=dev(decode_mask),
         num_prefill_seqs=len(prefill),
         prefill_query_lens=[p.num_new for p in prefill],
-        prefill_gather_slots=dev(prefill_gather),
+        prefill_block_tables=dev(prefill_tables),
+        prefill_context_len=prefill_len,
         prefill_mask=dev(prefill_mask),
         prefill_query_index=dev(query_index),
         prefill_query_valid=dev(query_valid),

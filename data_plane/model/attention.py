@@ -1,8 +1,8 @@
-"""Paged attention in plain PyTorch: write new K/V into the block cache, gather, SDPA.
+"""Paged attention in plain PyTorch: write new K/V into the block cache, gather blocks, SDPA.
 
 The KV cache of one layer is a tensor [2, num_slots, num_kv_heads, head_dim] where
-num_slots = num_blocks * block_size; slot = block_id * block_size + offset. Gather indices
-and masks are built once per step by the BatchBuilder and shared by every layer.
+num_slots = num_blocks * block_size; slot = block_id * block_size + offset. Block tables and
+masks are built once per step by the BatchBuilder and shared by every layer.
 """
 
 from __future__ import annotations
@@ -40,23 +40,37 @@ class PagedAttention(nn.Module):
         out = torch.empty_like(q)
         nd = attn.num_decode_tokens
         if nd:
-            # one query per sequence: q [Bd, H, 1, D] against gathered keys [Bd, Hkv, Ld, D]
-            out[:nd] = self._attend(q[:nd].unsqueeze(2), kv_cache, attn.decode_gather_slots, attn.decode_mask).squeeze(2)
+            # One query per sequence, so the query heads sharing a KV head can stand in the query-length
+            # axis: q [Bd, Hkv, group, D] against keys [Bd, Hkv, Ld, D] — GQA without repeating K/V.
+            grouped = q[:nd].view(nd, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+            keys, values = self._gather(
+                kv_cache, attn.decode_block_tables, attn.decode_context_len, attn.block_size, q.dtype
+            )
+            o = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=attn.decode_mask, scale=self.scale)
+            out[:nd] = o.reshape(nd, self.num_heads, self.head_dim)
         if attn.num_prefill_seqs:
             q_pad = q[nd:][attn.prefill_query_index].transpose(1, 2)  # [Bp, H, Qp, D]
-            o_pad = self._attend(q_pad, kv_cache, attn.prefill_gather_slots, attn.prefill_mask)
+            keys, values = self._gather(
+                kv_cache, attn.prefill_block_tables, attn.prefill_context_len, attn.block_size, q.dtype
+            )
+            o_pad = F.scaled_dot_product_attention(
+                q_pad,
+                keys,
+                values,
+                attn_mask=attn.prefill_mask,
+                is_causal=attn.prefill_mask is None,
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
             out[nd:] = o_pad.transpose(1, 2)[attn.prefill_query_valid]  # [Tp, H, D], row-major = flat order
         return out.view(num_tokens, self.num_heads * self.head_dim)
 
-    def _attend(
-        self,
-        q: torch.Tensor,  # [B, H, Q, D]
-        kv_cache: torch.Tensor,
-        gather_slots: torch.Tensor,  # [B, L]
-        mask: torch.Tensor,  # [B, 1, Q, L]
-    ) -> torch.Tensor:  # [B, H, Q, D]
-        keys = kv_cache[0][gather_slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, L, D]
-        values = kv_cache[1][gather_slots].transpose(1, 2).to(q.dtype)
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
-        )
+    def _gather(
+        self, kv_cache: torch.Tensor, block_tables: torch.Tensor, length: int, block_size: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # each [B, Hkv, L, D]
+        batch, max_blocks = block_tables.shape
+        # whole blocks in one index_select (far cheaper than per-slot indexing): [2, B * nb, bs, Hkv, D]
+        blocks = kv_cache.view(2, -1, block_size, self.num_kv_heads, self.head_dim).index_select(1, block_tables.view(-1))
+        kv = blocks.view(2, batch, max_blocks * block_size, self.num_kv_heads, self.head_dim)[:, :, :length]
+        kv = kv.transpose(2, 3).to(dtype)  # [2, B, Hkv, L, D]
+        return kv[0], kv[1]
