@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.errors import InvalidRequestError
@@ -36,6 +36,15 @@ class EngineConfig:
     max_request_body_bytes: int = 8 * 1024 * 1024
     admin_token: str | None = None
     num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default
+    # Multi-LoRA
+    enable_lora: bool = False
+    max_loras: int = 4  # device slots: adapters resident for compute at once
+    max_lora_rank: int = 64  # slots are padded to this rank
+    max_cpu_loras: int | None = None  # host cache of validated adapters; defaults to max(max_loras, 16)
+    lora_roots: list[str] = field(default_factory=list)  # adapter paths must lie under one of these
+    lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded at start
+    max_adapter_labels: int = 100  # Prometheus `adapter` label values; past this they fold into "other"
+    default_drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not Path(self.model, "config.json").is_file():
@@ -52,6 +61,18 @@ class EngineConfig:
             raise ConfigError("--max-num-seqs must be at least 1")
         if self.max_waiting_requests < 1:
             raise ConfigError("--max-waiting-requests must be at least 1")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = max(self.max_loras, 16)
+        if self.enable_lora:
+            if self.max_loras < 1 or self.max_lora_rank < 1:
+                raise ConfigError("--max-loras and --max-lora-rank must be at least 1")
+            if self.max_cpu_loras < self.max_loras:
+                raise ConfigError("--max-cpu-loras must be at least --max-loras")
+            if not self.lora_roots and self.lora_modules:
+                # preloaded adapters name their own directories: allow exactly those
+                self.lora_roots = [str(Path(p).resolve().parent) for p in self.lora_modules.values()]
+        elif self.lora_modules:
+            raise ConfigError("--lora-modules needs --enable-lora")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
 

@@ -11,15 +11,27 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import EngineStats, LLMEngine
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
+from data_plane.lora.weights import LoRAAdapterWeights
 from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _settle(future: asyncio.Future, result: object, exc: BaseException | None) -> None:
+    if future.done():  # the caller was cancelled meanwhile
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class AsyncLLMEngine:
@@ -86,6 +98,25 @@ class AsyncLLMEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    # ---- adapters: run on the engine thread between steps --------------------------------------
+    async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
+        """Copy the adapter into a device slot now and keep it there until unpinned or removed."""
+        await self._call(self.engine.pin_lora, adapter_id, weights)
+
+    async def unpin_lora(self, adapter_id: int) -> None:
+        await self._call(self.engine.unpin_lora, adapter_id)
+
+    async def remove_lora(self, adapter_id: int) -> None:
+        """Free the adapter's slot; the caller makes sure none of its requests is still in flight."""
+        await self._call(self.engine.remove_lora, adapter_id)
+
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
+        if not self.healthy:
+            raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._post("call", (fn, args, future))
+        return await future
+
     def _post(self, kind: str, payload: object) -> None:
         self._inbox.put((kind, payload))
         self._wake.set()
@@ -121,6 +152,15 @@ class AsyncLLMEngine:
                     self.engine.add_request(payload)
                 except Exception as exc:  # validated on the API side already; still never kill the loop
                     self._loop.call_soon_threadsafe(self._deliver_error, payload.request_id, exc)
+            elif kind == "call":
+                fn, args, future = payload
+                try:
+                    result = fn(*args)
+                except Exception as exc:
+                    self._loop.call_soon_threadsafe(_settle, future, None, exc)
+                else:
+                    self._loop.call_soon_threadsafe(_settle, future, result, None)
+                self._stats = self.engine.stats()
             elif kind == "abort":
                 aborted = self.engine.abort_request(payload)
                 if aborted is not None:

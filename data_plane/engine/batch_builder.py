@@ -8,12 +8,15 @@ from data_plane.engine.attention_metadata import DecodeEntry, PrefillEntry, buil
 from data_plane.engine.scheduler import SchedulerOutput
 from data_plane.engine.sequence import Sequence
 from data_plane.engine.step_input import StepInput
+from data_plane.lora.batch import LoRABatch
+from data_plane.lora.slots import LoRASlotManager
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device) -> None:
+    def __init__(self, block_size: int, device: torch.device, lora_slots: LoRASlotManager | None = None) -> None:
         self.block_size = block_size
         self.device = device
+        self.lora_slots = lora_slots
 
     def build(self, sched: SchedulerOutput) -> tuple[StepInput, list[Sequence]]:
         """The step input and the sequences in the order of its logits rows."""
@@ -41,6 +44,14 @@ class BatchBuilder:
             seqs.append(seq)
 
         attn = build_attention_metadata(decode_entries, prefill_entries, self.block_size, self.device)
+        lora = None
+        if self.lora_slots is not None:
+            token_slots: list[int] = []
+            for seq in sched.decodes:
+                token_slots.append(self._slot(seq))
+            for item in sched.prefills:
+                token_slots.extend([self._slot(item.seq)] * item.num_new_tokens)
+            lora = LoRABatch.build(token_slots, len(sched.decodes), self.device)
         return StepInput(
             input_ids=torch.tensor(token_ids, dtype=torch.int64, device=self.device),
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
@@ -48,4 +59,8 @@ class BatchBuilder:
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
             seq_ids=[s.seq_id for s in seqs],
             adapter_ids=[s.adapter_id for s in seqs],
+            lora=lora,
         ), seqs
+
+    def _slot(self, seq: Sequence) -> int:
+        return -1 if seq.adapter_id == 0 else self.lora_slots.slot(seq.adapter_id)

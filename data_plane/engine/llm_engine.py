@@ -22,6 +22,9 @@ from data_plane.engine.output_processor import OutputProcessor
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.scheduler import Scheduler
 from data_plane.engine.sequence import FinishReason, Request, Sequence
+from data_plane.lora.model_lora import enable_lora
+from data_plane.lora.slots import LoRAEngineStats, LoRASlotManager
+from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.loader import load_model
 from data_plane.model.sampler import Sampler
 from data_plane.tokenizer import Tokenizer
@@ -39,6 +42,7 @@ class EngineStats:
     prefix_cache_queried_tokens: int
     prefix_cache_hit_tokens: int
     num_preemptions: int
+    lora: LoRAEngineStats | None = None
 
 
 @dataclass
@@ -52,15 +56,23 @@ class _RequestState:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: ModelRunner, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        lora_slots: LoRASlotManager | None = None,
+    ) -> None:
         assert config.max_model_len is not None and config.max_num_batched_tokens is not None
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.lora_slots = lora_slots
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.builder = BatchBuilder(config.block_size, runner.device)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, lora_slots)
+        self.builder = BatchBuilder(config.block_size, runner.device, lora_slots)
         self.sampler = Sampler(tokenizer.eos_token_ids)
         self.outputs = OutputProcessor(tokenizer, config.max_model_len)
         self.requests: dict[str, _RequestState] = {}
@@ -76,8 +88,9 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         tokenizer = Tokenizer.from_pretrained(config.tokenizer)
         dtype = next(model.parameters()).dtype
+        lora_slots = enable_lora(model, config.max_loras, config.max_lora_rank) if config.enable_lora else None
         runner = ModelRunner(model, config, device, dtype)
-        return cls(config, runner, tokenizer, model_config.vocab_size)
+        return cls(config, runner, tokenizer, model_config.vocab_size, lora_slots)
 
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -96,6 +109,11 @@ class LLMEngine:
             )
         if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= self.vocab_size:
             raise InvalidRequestError(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
+        if request.adapter_id != 0:
+            if self.lora_slots is None:
+                raise InvalidRequestError("LoRA is not enabled on this engine; start it with --enable-lora.")
+            if request.lora is None or request.lora.rank > self.config.max_lora_rank:
+                raise InvalidRequestError(f"Adapter {request.adapter_id} has no weights that fit the LoRA slots.")
         blocks = self.block_manager.blocks_needed(prompt_len + 1)
         if blocks > self.block_manager.num_blocks - self.block_manager.watermark:
             raise InvalidRequestError(
@@ -184,6 +202,21 @@ class LLMEngine:
         state = self.requests[seq.request.request_id]
         return [self._fail(state, FinishReason.LENGTH, error=None)]
 
+    # ---- adapters (see data_plane/lora/slots.py) ----------------------------------------------
+    def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
+        self._require_lora().pin(adapter_id, weights, {s.adapter_id for s in self.scheduler.running})
+
+    def unpin_lora(self, adapter_id: int) -> None:
+        self._require_lora().unpin(adapter_id)
+
+    def remove_lora(self, adapter_id: int) -> None:
+        self._require_lora().remove(adapter_id)
+
+    def _require_lora(self) -> LoRASlotManager:
+        if self.lora_slots is None:
+            raise InvalidRequestError("LoRA is not enabled on this engine; start it with --enable-lora.")
+        return self.lora_slots
+
     def stats(self) -> EngineStats:
         bm = self.block_manager
         return EngineStats(
@@ -194,4 +227,5 @@ class LLMEngine:
             prefix_cache_queried_tokens=bm.stats.queried_tokens,
             prefix_cache_hit_tokens=bm.stats.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
+            lora=self.lora_slots.snapshot(*self.scheduler.adapter_counts()) if self.lora_slots else None,
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.sequence import Sequence, SequenceStatus
+from data_plane.lora.slots import LoRASlotManager
 
 
 @dataclass
@@ -33,8 +34,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        lora_slots: LoRASlotManager | None = None,
+    ) -> None:
         self.block_manager = block_manager
+        self.lora_slots = lora_slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -73,14 +81,31 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             num_new = self.block_manager.plan_allocation(seq)
-            if num_new is None or num_new > token_budget:
-                break
+            if num_new is None or num_new > token_budget or not self._adapter_resident(seq):
+                break  # first come, first served: later arrivals wait behind the head, so none starves
             self.block_manager.allocate(seq)
             token_budget -= num_new
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.prefills.append(ScheduledPrefill(seq, num_new))
+
+    def _adapter_resident(self, seq: Sequence) -> bool:
+        """Base sequences need nothing; an adapter's needs a device slot (loaded now if one can be freed)."""
+        if seq.adapter_id == 0:
+            return True
+        busy = {s.adapter_id for s in self.running}
+        return self.lora_slots.ensure_resident(seq.adapter_id, seq.request.lora, busy)
+
+    def adapter_counts(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Running and waiting sequences per adapter id."""
+        running: dict[int, int] = {}
+        waiting: dict[int, int] = {}
+        for seq in self.running:
+            running[seq.adapter_id] = running.get(seq.adapter_id, 0) + 1
+        for seq in self.waiting:
+            waiting[seq.adapter_id] = waiting.get(seq.adapter_id, 0) + 1
+        return running, waiting
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free_seq(seq)

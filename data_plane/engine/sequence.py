@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from data_plane.engine.sampling_params import SamplingParams
+from data_plane.lora.weights import LoRAAdapterWeights
 
 
 class SequenceStatus(enum.Enum):
@@ -34,6 +35,9 @@ class Request:
     sampling_params: SamplingParams
     adapter_id: int = 0  # 0 = base model; LoRA adapters get ids >= 1
     prefix_hash_seed: int = 0  # seed of the first KV block hash (the adapter's cache namespace)
+    # the adapter's validated host weights; the engine copies them into a device slot when it schedules
+    # the request (holding the reference keeps them alive even if the host cache drops them meanwhile)
+    lora: LoRAAdapterWeights | None = None
     arrival_time: float = field(default_factory=time.monotonic)
 
 

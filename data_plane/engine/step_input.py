@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from data_plane.lora.batch import LoRABatch
 
 
 @dataclass
@@ -47,4 +48,4 @@ class StepInput:
     logits_indices: torch.Tensor  # [S] int64: flat index of the token whose logits are sampled, per sequence
     seq_ids: list[int]  # [S] in the order of logits_indices
     adapter_ids: list[int]  # [S] per sequence; 0 = base model
-    lora: Any = None  # the LoRA batch (per-token slot indices, segments); None when no adapter is active
+    lora: LoRABatch | None = None  # which slot each token uses; None when no token uses an adapter

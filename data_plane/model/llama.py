@@ -55,6 +55,8 @@ class LlamaAttention(nn.Module):
         )
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads  # per rank
+        # kept here: qkv_proj may be wrapped by a LoRA layer, which does not mirror the base's attributes
+        self.qkv_split = self.qkv_proj.output_sizes_per_partition
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * config.head_dim,
             config.hidden_size,
@@ -78,7 +80,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x, lora)  # [T, (H + 2 Hkv) * D]
-        q, k, v = qkv.split(self.qkv_proj.output_sizes_per_partition, dim=-1)
+        q, k, v = qkv.split(self.qkv_split, dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:

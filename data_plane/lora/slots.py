@@ -1,0 +1,136 @@
+"""Device slots: which adapters are resident for compute, loading into and evicting from them.
+
+Runs on the engine thread only. An adapter gets a slot when the scheduler admits one of its
+sequences; the least recently used slot whose adapter is neither pinned nor in use by a running
+sequence is evicted to make room. Copying into a slot is the only LoRA work on the engine loop:
+reading and validating files happened before (see peft_loader.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from data_plane.lora.errors import LoRAConflictError
+from data_plane.lora.layers import LinearWithLoRA
+from data_plane.lora.weights import LoRAAdapterWeights
+
+
+@dataclass
+class AdapterEngineStats:
+    slot: int | None = None
+    pinned: bool = False
+    running: int = 0
+    waiting: int = 0
+    loads: int = 0
+    evictions: int = 0
+    load_seconds_total: float = 0.0
+    last_load_seconds: float | None = None
+
+
+@dataclass
+class LoRAEngineStats:
+    slots_total: int
+    slots_used: int
+    adapters: dict[int, AdapterEngineStats]
+
+
+class LoRASlotManager:
+    def __init__(self, layers: list[list[LinearWithLoRA]], max_loras: int) -> None:
+        self.layers = layers  # per decoder layer, its LoRA-wrapped linears
+        self.max_loras = max_loras
+        self.slot_owner: list[int | None] = [None] * max_loras  # slot -> adapter id
+        self.slot_of: dict[int, int] = {}  # adapter id -> slot
+        self.last_used: dict[int, float] = {}
+        self.pinned: set[int] = set()
+        self.stats: dict[int, AdapterEngineStats] = {}
+
+    def slot(self, adapter_id: int) -> int:
+        return self.slot_of[adapter_id]
+
+    def ensure_resident(self, adapter_id: int, weights: LoRAAdapterWeights, busy: set[int]) -> bool:
+        """Make the adapter resident; False when every slot holds a pinned or busy adapter (wait)."""
+        if adapter_id in self.slot_of:
+            self.last_used[adapter_id] = time.monotonic()
+            return True
+        slot = self._free_or_evictable_slot(busy)
+        if slot is None:
+            return False
+        self._load(slot, adapter_id, weights)
+        return True
+
+    def pin(self, adapter_id: int, weights: LoRAAdapterWeights, busy: set[int]) -> None:
+        if not self.ensure_resident(adapter_id, weights, busy):
+            raise LoRAConflictError(
+                f"Every one of the {self.max_loras} LoRA slots holds a pinned or busy adapter; "
+                "unpin or unload one, or start the engine with a larger --max-loras."
+            )
+        self.pinned.add(adapter_id)
+        self._stats(adapter_id).pinned = True
+
+    def unpin(self, adapter_id: int) -> None:
+        self.pinned.discard(adapter_id)
+        self._stats(adapter_id).pinned = False
+
+    def remove(self, adapter_id: int) -> None:
+        """Forget the adapter: free its slot (zeroed, so nothing stale can ever be computed)."""
+        self.pinned.discard(adapter_id)
+        slot = self.slot_of.pop(adapter_id, None)
+        if slot is not None:
+            self._write(slot, None)
+            self.slot_owner[slot] = None
+        self.last_used.pop(adapter_id, None)
+        self.stats.pop(adapter_id, None)
+
+    def snapshot(self, running: dict[int, int], waiting: dict[int, int]) -> LoRAEngineStats:
+        adapters = {}
+        for adapter_id in set(self.stats) | set(running) | set(waiting):
+            s = self._stats(adapter_id)
+            adapters[adapter_id] = AdapterEngineStats(
+                slot=self.slot_of.get(adapter_id), pinned=adapter_id in self.pinned,
+                running=running.get(adapter_id, 0), waiting=waiting.get(adapter_id, 0),
+                loads=s.loads, evictions=s.evictions,
+                load_seconds_total=s.load_seconds_total, last_load_seconds=s.last_load_seconds,
+            )
+        return LoRAEngineStats(self.max_loras, len(self.slot_of), adapters)
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _stats(self, adapter_id: int) -> AdapterEngineStats:
+        return self.stats.setdefault(adapter_id, AdapterEngineStats())
+
+    def _free_or_evictable_slot(self, busy: set[int]) -> int | None:
+        if None in self.slot_owner:
+            return self.slot_owner.index(None)
+        candidates = [a for a in self.slot_of if a not in self.pinned and a not in busy]
+        if not candidates:
+            return None
+        victim = min(candidates, key=lambda a: self.last_used.get(a, 0.0))
+        slot = self.slot_of.pop(victim)
+        self.slot_owner[slot] = None
+        self._stats(victim).evictions += 1
+        return slot
+
+    def _load(self, slot: int, adapter_id: int, weights: LoRAAdapterWeights) -> None:
+        start = time.perf_counter()
+        self._write(slot, weights)
+        self.slot_owner[slot] = adapter_id
+        self.slot_of[adapter_id] = slot
+        self.last_used[adapter_id] = time.monotonic()
+        stats = self._stats(adapter_id)
+        stats.loads += 1
+        stats.last_load_seconds = time.perf_counter() - start
+        stats.load_seconds_total += stats.last_load_seconds
+
+    @torch.no_grad()
+    def _write(self, slot: int, weights: LoRAAdapterWeights | None) -> None:
+        for index, linears in enumerate(self.layers):
+            modules = weights.layers.get(index, {}) if weights is not None else {}
+            for linear in linears:
+                for name in linear.lane_modules():
+                    m = modules.get(name)
+                    if m is None:
+                        linear.set_slot(slot, name, None, None)
+                    else:
+                        linear.set_slot(slot, name, m.lora_a, m.lora_b * m.scaling)
