@@ -1,31 +1,46 @@
-"""`loraplane demo-model DIR [--seed N] [--force]`: generate the demo checkpoint."""
+"""`loraplane demo-model DIR [--seed N] [--force]`: generate the demo checkpoint and its demo adapters."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+ADAPTERS_SUBDIR = "adapters"
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loraplane demo-model",
-        description="Write a small random Qwen2 checkpoint (config, safetensors, tokenizer) to DIR.",
+        description="Write a small random Qwen2 checkpoint (config, safetensors, tokenizer) to DIR, and "
+        "PEFT-format demo LoRA adapters for it to DIR/adapters/<name>.",
     )
     parser.add_argument("dir", type=Path, metavar="DIR", help="output directory (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="weight init seed (default: 0)")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing model in DIR")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing model and adapters in DIR")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out_dir: Path = args.dir
+    # Imported here so that `--help` does not pay for importing torch.
+    from data_plane.lora.demo_adapters import DEMO_ADAPTERS, write_demo_adapters
+
     if (out_dir / "config.json").exists() and not args.force:
         print(f"{out_dir / 'config.json'} exists; leaving the model as it is (use --force to overwrite)")
-        return 0
-    # Imported here so that `--help` does not pay for importing torch.
-    from data_plane.demo.model_builder import write_demo_model
+    else:
+        from data_plane.demo.model_builder import write_demo_model
 
-    for path in write_demo_model(out_dir, seed=args.seed):
-        print(f"wrote {path} ({path.stat().st_size} bytes)")
+        for path in write_demo_model(out_dir, seed=args.seed):
+            print(f"wrote {path} ({path.stat().st_size} bytes)")
+
+    adapters_root = out_dir / ADAPTERS_SUBDIR
+    missing = []
+    for name in DEMO_ADAPTERS:
+        if (adapters_root / name / "adapter_config.json").exists() and not args.force:
+            print(f"adapter {name}: {adapters_root / name} exists; leaving it as it is (use --force to overwrite)")
+        else:
+            missing.append(name)
+    for name, path in write_demo_adapters(out_dir, adapters_root, seed=args.seed, names=missing).items():
+        print(f"wrote adapter {name} to {path}")
     return 0

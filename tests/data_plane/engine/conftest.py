@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pytest
-
 from data_plane.config import EngineConfig
-from data_plane.demo.tokenizer_builder import write_tokenizer
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-
-
-@pytest.fixture(scope="session")
-def engine_checkpoints(tiny_checkpoints: dict[str, Path]) -> dict[str, Path]:
-    """The tiny checkpoints plus a tokenizer of matching vocabulary (the engine needs one)."""
-    for path in tiny_checkpoints.values():
-        if not (path / "tokenizer.json").exists():
-            vocab = json.loads((path / "config.json").read_text())["vocab_size"]
-            write_tokenizer(path, vocab_size=vocab)
-    return tiny_checkpoints
 
 
 def make_engine(path: Path, **overrides) -> LLMEngine:

@@ -1,0 +1,251 @@
+"""Read a PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) and validate it against the base.
+
+Blocking file I/O: the caller runs it off the engine loop. Every refusal is a LoRAAdapterError that names
+the cause and what to do; the cheap checks (location, files, config, rank) come before any tensor is read.
+Module matching follows peft 0.21 (`check_target_module_exists`, `get_pattern_key`) so that an adapter
+targets here exactly the modules it targets under transformers + peft.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_targets
+from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
+from data_plane.model.config import ModelConfig
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PICKLE_NAME = "adapter_model.bin"
+
+# peft saves `base_model.model.<module>.lora_A.weight`; in-memory state dicts also carry the adapter name.
+_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.(?P<name>[^.]+))?\.weight$")
+_MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$")
+_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def load_peft_adapter(
+    path: str | Path,
+    model_config: ModelConfig,
+    *,
+    max_rank: int,
+    allowed_roots: list[str],
+    dtype: torch.dtype = torch.float32,
+) -> LoRAAdapterWeights:
+    """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale."""
+    folder = _resolve_inside_roots(path, allowed_roots)
+    config_path, weights_path = _locate_files(folder, path, allowed_roots)
+    config = _read_config(config_path)
+    spec = TargetSpec.from_peft_config(config)
+    targets = resolve_targets(spec, model_config)  # (layer, short) -> (rank, alpha)
+    rank = max(r for r, _ in targets.values())
+    if rank > max_rank:
+        worst = next(k for k, (r, _) in targets.items() if r == rank)
+        raise LoRAAdapterError(
+            f"rank {rank} (module {module_name(*worst)}) exceeds --max-lora-rank {max_rank}; "
+            "restart the engine with a larger --max-lora-rank or use an adapter of lower rank"
+        )
+    tensors = _read_tensors(weights_path, targets, model_config, dtype)
+    layers: dict[int, dict[str, LoRAModuleWeights]] = {}
+    for (layer, short), (r, alpha) in sorted(targets.items()):
+        lora_a, lora_b = tensors[(layer, short)]
+        scaling = alpha / math.sqrt(r) if spec.use_rslora else alpha / r
+        layers.setdefault(layer, {})[short] = LoRAModuleWeights(lora_a=lora_a, lora_b=lora_b, scaling=scaling)
+    files = [config_path, weights_path]
+    return LoRAAdapterWeights(
+        path=str(folder),
+        sha256=adapter_sha256(files),
+        rank=rank,
+        alpha=float(spec.lora_alpha),
+        target_modules=sorted({s for _, s in targets}, key=TARGET_MODULES.index),
+        size_bytes=sum(f.stat().st_size for f in files),
+        layers=layers,
+    )
+
+
+def adapter_sha256(files: list[Path]) -> str:
+    """sha256 over the files in name order, each framed by its name and length so that no two different
+    file sets hash the same (a plain concatenation could shift bytes from one file into the next)."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda p: p.name):
+        digest.update(f.name.encode() + b"\0" + f.stat().st_size.to_bytes(8, "little"))
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
+    # Checked before anything else, so the reply never tells whether a path outside the roots exists.
+    if not allowed_roots:
+        raise LoRAAdapterError(
+            "no LoRA roots are configured, so no adapter path is allowed; start the engine with "
+            "--lora-roots DIR [DIR ...] naming the directories adapters may be loaded from"
+        )
+    resolved = Path(path).expanduser().resolve()  # follows symlinks and `..`
+    if not _inside_roots(resolved, allowed_roots):
+        raise LoRAAdapterError(
+            f"adapter path {str(path)!r} is outside the allowed LoRA roots ({', '.join(allowed_roots)}); "
+            "put the adapter under one of them or add its directory to --lora-roots"
+        )
+    return resolved
+
+
+def _inside_roots(resolved: Path, allowed_roots: list[str]) -> bool:
+    return any(resolved.is_relative_to(Path(root).expanduser().resolve()) for root in allowed_roots)
+
+
+def _locate_files(folder: Path, given: str | Path, allowed_roots: list[str]) -> tuple[Path, Path]:
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise LoRAAdapterError(f"adapter path {str(given)!r} {what}; pass the folder peft's save_pretrained wrote")
+    config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
+    if not config_path.is_file():
+        raise LoRAAdapterError(f"{CONFIG_NAME} is missing in {str(given)!r}; is this a PEFT adapter folder?")
+    if not weights_path.is_file():
+        if (folder / PICKLE_NAME).is_file():
+            raise LoRAAdapterError(
+                f"{str(given)!r} holds only {PICKLE_NAME}: pickle .bin weights are not loaded; convert to "
+                "safetensors (e.g. peft's save_pretrained(..., safe_serialization=True))"
+            )
+        raise LoRAAdapterError(f"{WEIGHTS_NAME} is missing in {str(given)!r}; save the adapter with peft")
+    # A file inside the folder may itself be a symlink leading out of the roots.
+    for f in (config_path, weights_path):
+        if not _inside_roots(f.resolve(), allowed_roots):
+            raise LoRAAdapterError(
+                f"{f.name} in {str(given)!r} links outside the allowed LoRA roots; copy the file instead"
+            )
+    return config_path, weights_path
+
+
+def _read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(config_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        # the decoder's message gives a position only, never the file's text
+        raise LoRAAdapterError(f"{CONFIG_NAME} is not valid JSON ({exc}); re-save the adapter with peft") from None
+    if not isinstance(config, dict):
+        raise LoRAAdapterError(f"{CONFIG_NAME} must hold a JSON object; re-save the adapter with peft")
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise LoRAAdapterError(
+            f"peft_type {peft_type!r} is not supported; only LoRA adapters (peft_type \"LORA\") can be served"
+        )
+    return config
+
+
+def _read_tensors(
+    weights_path: Path, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
+    dtype: torch.dtype,
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """Check every tensor name and shape from the header, then read them: (layer, short) -> (A, B)."""
+    try:
+        with safe_open(str(weights_path), framework="pt") as f:
+            shapes = {key: list(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+            keys = _check_names_and_shapes(shapes, targets, cfg)
+            loaded = {key: f.get_tensor(key) for key in keys.values()}
+    except (SafetensorError, OSError) as exc:  # a bad header, offsets past the end, an unreadable file
+        raise LoRAAdapterError(
+            f"{WEIGHTS_NAME} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}); "
+            "copy or save the adapter again"
+        ) from None
+    out: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    for (layer, short), _ in targets.items():
+        pair = []
+        for ab in ("lora_A", "lora_B"):
+            key = keys[(layer, short, ab)]
+            tensor = loaded[key]
+            if not tensor.is_floating_point():
+                raise LoRAAdapterError(f"tensor {key} has dtype {tensor.dtype}; LoRA weights must be floating point")
+            if not torch.isfinite(tensor).all():
+                raise LoRAAdapterError(f"tensor {key} contains NaN or infinite values; the adapter is broken")
+            pair.append(tensor.to(dtype).contiguous())
+        out[(layer, short)] = (pair[0], pair[1])
+    return out
+
+
+def _check_names_and_shapes(
+    shapes: dict[str, list[int]], targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
+) -> dict[tuple[int, str, str], str]:
+    """(layer, short, "lora_A"/"lora_B") -> tensor name, for exactly the targeted modules."""
+    keys: dict[tuple[int, str, str], str] = {}
+    for key in sorted(shapes):
+        module, ab = _parse_key(key)
+        m = _MODULE.match(module)
+        if not m or _PARENT.get(m["short"]) != m["parent"]:
+            raise LoRAAdapterError(
+                f"tensor {key} is for module {module}, which loraplane cannot adapt; only the "
+                f"{'/'.join(_PARENT)} projections of the decoder layers are supported"
+            )
+        layer, short = int(m["layer"]), m["short"]
+        if layer >= cfg.num_hidden_layers:
+            raise LoRAAdapterError(
+                f"tensor {key} is for layer {layer}, but the base model has {cfg.num_hidden_layers} layers "
+                f"(0-{cfg.num_hidden_layers - 1}); the adapter was made for another base model"
+            )
+        if (layer, short) not in targets:
+            raise LoRAAdapterError(
+                f"tensor {key} is for {module}, which {CONFIG_NAME} does not target (target_modules, "
+                "layers_to_transform); the config and the weights do not belong together"
+            )
+        if (layer, short, ab) in keys:
+            raise LoRAAdapterError(f"tensors {keys[(layer, short, ab)]} and {key} are both {ab} of {module}")
+        in_features, out_features = _features(short, cfg)
+        rank = targets[(layer, short)][0]
+        expected = [rank, in_features] if ab == "lora_A" else [out_features, rank]
+        if shapes[key] != expected:
+            raise LoRAAdapterError(
+                f"tensor {key} has shape {shapes[key]}, expected {expected} (rank {rank} from {CONFIG_NAME}, "
+                f"{short} of this base model is {in_features} -> {out_features}); was the adapter trained "
+                "for another base model?"
+            )
+        keys[(layer, short, ab)] = key
+    for layer, short in sorted(targets):
+        has_a, has_b = (layer, short, "lora_A") in keys, (layer, short, "lora_B") in keys
+        if has_a != has_b:
+            present, absent = ("lora_A", "lora_B") if has_a else ("lora_B", "lora_A")
+            raise LoRAAdapterError(
+                f"{module_name(layer, short)} has {present} but no {absent} in {WEIGHTS_NAME}; the file is incomplete"
+            )
+        if not has_a:
+            raise LoRAAdapterError(
+                f"{CONFIG_NAME} targets {module_name(layer, short)} but {WEIGHTS_NAME} has no weights for it; "
+                "the config and the weights do not belong together"
+            )
+    return keys
+
+
+def _parse_key(key: str) -> tuple[str, str]:
+    m = _KEY.match(key)
+    if m:
+        return m["module"], m["ab"]
+    # Name what the tensor is, since the config checks may have been passed by a hand-edited config.
+    if "lora_magnitude_vector" in key:
+        cause = "a DoRA magnitude vector (use_dora is not supported)"
+    elif "lora_embedding_" in key:
+        cause = "a LoRA on an embedding (embed_tokens is not supported)"
+    elif ".lora_B." in key and key.endswith(".bias"):
+        cause = "a LoRA bias (lora_bias is not supported)"
+    else:
+        cause = "not a LoRA A/B weight (modules_to_save or a full layer copy is not supported)"
+    raise LoRAAdapterError(f"tensor {key} in {WEIGHTS_NAME} is {cause}; retrain or re-save as plain LoRA")
+
+
+def _features(short: str, cfg: ModelConfig) -> tuple[int, int]:
+    """(in_features, out_features) of a projection, as nn.Linear stores it: weight [out, in]."""
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    return {
+        "q_proj": (cfg.hidden_size, q), "k_proj": (cfg.hidden_size, kv), "v_proj": (cfg.hidden_size, kv),
+        "o_proj": (q, cfg.hidden_size), "gate_proj": (cfg.hidden_size, cfg.intermediate_size),
+        "up_proj": (cfg.hidden_size, cfg.intermediate_size), "down_proj": (cfg.intermediate_size, cfg.hidden_size),
+    }[short]

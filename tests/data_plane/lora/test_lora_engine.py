@@ -1,0 +1,138 @@
+"""Multi-LoRA in the engine against transformers + PEFT: alone, mixed, more adapters than slots."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from data_plane.engine.llm_engine import LLMEngine
+from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.sequence import Request
+from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.lora.weights import LoRAAdapterWeights
+from data_plane.model.config import ModelConfig
+from tests.data_plane.engine.conftest import make_engine
+
+KINDS = ["patterns", "rslora", "attention"]
+NEW_TOKENS = 24
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 500) for _ in range(rng.randrange(4, 30))] for _ in range(n)]
+
+
+def _greedy() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)
+
+
+def _hf_generate(model, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _load(base: Path, adapter: Path) -> LoRAAdapterWeights:
+    return load_peft_adapter(adapter, ModelConfig.from_pretrained(base), max_rank=64, allowed_roots=[str(adapter.parent)])
+
+
+def _run(engine: LLMEngine, jobs: list[tuple[list[int], int, LoRAAdapterWeights | None]], arrive_every: int = 0):
+    """jobs: (prompt, adapter_id, weights); returns tokens and logprob dicts per job."""
+    tokens: dict[str, list[int]] = {}
+    logprobs: dict[str, list[dict[int, float]]] = {}
+    pending = list(enumerate(jobs))
+    steps = 0
+    while pending or engine.has_work():
+        while pending and steps >= pending[0][0] * arrive_every:
+            i, (prompt, adapter_id, weights) = pending.pop(0)
+            seed = weights.cache_namespace if weights else 0
+            engine.add_request(Request(f"j{i}", prompt, _greedy(), adapter_id=adapter_id, prefix_hash_seed=seed, lora=weights))
+            tokens[f"j{i}"], logprobs[f"j{i}"] = [], []
+        for output in engine.step():
+            for delta in output.deltas:
+                tokens[output.request_id].extend(delta.token_ids)
+                logprobs[output.request_id].extend(delta.logprobs or [])
+        steps += 1
+        assert steps < 5000
+    keys = [f"j{i}" for i in range(len(jobs))]
+    return [tokens[k] for k in keys], [logprobs[k] for k in keys]
+
+
+@pytest.fixture(scope="module")
+def setup(engine_checkpoints, peft_adapters):
+    base = engine_checkpoints["llama"]
+    adapters = {kind: peft_adapters("llama", kind) for kind in KINDS}
+    weights = {kind: _load(base, path) for kind, path in adapters.items()}
+    prompts = _prompts(2, seed=11)
+    expected: dict[str, list[list[int]]] = {}
+    hf = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    expected["base"] = [_hf_generate(hf, p) for p in prompts]
+    for kind, path in adapters.items():
+        peft_model = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval(), path
+        ).eval()
+        peft_model.generation_config.eos_token_id = None
+        expected[kind] = [_hf_generate(peft_model, p) for p in prompts]
+        assert expected[kind] != expected["base"], f"adapter {kind} does not change the output; the test is blind"
+    return base, weights, prompts, expected
+
+
+def test_each_adapter_matches_peft(setup):
+    base, weights, prompts, expected = setup
+    engine = make_engine(base, enable_lora=True, max_loras=3, max_lora_rank=64)
+    for adapter_id, kind in enumerate(KINDS, start=1):
+        got, _ = _run(engine, [(p, adapter_id, weights[kind]) for p in prompts])
+        assert got == expected[kind], kind
+
+
+def test_mixed_batch_with_more_adapters_than_slots_matches(setup):
+    base, weights, prompts, expected = setup
+    engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
+    jobs, want = [], []
+    for prompt_index, prompt in enumerate(prompts):
+        jobs.append((prompt, 0, None))
+        want.append(expected["base"][prompt_index])
+        for adapter_id, kind in enumerate(KINDS, start=1):
+            jobs.append((prompt, adapter_id, weights[kind]))
+            want.append(expected[kind][prompt_index])
+    got, _ = _run(engine, jobs, arrive_every=2)
+    assert got == want
+    stats = engine.stats().lora
+    assert stats.slots_total == 2 and sum(a.evictions for a in stats.adapters.values()) > 0
+
+
+def test_base_requests_are_bit_identical_with_lora_enabled(setup):
+    base, weights, prompts, expected = setup
+    plain_tokens, plain_logprobs = _run(make_engine(base), [(p, 0, None) for p in prompts])
+    lora_engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
+    # the same traffic gives the same floats, bit for bit: base tokens never touch LoRA weights
+    tokens, logprobs = _run(lora_engine, [(p, 0, None) for p in prompts])
+    assert tokens == plain_tokens == expected["base"]
+    assert logprobs == plain_logprobs
+    # sharing the batch with adapter requests changes the batch shape (so the last float bits of the
+    # base matmuls may move, as in any engine) but not the tokens
+    jobs = [(p, 0, None) for p in prompts] + [(p, 1, weights["patterns"]) for p in prompts]
+    tokens, _ = _run(lora_engine, jobs)
+    assert tokens[: len(prompts)] == expected["base"]
+
+
+def test_prefix_cache_is_isolated_per_adapter_content(setup):
+    base, weights, _, expected = setup
+    engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
+    prompt = _prompts(1, seed=12)[0] * 3  # long enough for several full blocks
+    hits = lambda: engine.block_manager.stats.hit_tokens  # noqa: E731
+    first, _ = _run(engine, [(prompt, 1, weights["patterns"])])
+    before = hits()
+    _run(engine, [(prompt, 2, weights["rslora"])])
+    assert hits() == before  # another adapter never reuses these blocks
+    _run(engine, [(prompt, 0, None)])
+    assert hits() == before  # nor does the base model
+    again, _ = _run(engine, [(prompt, 1, weights["patterns"])])
+    assert hits() > before and again == first
