@@ -51,7 +51,8 @@ class BatchBuilder:
                 token_slots.append(self._slot(seq))
             for item in sched.prefills:
                 token_slots.extend([self._slot(item.seq)] * item.num_new_tokens)
-            lora = LoRABatch.build(token_slots, len(sched.decodes), self.device)
+            rank = max((self.lora_slots.slot_rank[s] for s in set(token_slots) if s >= 0), default=0)
+            lora = LoRABatch.build(token_slots, len(sched.decodes), rank, self.device)
         return StepInput(
             input_ids=torch.tensor(token_ids, dtype=torch.int64, device=self.device),
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),

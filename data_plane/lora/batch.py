@@ -14,6 +14,7 @@ class LoRABatch:
     Tokens of the base model (adapter 0) appear nowhere here, so they get exactly the base output.
     """
 
+    rank: int  # the largest rank among the step's adapters: the ops skip the zero padding past it
     single_slot: int | None  # every token of the step uses this slot: one plain matmul per layer
     decode_index: torch.Tensor | None  # [Nd] int64: decode tokens (flat indices) that use an adapter
     decode_slots: torch.Tensor | None  # [Nd] int64: their slots (gather + bmm)
@@ -24,13 +25,14 @@ class LoRABatch:
         cls,
         token_slots: list[int],  # [T] slot per flat token, -1 for the base model
         num_decode_tokens: int,
+        rank: int,
         device: torch.device,
     ) -> LoRABatch | None:
         used = set(token_slots)
         if used == {-1}:
             return None
         if len(used) == 1:
-            return cls(single_slot=token_slots[0], decode_index=None, decode_slots=None, prefill_groups=[])
+            return cls(rank, single_slot=token_slots[0], decode_index=None, decode_slots=None, prefill_groups=[])
         decode = [(i, s) for i, s in enumerate(token_slots[:num_decode_tokens]) if s >= 0]
         decode_index = decode_slots = None
         if decode:
@@ -41,4 +43,4 @@ class LoRABatch:
             if token_slots[i] >= 0:
                 by_slot.setdefault(token_slots[i], []).append(i)
         groups = [(slot, torch.tensor(ix, dtype=torch.int64, device=device)) for slot, ix in by_slot.items()]
-        return cls(single_slot=None, decode_index=decode_index, decode_slots=decode_slots, prefill_groups=groups)
+        return cls(rank, single_slot=None, decode_index=decode_index, decode_slots=decode_slots, prefill_groups=groups)

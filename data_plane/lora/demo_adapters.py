@@ -53,18 +53,23 @@ def write_demo_adapters(
 
     Deterministic: the same base config, seed and base_dir string give byte-identical files.
     """
-    base_config = json.loads((Path(base_dir) / "config.json").read_text())
     written: dict[str, Path] = {}
     for name in DEMO_ADAPTERS if names is None else names:
-        spec = DEMO_ADAPTERS[name]
-        out = Path(out_root) / name
-        out.mkdir(parents=True, exist_ok=True)
-        _write_json(out / "adapter_config.json", _peft_config(spec, str(base_dir)))
         # crc32, not hash(): Python salts str hashes per process
-        tensors = _weights(spec, base_config, seed * 1_000_003 + zlib.crc32(name.encode()))
-        save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-        written[name] = out
+        written[name] = write_lora_adapter(
+            base_dir, Path(out_root) / name, DEMO_ADAPTERS[name], seed * 1_000_003 + zlib.crc32(name.encode())
+        )
     return written
+
+
+def write_lora_adapter(base_dir: Path, out: Path, spec: DemoAdapter, seed: int) -> Path:
+    """One random PEFT-format adapter of the given shape for the model in base_dir (benchmarks use it too)."""
+    base_config = json.loads((Path(base_dir) / "config.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "adapter_config.json", _peft_config(spec, str(base_dir)))
+    tensors = _weights(spec, base_config, seed)
+    save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def _peft_config(spec: DemoAdapter, base_model: str) -> dict[str, Any]:

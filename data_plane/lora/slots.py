@@ -42,6 +42,7 @@ class LoRASlotManager:
         self.layers = layers  # per decoder layer, its LoRA-wrapped linears
         self.max_loras = max_loras
         self.slot_owner: list[int | None] = [None] * max_loras  # slot -> adapter id
+        self.slot_rank: list[int] = [0] * max_loras  # rank of the adapter in each slot (0 = empty)
         self.slot_of: dict[int, int] = {}  # adapter id -> slot
         self.last_used: dict[int, float] = {}
         self.pinned: set[int] = set()
@@ -81,6 +82,7 @@ class LoRASlotManager:
         if slot is not None:
             self._write(slot, None)
             self.slot_owner[slot] = None
+            self.slot_rank[slot] = 0
         self.last_used.pop(adapter_id, None)
         self.stats.pop(adapter_id, None)
 
@@ -116,6 +118,7 @@ class LoRASlotManager:
         start = time.perf_counter()
         self._write(slot, weights)
         self.slot_owner[slot] = adapter_id
+        self.slot_rank[slot] = weights.rank
         self.slot_of[adapter_id] = slot
         self.last_used[adapter_id] = time.monotonic()
         stats = self._stats(adapter_id)

@@ -5,51 +5,61 @@ from __future__ import annotations
 import torch
 
 from data_plane.lora.batch import LoRABatch
-from data_plane.lora.ops import lora_add
+from data_plane.lora.ops import lora_shrink_expand
 
-SLOTS, R, IN, OUT = 3, 4, 16, 12
+SLOTS, R, IN, OUTS = 3, 4, 16, (12, 5)  # two lanes, like gate/up
+CPU = torch.device("cpu")
 
 
-def _weights():
+def _weights(rank: int = R):
+    """Slot weights zero-padded past `rank`, as the slot manager writes them."""
     g = torch.Generator().manual_seed(0)
-    return torch.randn(SLOTS, R, IN, generator=g), torch.randn(SLOTS, OUT, R, generator=g)
+    a = torch.zeros(SLOTS, len(OUTS), R, IN)
+    a[:, :, :rank] = torch.randn(SLOTS, len(OUTS), rank, IN, generator=g)
+    bs = []
+    for out in OUTS:
+        b = torch.zeros(SLOTS, out, R)
+        b[:, :, :rank] = torch.randn(SLOTS, out, rank, generator=g)
+        bs.append(b)
+    return a.view(SLOTS, len(OUTS) * R, IN), bs
 
 
-def _reference(x, a, b, token_slots):
-    y = torch.zeros(x.shape[0], OUT)
+def _reference(x, a, bs, token_slots):
+    a = a.view(SLOTS, len(OUTS), R, IN)
+    ys = [torch.zeros(x.shape[0], out) for out in OUTS]
     for t, s in enumerate(token_slots):
         if s >= 0:
-            y[t] = b[s] @ (a[s] @ x[t])
-    return y
+            for lane, b in enumerate(bs):
+                ys[lane][t] = b[s] @ (a[s, lane] @ x[t])
+    return ys
+
+
+def _run(token_slots, num_decode, rank=R, weight_rank=R):
+    a, bs = _weights(weight_rank)
+    x = torch.randn(len(token_slots), IN)
+    y = torch.zeros(len(token_slots), sum(OUTS))
+    lanes = [y[:, : OUTS[0]], y[:, OUTS[0] :]]  # views into one fused output, as in the layers
+    batch = LoRABatch.build(token_slots, num_decode_tokens=num_decode, rank=rank, device=CPU)
+    lora_shrink_expand(lanes, x, a, bs, batch)
+    return y, _reference(x, a, bs, token_slots), batch
 
 
 def test_mixed_decode_and_prefill_routes_every_token_to_its_slot():
-    a, b = _weights()
     token_slots = [2, -1, 0, 2, 1, 1, 1, -1, -1, 0, 0]  # 4 decode tokens, then prefill segments
-    x = torch.randn(len(token_slots), IN)
-    batch = LoRABatch.build(token_slots, num_decode_tokens=4, device=torch.device("cpu"))
-    y = torch.zeros(len(token_slots), OUT)
-    lora_add(y, x, a, b, batch)
-    torch.testing.assert_close(y, _reference(x, a, b, token_slots), atol=1e-5, rtol=1e-5)
-    assert torch.equal(y[[1, 7, 8]], torch.zeros(3, OUT))  # base tokens untouched, bit for bit
+    y, (ref_gate, ref_up), _ = _run(token_slots, num_decode=4)
+    torch.testing.assert_close(y, torch.cat([ref_gate, ref_up], dim=1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(y[[1, 7, 8]], torch.zeros(3, sum(OUTS)))  # base tokens untouched, bit for bit
 
 
 def test_single_adapter_fast_path_and_all_base():
-    a, b = _weights()
-    x = torch.randn(5, IN)
-    batch = LoRABatch.build([1] * 5, num_decode_tokens=2, device=torch.device("cpu"))
+    y, refs, batch = _run([1] * 5, num_decode=2)
     assert batch.single_slot == 1
-    y = torch.zeros(5, OUT)
-    lora_add(y, x, a, b, batch)
-    torch.testing.assert_close(y, _reference(x, a, b, [1] * 5), atol=1e-5, rtol=1e-5)
-    assert LoRABatch.build([-1] * 5, num_decode_tokens=2, device=torch.device("cpu")) is None
+    torch.testing.assert_close(y, torch.cat(refs, dim=1), atol=1e-5, rtol=1e-5)
+    assert LoRABatch.build([-1] * 5, num_decode_tokens=2, rank=R, device=CPU) is None
 
 
-def test_lane_view_is_updated_in_place():
-    a, b = _weights()
-    x = torch.randn(3, IN)
-    y = torch.zeros(3, OUT + 6)
-    batch = LoRABatch.build([0, -1, 2], num_decode_tokens=3, device=torch.device("cpu"))
-    lora_add(y[:, 6:], x, a, b, batch)
-    torch.testing.assert_close(y[:, 6:], _reference(x, a, b, [0, -1, 2]), atol=1e-5, rtol=1e-5)
-    assert torch.equal(y[:, :6], torch.zeros(3, 6))
+def test_rank_below_padding_skips_zero_columns_exactly():
+    # adapters of rank 2 in slots padded to 4: using rank 2 gives the same result as the full padding
+    token_slots = [0, 2, 1, 1, 1]
+    y, refs, _ = _run(token_slots, num_decode=2, rank=2, weight_rank=2)
+    torch.testing.assert_close(y, torch.cat(refs, dim=1), atol=1e-5, rtol=1e-5)

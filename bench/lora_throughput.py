@@ -1,0 +1,233 @@
+"""Multi-LoRA serving figures on the demo-size model (4 layers, hidden 256), adapters of rank 16 on all
+seven projections. Every figure is a ratio of two runs in this process. Prints one JSON object.
+
+    .venv/bin/python bench/lora_throughput.py [--prompt-len 64] [--output-len 64] [--cycles 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from data_plane.config import EngineConfig
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.engine.llm_engine import LLMEngine
+from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.sequence import Request
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
+from data_plane.model.config import ModelConfig
+
+RANK = 16
+Job = tuple[list[int], int, LoRAAdapterWeights | None]  # prompt, adapter id, weights
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.model_dir = root / "model"
+        write_demo_model(self.model_dir, seed=0)
+        spec = DemoAdapter(r=RANK, lora_alpha=2 * RANK, target_modules=TARGET_MODULES)
+        self.adapter_dirs = [write_lora_adapter(self.model_dir, root / f"a{i}", spec, seed=i) for i in range(32)]
+        self.model_config = ModelConfig.from_pretrained(self.model_dir)
+        self.weights = [self.read_adapter(d) for d in self.adapter_dirs]
+        self.rng = random.Random(0)
+
+    def read_adapter(self, path: Path) -> LoRAAdapterWeights:
+        return load_peft_adapter(path, self.model_config, max_rank=RANK, allowed_roots=[str(path.parent)])
+
+    def engine(self, **overrides) -> LLMEngine:
+        return LLMEngine.from_config(EngineConfig(model=str(self.model_dir), device="cpu", max_num_seqs=64, **overrides))
+
+    def prompts(self, n: int) -> list[list[int]]:
+        return [[self.rng.randrange(10, 4000) for _ in range(self.args.prompt_len)] for _ in range(n)]
+
+    def jobs(self, n: int, num_adapters: int) -> list[Job]:
+        """n requests spread round-robin over the first num_adapters adapters (0 = base only)."""
+        return [
+            (p, 1 + i % num_adapters, self.weights[i % num_adapters]) if num_adapters else (p, 0, None)
+            for i, p in enumerate(self.prompts(n))
+        ]
+
+    def run(self, engine: LLMEngine, jobs: list[Job], arrive_every: int = 0, on_step=None) -> dict:
+        """Serve jobs to completion; returns seconds, output tokens, TTFTs and per-step durations."""
+        params = SamplingParams(temperature=0.0, max_tokens=self.args.output_len, ignore_eos=True)
+        arrival: dict[str, float] = {}
+        ttft: dict[str, float] = {}
+        step_times: list[float] = []
+        tokens = 0
+        pending = list(enumerate(jobs))
+        start = time.perf_counter()
+        steps = 0
+        while pending or engine.has_work():
+            while pending and steps >= pending[0][0] * arrive_every:
+                i, (prompt, adapter_id, w) = pending.pop(0)
+                rid = f"r{i}-{time.perf_counter_ns()}"
+                engine.add_request(Request(rid, prompt, params, adapter_id=adapter_id,
+                                           prefix_hash_seed=w.cache_namespace if w else 0, lora=w))
+                arrival[rid] = time.perf_counter()
+            if on_step is not None:
+                on_step(engine, steps)
+            t0 = time.perf_counter()
+            outputs = engine.step()
+            step_times.append(time.perf_counter() - t0)
+            for out in outputs:
+                new = sum(len(d.token_ids) for d in out.deltas)
+                tokens += new
+                if new and out.request_id not in ttft and out.request_id in arrival:
+                    ttft[out.request_id] = time.perf_counter() - arrival[out.request_id]
+            steps += 1
+        return {"seconds": time.perf_counter() - start, "tokens": tokens, "ttft": list(ttft.values()), "steps": step_times}
+
+    def tokens_per_s(self, engine: LLMEngine, jobs: list[Job]) -> float:
+        result = self.run(engine, jobs)
+        return result["tokens"] / result["seconds"]
+
+
+def median_ratio(bench: Bench, numerator, denominator, repeats: int) -> tuple[float, float, float]:
+    """Alternate the two measurements `repeats` times; medians of each and their ratio."""
+    nums, dens = [], []
+    for _ in range(repeats):
+        nums.append(numerator())
+        dens.append(denominator())
+    num, den = statistics.median(nums), statistics.median(dens)
+    return round(num, 1), round(den, 1), round(num / den, 3)
+
+
+def naive_peft_tokens_per_s(bench: Bench, jobs: list[Job]) -> float:
+    """The usual way without a LoRA server: transformers + PEFT, one adapter (and request) at a time."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(bench.model_dir, dtype=torch.float32).eval()
+    model = PeftModel.from_pretrained(base, bench.adapter_dirs[0], adapter_name="a0")
+    for i, path in enumerate(bench.adapter_dirs[1:], start=1):
+        model.load_adapter(path, adapter_name=f"a{i}")
+    model.generation_config.eos_token_id = None
+    start, tokens = time.perf_counter(), 0
+    for prompt, adapter_id, _ in jobs:
+        model.set_adapter(f"a{adapter_id - 1}")
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=bench.args.output_len, do_sample=False, pad_token_id=0)
+        tokens += out.shape[1] - ids.shape[1]
+    return tokens / (time.perf_counter() - start)
+
+
+def hot_load_itl(bench: Bench) -> dict:
+    """p99 step time (= inter-token latency) of 16 decoding requests, steady vs while adapters hot-load:
+    files are read on another thread (as the registry does) and then copied into a slot by the engine."""
+    engine = bench.engine(enable_lora=True, max_loras=4, max_lora_rank=RANK)
+    decoding = [(p, 1 + i % 2, bench.weights[i % 2]) for i, p in enumerate(bench.prompts(16))]
+    steady = bench.run(engine, decoding)["steps"][2:]
+    ready: list[Job] = []
+
+    def read_later() -> None:
+        for index in range(2, 8):
+            ready.append(([11, 12, 13, 14], index + 1, bench.read_adapter(bench.adapter_dirs[index])))
+
+    def submit_ready(engine: LLMEngine, step: int) -> None:
+        if step == 3:
+            threading.Thread(target=read_later, daemon=True).start()
+        while ready:
+            prompt, adapter_id, w = ready.pop(0)
+            engine.add_request(Request(f"hot{adapter_id}-{step}", prompt,
+                                       SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                                       adapter_id=adapter_id, prefix_hash_seed=w.cache_namespace, lora=w))
+
+    loading = bench.run(engine, [(p, a, w) for p, a, w in decoding], on_step=submit_ready)["steps"][2:]
+    p99 = lambda xs: statistics.quantiles(xs, n=100)[98]  # noqa: E731
+    loads = sum(a.loads for a in engine.stats().lora.adapters.values())
+    return {"steady_p99_ms": round(p99(steady) * 1e3, 2), "hot_load_p99_ms": round(p99(loading) * 1e3, 2),
+            "ratio": round(p99(loading) / p99(steady), 3), "slot_loads": loads}
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def load_unload_cycles(bench: Bench, cycles: int) -> dict:
+    engine = bench.engine(enable_lora=True, max_loras=4, max_lora_rank=RANK)
+    warmup = max(10, cycles // 10)
+    rss = 0
+    for i in tqdm(range(cycles + warmup), desc="load/unload cycles", file=sys.stderr):
+        if i == warmup:
+            rss = rss_bytes()
+        weights = bench.read_adapter(bench.adapter_dirs[i % len(bench.adapter_dirs)])
+        engine.pin_lora(100 + i, weights)
+        engine.remove_lora(100 + i)
+    growth = rss_bytes() - rss
+    return {"cycles": cycles, "rss_before_mb": round(rss / 2**20, 1), "rss_growth_pct": round(100 * growth / rss, 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cycles", type=int, default=1000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(args, Path(tmp))
+        plain = bench.engine()
+        lora = bench.engine(enable_lora=True, max_loras=32, max_lora_rank=RANK)
+        steps = tqdm(total=7, desc="lora benchmark", file=sys.stderr)
+        bench.run(lora, bench.jobs(4, 4))  # warm-up, and every adapter of (b)/(c) resident from here on
+        bench.run(lora, bench.jobs(32, 32))
+        figures: dict = {"model": "demo: Qwen2 architecture, 4 layers, hidden 256, GQA 8/2, vocab 4096",
+                         "adapter_rank": RANK, "adapter_targets": list(TARGET_MODULES),
+                         "prompt_len": args.prompt_len, "output_len": args.output_len, "device": "cpu",
+                         "torch_threads": torch.get_num_threads()}
+        a = median_ratio(bench, lambda: bench.tokens_per_s(lora, bench.jobs(32, 0)),
+                         lambda: bench.tokens_per_s(plain, bench.jobs(32, 0)), args.repeats)
+        figures["a_base_traffic_lora_enabled_vs_disabled"] = {"enabled_tok_s": a[0], "disabled_tok_s": a[1], "ratio": a[2], "target": ">= 0.97"}
+        steps.update()
+        b = median_ratio(bench, lambda: bench.tokens_per_s(lora, bench.jobs(32, 32)),
+                         lambda: bench.tokens_per_s(lora, bench.jobs(32, 0)), args.repeats)
+        figures["b_32_adapters_vs_base"] = {"adapters_tok_s": b[0], "base_tok_s": b[1], "ratio": b[2], "target": ">= 0.85"}
+        steps.update()
+        c = median_ratio(bench, lambda: bench.tokens_per_s(lora, bench.jobs(32, 4)),
+                         lambda: bench.tokens_per_s(lora, bench.jobs(32, 32)), args.repeats)
+        figures["c_4_vs_32_adapters"] = {"4_adapters_tok_s": c[0], "32_adapters_tok_s": c[1], "ratio": c[2], "target": "within 10%"}
+        steps.update()
+        naive = naive_peft_tokens_per_s(bench, bench.jobs(32, 32))
+        figures["d_engine_vs_naive_peft"] = {"engine_tok_s": b[0], "naive_tok_s": round(naive, 1),
+                                             "ratio": round(b[0] / naive, 2), "target": ">= 10"}
+        steps.update()
+        figures["e_itl_while_hot_loading"] = hot_load_itl(bench) | {"target": "ratio <= 1.5"}
+        steps.update()
+        ttft = {}
+        for slots in (8, 4):
+            # requests one after another, cycling over 8 adapters: with 4 slots every one of them
+            # evicts an adapter and copies its own into the slot before its prefill
+            engine = bench.engine(enable_lora=True, max_loras=slots, max_lora_rank=RANK)
+            bench.run(engine, bench.jobs(8, 8))  # warm: 8 adapters seen once
+            ttft[slots] = statistics.median(t for job in bench.jobs(32, 8) for t in bench.run(engine, [job])["ttft"])
+        figures["f_working_set_twice_the_slots_median_ttft"] = {
+            "all_resident_ms": round(ttft[8] * 1e3, 1), "twice_the_slots_ms": round(ttft[4] * 1e3, 1),
+            "ratio": round(ttft[4] / ttft[8], 3), "target": "<= 3"}
+        steps.update()
+        figures["g_load_unload_cycles"] = load_unload_cycles(bench, args.cycles) | {"target": "rss_growth_pct < 2"}
+        steps.update()
+        steps.close()
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
