@@ -22,8 +22,16 @@ venv: $(STAMP)
 $(DEMO_DIR)/config.json: $(STAMP)
 	$(BIN)/loraplane demo-model $(DEMO_DIR)
 
-run: $(STAMP) $(DEMO_DIR)/config.json
-	$(BIN)/loraplane engine --model $(DEMO_DIR) --served-model-name demo --host $(HOST) --port $(PORT)
+DEMO_ADAPTERS := demo-pirate demo-poet demo-short
+
+# `loraplane demo-model` also writes the demo adapters (DIR/adapters/<name>) when they are missing
+$(DEMO_DIR)/adapters/demo-short/adapter_config.json: $(STAMP)
+	$(BIN)/loraplane demo-model $(DEMO_DIR)
+
+# serves the base as `demo` and each demo adapter under its own name (choose it with `model`)
+run: $(STAMP) $(DEMO_DIR)/config.json $(DEMO_DIR)/adapters/demo-short/adapter_config.json
+	$(BIN)/loraplane engine --model $(DEMO_DIR) --served-model-name demo --host $(HOST) --port $(PORT) \
+		--enable-lora --lora-modules $(foreach a,$(DEMO_ADAPTERS),$(a)=$(DEMO_DIR)/adapters/$(a))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

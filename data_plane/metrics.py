@@ -1,12 +1,15 @@
 """Prometheus metrics of one engine process, on a registry owned by the app (not the global one).
 
 Per-request figures (outcome, tokens, latencies) are recorded by the serving layer through a
-`RequestMetrics` created per engine request; engine-wide figures (queues, KV blocks, prefix cache)
-are read from `engine.stats()` at scrape time by a custom collector, so they are never stale.
+`RequestMetrics` created per engine request, labelled by `adapter`: the resolved model name (the
+base model's served name for base requests; "" when the name did not resolve, so client typos never
+become label values). Only the first `max_adapter_labels` adapter names get their own value; later
+ones fold into "other", which bounds the series count however many adapters come and go.
 
-Multi-LoRA seam: `RequestMetrics` already carries the adapter name; adding an `adapter` label means
-adding it to the per-request metrics' label names and passing `self.adapter` where RequestMetrics
-records them, nothing else.
+Engine-wide figures (queues, KV blocks, prefix cache, LoRA slots and per-adapter queues) are read
+from `engine.stats()` at scrape time by a custom collector, so they are never stale. The engine's
+per-adapter load/eviction counters vanish when an adapter is removed, so they are turned into
+monotonic Prometheus counters (and a load-latency histogram) by diffing at each scrape.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from data_plane.lora.metrics import AdapterLabels, LoRAMetrics
+from data_plane.lora.stats import AdapterRequestStats
 
 logger = logging.getLogger(__name__)
 
@@ -39,21 +45,33 @@ class EngineStatsLike(Protocol):
 
 
 class EngineMetrics:
-    def __init__(self, stats: Callable[[], EngineStatsLike] | None = None) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStatsLike] | None = None,
+        *,
+        base_name: str | None = None,
+        max_adapter_labels: int = 100,
+        adapter_names: Callable[[int], str | None] | None = None,  # adapter id -> name (LoRA on)
+        request_stats: AdapterRequestStats | None = None,  # per-adapter figures for /v1/lora_stats
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.labels = AdapterLabels(base_name, max_adapter_labels)
+        self.request_stats = request_stats
         self.requests = Counter(
-            "loraplane_requests", "Finished engine requests by outcome", ["outcome"], registry=r
+            "loraplane_requests", "Finished engine requests by adapter and outcome", ["adapter", "outcome"], registry=r
         )
-        for outcome in OUTCOMES:  # export zeros so rate() and alerts work from the first scrape
-            self.requests.labels(outcome)
+        if base_name is not None:
+            for outcome in OUTCOMES:  # export zeros so rate() and alerts work from the first scrape
+                self.requests.labels(base_name, outcome)
         self.prompt_tokens = Counter(
-            "loraplane_prompt_tokens", "Prompt tokens of admitted requests", registry=r
+            "loraplane_prompt_tokens", "Prompt tokens of admitted requests", ["adapter"], registry=r
         )
-        self.generation_tokens = Counter("loraplane_generation_tokens", "Generated tokens", registry=r)
+        self.generation_tokens = Counter("loraplane_generation_tokens", "Generated tokens", ["adapter"], registry=r)
         self.ttft = Histogram(
             "loraplane_time_to_first_token_seconds",
             "From the HTTP request to the first generated token",
+            ["adapter"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -66,17 +84,24 @@ class EngineMetrics:
         self.e2e = Histogram(
             "loraplane_e2e_request_latency_seconds",
             "From the HTTP request to the request's end (any outcome but rejected)",
+            ["adapter"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.lora: LoRAMetrics | None = None
         if stats is not None:
             r.register(_EngineStatsCollector(stats))
+            if adapter_names is not None:
+                self.lora = LoRAMetrics(r, stats, adapter_names, self.labels)
 
     def start_request(self, arrival: float | None = None, adapter: str | None = None) -> RequestMetrics:
-        """arrival: time.monotonic() when the HTTP request came in (TTFT counts tokenization)."""
+        """arrival: time.monotonic() when the HTTP request came in (TTFT counts tokenization).
+        adapter: the *resolved* model name (None while the name is not known to be served)."""
         return RequestMetrics(self, time.monotonic() if arrival is None else arrival, adapter)
 
     def render(self) -> bytes:
+        if self.lora is not None:
+            self.lora.sync()  # engine counters -> monotonic Prometheus counters, before they are read
         return generate_latest(self.registry)
 
 
@@ -86,7 +111,8 @@ class RequestMetrics:
     def __init__(self, metrics: EngineMetrics, arrival: float, adapter: str | None) -> None:
         self._m = metrics
         self.arrival = arrival
-        self.adapter = adapter  # multi-LoRA: becomes the `adapter` label
+        self.adapter = adapter
+        self.label = metrics.labels(adapter)  # fixed at the start: a name keeps its label value
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.first_token_time: float | None = None
@@ -95,7 +121,7 @@ class RequestMetrics:
 
     def admitted(self, prompt_tokens: int) -> None:
         self.prompt_tokens = prompt_tokens
-        self._m.prompt_tokens.inc(prompt_tokens)
+        self._m.prompt_tokens.labels(self.label).inc(prompt_tokens)
 
     def on_output(self, num_new_tokens: int, now: float | None = None) -> None:
         """Called for every engine output; one output carries the tokens of one step (all choices)."""
@@ -104,12 +130,14 @@ class RequestMetrics:
         now = time.monotonic() if now is None else now
         if self.first_token_time is None:
             self.first_token_time = now
-            self._m.ttft.observe(now - self.arrival)
+            self._m.ttft.labels(self.label).observe(now - self.arrival)
         else:
             self._m.itl.observe(now - self.last_token_time)
         self.last_token_time = now
         self.generation_tokens += num_new_tokens
-        self._m.generation_tokens.inc(num_new_tokens)
+        self._m.generation_tokens.labels(self.label).inc(num_new_tokens)
+        if self._m.request_stats is not None and self.adapter is not None:
+            self._m.request_stats.record_tokens(self.adapter, num_new_tokens, now)
 
     def finish(self, outcome: str) -> None:
         """Count the request once, whatever path ends it (later calls are ignored)."""
@@ -117,9 +145,16 @@ class RequestMetrics:
             return
         assert outcome in OUTCOMES, outcome
         self.outcome = outcome
-        self._m.requests.labels(outcome).inc()
+        self._m.requests.labels(self.label, outcome).inc()
+        e2e = None
         if outcome != "rejected":
-            self._m.e2e.observe(time.monotonic() - self.arrival)
+            e2e = time.monotonic() - self.arrival
+            self._m.e2e.labels(self.label).observe(e2e)
+        if self._m.request_stats is not None and self.adapter is not None:
+            ttft = None if self.first_token_time is None else self.first_token_time - self.arrival
+            self._m.request_stats.record_finish(
+                self.adapter, outcome, self.prompt_tokens, self.generation_tokens, ttft, e2e
+            )
 
 
 class _EngineStatsCollector:

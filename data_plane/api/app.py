@@ -7,6 +7,7 @@ body `{"error": {"message", "type", "param", "code"}}`; see errors.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
@@ -17,17 +18,22 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
+from data_plane.api import lora_routes
 from data_plane.api.errors import ClientDisconnected, exception_handlers
 from data_plane.api.models import ModelResolver
 from data_plane.api.protocol import ChatCompletionRequest, CompletionRequest, decode_request
 from data_plane.api.serving_chat import ChatService
 from data_plane.api.serving_completion import CompletionService
+from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
+from data_plane.lora.registry import Loader, LoRARegistry, loader_for
+from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
-from shared.errors import EngineDeadError
+from shared.errors import EngineDeadError, LoraplaneError
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 try:
     __version__ = version("loraplane")
@@ -91,7 +97,7 @@ async def create_completion(request: Request, state: State) -> Response[Any]:
 
 @get("/v1/models", operation_id="listModels")
 async def list_models(state: State) -> dict[str, Any]:
-    """List the models this engine serves (the base model; adapters once loaded)."""
+    """List the models this engine serves: the base model and every ready adapter (`parent` = base)."""
     return {"object": "list", "data": state.resolver.cards()}
 
 
@@ -123,11 +129,32 @@ async def get_version() -> dict[str, str]:
     return {"version": __version__}
 
 
-def create_app(engine: Any, config: EngineConfig) -> Litestar:
-    """engine: an AsyncLLMEngine (not started: startup starts it inside the server's event loop)."""
+def create_app(engine: Any, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
+    """engine: an AsyncLLMEngine (not started: startup starts it inside the server's event loop).
+    lora_loader: how adapter folders are read (default: the PEFT loader for config's base model)."""
     assert config.max_model_len is not None, "finalize the config (load the engine) first"
-    resolver = ModelResolver(config.served_model_name or config.model, config.model, config.max_model_len)
-    engine_metrics = EngineMetrics(engine.stats)
+    base_name = config.served_model_name or config.model
+    request_stats = AdapterRequestStats()
+    registry = None
+    if config.enable_lora:
+        registry = LoRARegistry(
+            engine,
+            lora_loader or loader_for(config),
+            base_name=base_name,
+            max_cpu_loras=config.max_cpu_loras,
+            default_drain_timeout_s=config.default_drain_timeout_s,
+            on_unloaded=request_stats.forget,
+        )
+    resolver = ModelResolver(base_name, config.model, config.max_model_len, registry)
+    engine_metrics = EngineMetrics(
+        engine.stats,
+        base_name=base_name,
+        max_adapter_labels=config.max_adapter_labels,
+        adapter_names=registry.name_of if registry is not None else None,
+        request_stats=request_stats,
+    )
+    if registry is not None and engine_metrics.lora is not None:
+        registry.before_remove = engine_metrics.lora.sync
     state = State(
         {
             "engine": engine,
@@ -136,13 +163,24 @@ def create_app(engine: Any, config: EngineConfig) -> Litestar:
             "metrics": engine_metrics,
             "chat": ChatService(engine, resolver, engine_metrics),
             "completion": CompletionService(engine, resolver, engine_metrics),
+            "lora": LoRAService(registry, engine, request_stats, base_name),
         }
     )
 
     async def start_engine() -> None:
         engine.start()  # captures the running loop: the engine thread hands outputs back to it
+        if registry is not None:
+            for name, path in config.lora_modules.items():  # --lora-modules: a failure stops the start
+                try:
+                    await registry.load(name, path)
+                except LoraplaneError as exc:
+                    logger.error("--lora-modules %s=%s cannot be loaded: %s", name, path, exc.message)
+                    raise
+                logger.info("preloaded adapter %s from %s", name, path)
 
     async def stop_engine() -> None:
+        if registry is not None:
+            await registry.close()
         await engine.shutdown()
 
     return Litestar(
@@ -154,6 +192,7 @@ def create_app(engine: Any, config: EngineConfig) -> Litestar:
             health,
             metrics,
             get_version,
+            *lora_routes.ROUTES,
         ],
         state=state,
         on_startup=[start_engine],

@@ -4,7 +4,8 @@
 refuses on admission (400 prompt too long, 503 overloaded, engine dead) becomes an HTTP error
 before any byte of a response — streamed or not — has been sent. `Generation` then yields the
 remaining outputs, records the request's metrics, and is always closed: closing it closes the
-engine's generator, which aborts the request and frees its KV blocks if it had not finished.
+engine's generator, which aborts the request and frees its KV blocks if it had not finished, and
+releases the request's adapter lease — exactly once, however the request ended.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Protocol
 import anyio
 
 from data_plane.engine.outputs import RequestOutput
-from data_plane.engine.sequence import Request
+from data_plane.engine.sequence import FinishReason, Request
+from data_plane.lora.entry import Lease
 from data_plane.metrics import RequestMetrics
 from shared.errors import EngineDeadError, LoraplaneError, OverloadedError
 
@@ -32,12 +34,18 @@ class EngineLike(Protocol):
 
 class Generation:
     def __init__(
-        self, request_id: str, stream: EngineStream, first: RequestOutput, metrics: RequestMetrics
+        self,
+        request_id: str,
+        stream: EngineStream,
+        first: RequestOutput,
+        metrics: RequestMetrics,
+        lease: Lease | None = None,
     ) -> None:
         self.request_id = request_id
         self._stream = stream
         self._pending: RequestOutput | None = first
         self._metrics = metrics
+        self._lease = lease
         self._done = False
         self._closed = False
         self._outcome: str | None = None  # None when closed early: the request was aborted
@@ -60,6 +68,9 @@ class Generation:
             self._done, self._outcome = True, "error"
             raise
         self._metrics.on_output(sum(len(d.token_ids) for d in output.deltas))
+        if self._lease is not None and (error := _unloaded_error(output, self._lease)) is not None:
+            self._done, self._outcome = True, "abort"  # its adapter was unloaded: say so, not "finished"
+            raise error
         if output.error:  # the engine failed the request (its batch crashed): no partial answer
             self._done, self._outcome = True, "error"
             # the engine's message names internals (exception types, device errors): log it, don't send it
@@ -74,25 +85,47 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        with anyio.CancelScope(shield=True):
-            await self._stream.aclose()  # unfinished: the engine aborts it and frees its KV blocks
-        self._metrics.finish(self._outcome or "abort")
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._stream.aclose()  # unfinished: the engine aborts it and frees its KV blocks
+            self._metrics.finish(self._outcome or "abort")
+        finally:
+            if self._lease is not None:
+                self._lease.release()  # after the engine let go: an unload may then free the slot
 
 
-async def start_generation(engine: EngineLike, request: Request, metrics: RequestMetrics) -> Generation:
-    """Submit `request` and wait for its first output; engine refusals raise here."""
+def _unloaded_error(output: RequestOutput, lease: Lease) -> LoraplaneError | None:
+    """The unload of this request's adapter timed out and aborted it: the error the client gets."""
+    error = lease.abort_error
+    if error is None or not output.finished:
+        return None
+    aborted = not output.deltas or any(d.finish_reason == FinishReason.ABORT for d in output.deltas)
+    return error if aborted else None
+
+
+async def start_generation(
+    engine: EngineLike, request: Request, metrics: RequestMetrics, lease: Lease | None = None
+) -> Generation:
+    """Submit `request` and wait for its first output; engine refusals raise here. The Generation
+    owns `lease` from here on; if the request is refused, the lease is released before raising."""
     stream = engine.generate(request)
     try:
+        if lease is not None:
+            # no await between this check and the submission (the generator's first step): an unload
+            # that aborted the adapter's requests cannot slip a new one past it
+            lease.check_admissible()
         first = await anext(stream)
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
             await stream.aclose()
         metrics.finish(_outcome_of(exc))
+        if lease is not None:
+            lease.release()
         if isinstance(exc, StopAsyncIteration):
             raise EngineDeadError("The engine ended the request without any output.") from None
         raise
     metrics.admitted(len(request.prompt_token_ids))
-    return Generation(request.request_id, stream, first, metrics)
+    return Generation(request.request_id, stream, first, metrics, lease)
 
 
 def _outcome_of(exc: BaseException) -> str:
@@ -103,10 +136,12 @@ def _outcome_of(exc: BaseException) -> str:
     return "error"
 
 
-async def start_all(engine: EngineLike, requests: list[tuple[Request, RequestMetrics]]) -> list[Generation]:
+async def start_all(
+    engine: EngineLike, requests: list[tuple[Request, RequestMetrics, Lease | None]]
+) -> list[Generation]:
     """Start several requests concurrently (a batched prompt); if one is refused, close the others."""
     results = await asyncio.gather(
-        *(start_generation(engine, r, m) for r, m in requests), return_exceptions=True
+        *(start_generation(engine, r, m, lease) for r, m, lease in requests), return_exceptions=True
     )
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:

@@ -6,6 +6,7 @@ This is the only place that reads the command line or the environment for an eng
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -49,6 +50,38 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("LORAPLANE_ADMIN_TOKEN"),
         help="bearer token for the admin endpoints (default: $LORAPLANE_ADMIN_TOKEN)",
     )
+    lora = p.add_argument_group("multi-LoRA")
+    lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (chosen by `model`)")
+    lora.add_argument("--max-loras", type=int, default=4, help="device slots: adapters resident at once")
+    lora.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
+    lora.add_argument(
+        "--max-cpu-loras", type=int, help="adapters kept validated in host memory (default: max(--max-loras, 16))"
+    )
+    lora.add_argument(
+        "--lora-roots",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="DIR",
+        help="adapter paths must lie under one of these (repeatable; default: the --lora-modules folders' parents)",
+    )
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=PATH",
+        help='adapters loaded at start: name=path or JSON {"name": ..., "path": ...} (repeatable)',
+    )
+    lora.add_argument(
+        "--max-adapter-labels", type=int, default=100, help="distinct `adapter` metric labels before 'other'"
+    )
+    lora.add_argument(
+        "--default-drain-timeout-s",
+        type=float,
+        default=30.0,
+        help="how long an unload waits for in-flight requests before aborting them",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -77,7 +110,39 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         admin_token=args.admin_token,
         num_threads=args.num_threads,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
+        lora_roots=list(args.lora_roots),
+        lora_modules=parse_lora_modules(args.lora_modules),
+        max_adapter_labels=args.max_adapter_labels,
+        default_drain_timeout_s=args.default_drain_timeout_s,
     )
+
+
+def parse_lora_modules(items: list[str]) -> dict[str, str]:
+    """vLLM's --lora-modules forms: `name=path`, or a JSON object with "name" and "path"."""
+    from data_plane.config import ConfigError
+
+    modules: dict[str, str] = {}
+    for item in items:
+        if item.lstrip().startswith("{"):
+            try:
+                spec = json.loads(item)
+                name, path = spec["name"], spec["path"]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f'--lora-modules {item!r}: expected JSON {{"name": ..., "path": ...}}') from None
+        else:
+            name, sep, path = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--lora-modules {item!r}: expected name=path")
+        if not name or not path:
+            raise ConfigError(f"--lora-modules {item!r}: name and path must not be empty")
+        if name in modules:
+            raise ConfigError(f"--lora-modules: {name!r} is given twice")
+        modules[name] = path
+    return modules
 
 
 def _bind(host: str, port: int) -> socket.socket:

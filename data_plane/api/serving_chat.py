@@ -14,6 +14,7 @@ from data_plane.api.models import ModelResolver
 from data_plane.api.protocol import ChatCompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
 from data_plane.engine.sequence import Request
+from data_plane.lora.entry import Lease
 from data_plane.metrics import EngineMetrics
 from shared.errors import LoraplaneError
 
@@ -39,14 +40,20 @@ class ChatService:
         """The response body, or an EventStream when req.stream; engine refusals raise (→ 4xx/5xx)."""
         arrival = time.monotonic()
         try:
-            request = self._engine_request(req)
+            req.check()
+            lease = await self.resolver.acquire(req.model)
         except LoraplaneError:
             # no adapter label here: the name may be one we do not serve (unbounded label values)
             self.metrics.start_request(arrival).finish("rejected")
             raise
-        generation = await start_generation(
-            self.engine, request, self.metrics.start_request(arrival, adapter=req.model)
-        )
+        metrics = self.metrics.start_request(arrival, adapter=req.model)
+        try:
+            request = self._engine_request(req, lease)
+        except Exception as exc:
+            lease.release()
+            metrics.finish("rejected" if isinstance(exc, LoraplaneError) else "error")
+            raise
+        generation = await start_generation(self.engine, request, metrics, lease)  # owns the lease now
         ctx = _Context(req, request.request_id, request.prompt_token_ids, LogprobFormatter(self.tokenizer))
         if req.stream:
             return event_stream(_chunks(generation, ctx), generation.aclose)
@@ -55,13 +62,20 @@ class ChatService:
         finally:
             await generation.aclose()
 
-    def _engine_request(self, req: ChatCompletionRequest) -> Request:
-        req.check()
-        adapter_id = self.resolver.resolve(req.model)
+    def _engine_request(self, req: ChatCompletionRequest, lease: Lease) -> Request:
         prompt = self.tokenizer.apply_chat_template(req.conversation(), add_generation_prompt=True)
         prompt_ids = self.tokenizer.encode(prompt)  # the template already holds any BOS token
         params = req.to_sampling_params(default_max_tokens=max(1, self.max_model_len - len(prompt_ids)))
-        return Request(new_id("chatcmpl"), prompt_ids, params, adapter_id=adapter_id)
+        request = Request(
+            new_id("chatcmpl"),
+            prompt_ids,
+            params,
+            adapter_id=lease.adapter_id,
+            prefix_hash_seed=lease.cache_namespace,
+            lora=lease.weights,
+        )
+        lease.bind(request.request_id)
+        return request
 
 
 @dataclass

@@ -15,6 +15,7 @@ from data_plane.api.protocol import CompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
 from data_plane.engine.outputs import CompletionDelta
 from data_plane.engine.sequence import Request
+from data_plane.lora.entry import Lease
 from data_plane.metrics import EngineMetrics
 from shared.errors import InvalidRequestError, LoraplaneError
 
@@ -43,13 +44,29 @@ class CompletionService:
         arrival = time.monotonic()
         response_id = new_id("cmpl")
         try:
-            requests = self._engine_requests(req, response_id)
+            prompts = self._prompts(req)
+            leases = await self.resolver.acquire_many(req.model, len(prompts))
         except LoraplaneError:
             self.metrics.start_request(arrival).finish("rejected")  # unresolved name: no adapter label
             raise
-        generations = await start_all(
-            self.engine, [(r, self.metrics.start_request(arrival, adapter=req.model)) for r in requests]
-        )
+        try:
+            requests = self._engine_requests(req, prompts, leases, response_id)
+        except Exception as exc:
+            for lease in leases:
+                lease.release()
+            self.metrics.start_request(arrival, adapter=req.model).finish(
+                "rejected" if isinstance(exc, LoraplaneError) else "error"
+            )
+            raise
+        try:
+            generations = await start_all(
+                self.engine,
+                [(r, self.metrics.start_request(arrival, adapter=req.model), lease) for r, lease in zip(requests, leases, strict=True)],
+            )
+        except BaseException:
+            for lease in leases:  # idempotent; covers requests cancelled before they even started
+                lease.release()
+            raise
         merged = MergedGenerations(generations)
         ctx = _Context(
             req, response_id, [r.prompt_token_ids for r in requests], LogprobFormatter(self.tokenizer)
@@ -66,20 +83,34 @@ class CompletionService:
         finally:
             await merged.aclose()
 
-    def _engine_requests(self, req: CompletionRequest, response_id: str) -> list[Request]:
+    def _prompts(self, req: CompletionRequest) -> list[str | list[int]]:
         req.check()
-        adapter_id = self.resolver.resolve(req.model)
         prompts = req.prompts()
         if len(prompts) > MAX_BATCH_PROMPTS:
             raise InvalidRequestError(f"At most {MAX_BATCH_PROMPTS} prompts per request.", param="prompt")
+        return prompts
+
+    def _engine_requests(
+        self, req: CompletionRequest, prompts: list[str | list[int]], leases: list[Lease], response_id: str
+    ) -> list[Request]:
         params = req.to_sampling_params()
         requests = []
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, lease) in enumerate(zip(prompts, leases, strict=True)):
             ids = (
                 self.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else prompt
             )
             request_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
-            requests.append(Request(request_id, ids, params, adapter_id=adapter_id))
+            requests.append(
+                Request(
+                    request_id,
+                    ids,
+                    params,
+                    adapter_id=lease.adapter_id,
+                    prefix_hash_seed=lease.cache_namespace,
+                    lora=lease.weights,
+                )
+            )
+            lease.bind(request_id)
         return requests
 
 

@@ -42,13 +42,21 @@ class EngineServer:
         return self.url + "/v1"
 
     def metric(self, name: str, labels: str = "") -> float:
-        """One sample from /metrics, e.g. metric("loraplane_requests_total", 'outcome="abort"')."""
+        """From /metrics: the sum of the samples of `name` whose labels include `labels`, e.g.
+        metric("loraplane_requests_total", 'outcome="abort"') counts aborts of every adapter."""
+        wanted = {pair for pair in labels.split(",") if pair}
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        series = f"{name}{{{labels}}}" if labels else name
+        total, found = 0.0, False
         for line in text.splitlines():
-            if line.startswith(series + " "):
-                return float(line.split()[-1])
-        raise KeyError(series)
+            if line.startswith("#") or not line.strip():
+                continue
+            series, _, value = line.rpartition(" ")
+            series_name, _, label_text = series.partition("{")
+            if series_name == name and wanted <= set(label_text.rstrip("}").split(",")):
+                total, found = total + float(value), True
+        if not found:
+            raise KeyError(f"{name}{{{labels}}}")
+        return total
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 
 from data_plane.engine.outputs import CompletionDelta, RequestOutput
 from data_plane.engine.sequence import Request
+from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.slots import AdapterEngineStats, LoRAEngineStats
+from data_plane.lora.weights import LoRAAdapterWeights
 from shared.errors import InvalidRequestError, OverloadedError
 
 MAX_MODEL_LEN = 64
@@ -37,6 +40,12 @@ class FakeConfig:
     served_model_name: str = "fake"
     model: str = "/models/fake"
     max_request_body_bytes: int = 4096
+    admin_token: str | None = None
+    enable_lora: bool = False
+    max_cpu_loras: int = 4
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    max_adapter_labels: int = 100
+    default_drain_timeout_s: float = 30.0
 
 
 @dataclass
@@ -47,6 +56,7 @@ class FakeStats:
     kv_blocks_used: int = 0
     prefix_cache_queried_tokens: int = 0
     prefix_cache_hit_tokens: int = 0
+    lora: LoRAEngineStats | None = None
 
 
 @dataclass
@@ -66,6 +76,10 @@ class FakeEngine:
     requests: list[Request] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    # adapter interface: pins take a slot; abort() ends a running request at its next step
+    lora_slots: int = 2
+    pinned: set[int] = field(default_factory=set)
+    removed: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         asyncio.get_running_loop()  # like the real engine: must run inside the loop
@@ -75,7 +89,23 @@ class FakeEngine:
         self.started = False
 
     def stats(self) -> FakeStats:
-        return FakeStats(num_running=len(self.requests) - len(self.aborted) - len(self.finished))
+        adapters = {i: AdapterEngineStats(slot=n, pinned=True) for n, i in enumerate(sorted(self.pinned))}
+        return FakeStats(
+            num_running=len(self.requests) - len(self.aborted) - len(self.finished),
+            lora=LoRAEngineStats(self.lora_slots, len(self.pinned), adapters),
+        )
+
+    async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
+        if len(self.pinned) >= self.lora_slots:
+            raise LoRAAdapterError("every LoRA slot is pinned")
+        self.pinned.add(adapter_id)
+
+    async def unpin_lora(self, adapter_id: int) -> None:
+        self.pinned.discard(adapter_id)
+
+    async def remove_lora(self, adapter_id: int) -> None:
+        self.pinned.discard(adapter_id)
+        self.removed.append(adapter_id)
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
@@ -96,6 +126,11 @@ class FakeEngine:
                     await asyncio.sleep(self.step_delay)
                 else:
                     await asyncio.sleep(0)
+                if request.request_id in self.aborted:  # like the engine: an aborted request ends now
+                    done = True
+                    deltas = [CompletionDelta(j, "", [], None, "abort") for j in range(params.n)]
+                    yield RequestOutput(request.request_id, request.prompt_token_ids, deltas, finished=True)
+                    return
                 if self.error_after is not None and step >= self.error_after:
                     done = True
                     yield RequestOutput(
@@ -108,7 +143,8 @@ class FakeEngine:
                 yield RequestOutput(request.request_id, request.prompt_token_ids, deltas, finished=last)
         finally:
             if done:
-                self.finished.append(request.request_id)
+                if request.request_id not in self.aborted:
+                    self.finished.append(request.request_id)
             else:
                 self.abort(request.request_id)
 
@@ -117,3 +153,14 @@ class FakeEngine:
         token = ord(char)
         lp = None if logprobs is None else [{token: -0.5, ord("?"): -1.5, ord("!"): -2.5}]
         return CompletionDelta(choice, char, [token], lp, "length" if last else None)
+
+
+def sample_sum(registry, name: str, **labels: str) -> float:
+    """Sum of the samples `name` whose labels include `labels` (0 when there are none): the tests ask
+    "how many ok requests" without caring which `adapter` label they carry."""
+    total = 0.0
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total

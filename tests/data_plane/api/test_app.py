@@ -177,10 +177,10 @@ def test_models_health_version_metrics(client):
     assert client.get("/version").json()["version"]
     client.post(CHAT, json=chat_body())
     metrics = client.get("/metrics").text
-    assert 'loraplane_requests_total{outcome="ok"} 1.0' in metrics
-    assert "loraplane_generation_tokens_total 5.0" in metrics
+    assert 'loraplane_requests_total{adapter="fake",outcome="ok"} 1.0' in metrics
+    assert 'loraplane_generation_tokens_total{adapter="fake"} 5.0' in metrics
     assert "loraplane_kv_blocks_total 8.0" in metrics
-    assert "loraplane_time_to_first_token_seconds_count 1.0" in metrics
+    assert 'loraplane_time_to_first_token_seconds_count{adapter="fake"} 1.0' in metrics
 
 
 def test_health_503_when_engine_dead(client, engine):
@@ -245,7 +245,7 @@ def test_overloaded_is_503(client, engine):
     assert_openai_error(client.post(COMPLETIONS, json={"model": "fake", "prompt": "x", "stream": True}), 503)
     engine.overloaded = False
     ok(client)
-    assert 'loraplane_requests_total{outcome="rejected"} 2.0' in client.get("/metrics").text
+    assert 'loraplane_requests_total{adapter="fake",outcome="rejected"} 2.0' in client.get("/metrics").text
 
 
 def test_unexpected_exception_is_500_without_internals(client, engine):
@@ -264,4 +264,4 @@ def test_engine_failure_non_streaming_is_500_and_streaming_is_an_error_event(cli
     assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "internal_error"
     engine.error_after = None
     ok(client)
-    assert 'loraplane_requests_total{outcome="error"} 2.0' in client.get("/metrics").text
+    assert 'loraplane_requests_total{adapter="fake",outcome="error"} 2.0' in client.get("/metrics").text

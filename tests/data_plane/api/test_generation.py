@@ -11,7 +11,7 @@ from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
 from data_plane.metrics import EngineMetrics
 from shared.errors import InvalidRequestError, OverloadedError
-from tests.data_plane.api.fakes import FakeEngine
+from tests.data_plane.api.fakes import FakeEngine, sample_sum
 
 
 def request(request_id: str, max_tokens: int = 5, prompt: list[int] | None = None) -> Request:
@@ -20,7 +20,7 @@ def request(request_id: str, max_tokens: int = 5, prompt: list[int] | None = Non
 
 def outcomes(metrics: EngineMetrics) -> dict[str, float]:
     return {
-        o: metrics.registry.get_sample_value("loraplane_requests_total", {"outcome": o})
+        o: sample_sum(metrics.registry, "loraplane_requests_total", outcome=o)
         for o in ("ok", "error", "abort", "rejected")
     }
 
@@ -33,8 +33,8 @@ async def test_full_run_is_ok_and_counts_tokens():
     assert outputs[-1].finished and len(outputs) == 5
     assert engine.aborted == []
     assert outcomes(metrics)["ok"] == 1
-    assert metrics.registry.get_sample_value("loraplane_generation_tokens_total") == 5
-    assert metrics.registry.get_sample_value("loraplane_prompt_tokens_total") == 3
+    assert sample_sum(metrics.registry, "loraplane_generation_tokens_total") == 5
+    assert sample_sum(metrics.registry, "loraplane_prompt_tokens_total") == 3
     assert metrics.registry.get_sample_value("loraplane_inter_token_latency_seconds_count") == 4
 
 
@@ -77,12 +77,12 @@ async def test_refused_on_admission_is_rejected(engine, exc):
     with pytest.raises(exc):
         await start_generation(engine, request("r1", max_tokens=max_tokens), metrics.start_request())
     assert outcomes(metrics)["rejected"] == 1
-    assert metrics.registry.get_sample_value("loraplane_e2e_request_latency_seconds_count") == 0
+    assert sample_sum(metrics.registry, "loraplane_e2e_request_latency_seconds_count") == 0
 
 
 async def test_merged_generations_interleave_and_close_all():
     engine, metrics = FakeEngine(), EngineMetrics()
-    generations = await start_all(engine, [(request(f"r{i}"), metrics.start_request()) for i in range(3)])
+    generations = await start_all(engine, [(request(f"r{i}"), metrics.start_request(), None) for i in range(3)])
     merged = MergedGenerations(generations)
     seen = [index async for index, _ in merged]
     await merged.aclose()
@@ -90,7 +90,7 @@ async def test_merged_generations_interleave_and_close_all():
     assert outcomes(metrics)["ok"] == 3
 
     merged = MergedGenerations(
-        await start_all(engine, [(request(f"s{i}", 50), metrics.start_request()) for i in range(2)])
+        await start_all(engine, [(request(f"s{i}", 50), metrics.start_request(), None) for i in range(2)])
     )
     await anext(merged)
     await merged.aclose()
@@ -102,7 +102,7 @@ async def test_start_all_closes_the_started_ones_when_one_is_refused():
     with pytest.raises(InvalidRequestError):
         await start_all(
             engine,
-            [(request("ok"), metrics.start_request()), (request("bad", 1000), metrics.start_request())],
+            [(request("ok"), metrics.start_request(), None), (request("bad", 1000), metrics.start_request(), None)],
         )
     assert engine.aborted == ["ok"]
     assert outcomes(metrics)["rejected"] == 1 and outcomes(metrics)["abort"] == 1

@@ -1,0 +1,139 @@
+"""The LoRA admin endpoints' service: request bodies, and replies composed from the registry, the
+engine's per-adapter stats and the per-adapter request statistics. Field names follow vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from data_plane.lora.entry import AdapterEntry
+from data_plane.lora.registry import LoRARegistry
+from data_plane.lora.stats import AdapterRequestStats
+from shared.errors import InvalidRequestError
+
+LORA_DISABLED = "LoRA is not enabled on this engine; start it with --enable-lora"
+
+
+class LoadLoRAAdapterRequest(msgspec.Struct):
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(msgspec.Struct):
+    lora_name: str
+    drain_timeout_s: float | None = None
+
+
+class LoRAService:
+    def __init__(
+        self, registry: LoRARegistry | None, engine: Any, request_stats: AdapterRequestStats, base_name: str
+    ) -> None:
+        self._registry = registry
+        self._engine = engine
+        self._request_stats = request_stats
+        self._base_name = base_name
+
+    @property
+    def registry(self) -> LoRARegistry:
+        if self._registry is None:
+            raise InvalidRequestError(LORA_DISABLED)
+        return self._registry
+
+    async def load(self, body: LoadLoRAAdapterRequest) -> dict[str, Any]:
+        return await self.registry.load(
+            body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace
+        )
+
+    async def unload(self, body: UnloadLoRAAdapterRequest) -> dict[str, Any]:
+        return await self.registry.unload(body.lora_name, body.drain_timeout_s)
+
+    def list(self) -> dict[str, Any]:
+        registry = self.registry
+        engine_lora = self._engine_lora()
+        per_id = engine_lora.adapters if engine_lora is not None else {}
+        adapters = [
+            _listing(e, registry.residency(e).value, per_id.get(e.adapter_id))
+            for e in sorted(registry.entries(), key=lambda e: (e.name, e.adapter_id))
+        ]
+        adapters += [_loading_listing(name, path) for name, path in sorted(registry.loading().items())]
+        slots = {
+            "used": engine_lora.slots_used if engine_lora is not None else 0,
+            "total": engine_lora.slots_total if engine_lora is not None else 0,
+        }
+        return {"adapters": adapters, "slots": slots}
+
+    def stats(self) -> dict[str, Any]:
+        registry = self.registry
+        engine_lora = self._engine_lora()
+        per_id = engine_lora.adapters if engine_lora is not None else {}
+        by_name: dict[str, list[AdapterEntry]] = {}
+        for entry in registry.entries():
+            by_name.setdefault(entry.name, []).append(entry)
+        adapters = []
+        for name, versions in sorted(by_name.items()):
+            active = max(versions, key=lambda e: e.adapter_id)
+            engine = [per_id[e.adapter_id] for e in versions if e.adapter_id in per_id]
+            loads = sum(a.loads for a in engine)
+            seconds = sum(a.load_seconds_total for a in engine)
+            last = [a.last_load_seconds for a in engine if a.last_load_seconds is not None]
+            adapters.append(
+                {
+                    "name": name,
+                    "id": active.adapter_id,
+                    **self._request_stats.snapshot(name),
+                    "loads": loads,
+                    "evictions": sum(a.evictions for a in engine),
+                    "load_seconds": {
+                        "total": seconds,
+                        "mean": seconds / loads if loads else None,
+                        "last": last[-1] if last else None,
+                    },
+                }
+            )
+        base = {"name": self._base_name, "id": 0, **self._request_stats.snapshot(self._base_name)}
+        return {"base": base, "adapters": adapters}
+
+    def _engine_lora(self) -> Any:
+        return getattr(self._engine.stats(), "lora", None)
+
+
+def _listing(entry: AdapterEntry, residency: str, engine: Any) -> dict[str, Any]:
+    return {
+        "name": entry.name,
+        "id": entry.adapter_id,
+        "version": entry.version,
+        "path": entry.path,
+        "sha256": entry.sha256,
+        "rank": entry.rank,
+        "alpha": entry.alpha,
+        "target_modules": entry.target_modules,
+        "size_bytes": entry.size_bytes,
+        "residency": residency,
+        "pinned": entry.pinned,
+        "state": entry.state.value,
+        "in_flight": entry.in_flight,
+        "running": engine.running if engine is not None else 0,
+        "waiting": engine.waiting if engine is not None else 0,
+        "loaded_at": entry.loaded_at,
+        "last_used_at": entry.last_used_at,
+    }
+
+
+def _loading_listing(name: str, path: str) -> dict[str, Any]:
+    """A first load still reading its files: only the name and path are known yet."""
+    fields = ("id", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes", "residency")
+    return {
+        "name": name,
+        **dict.fromkeys(fields),
+        "path": path,
+        "pinned": False,
+        "state": "loading",
+        "in_flight": 0,
+        "running": 0,
+        "waiting": 0,
+        "loaded_at": None,
+        "last_used_at": None,
+    }

@@ -1,0 +1,219 @@
+"""The LoRA endpoints and the adapter request path over a scripted engine (fast; no model runs).
+
+Adapters are real PEFT folders read by the real loader; the scripted engine records what each
+Request carried. The same behaviours against a real engine process are in test_lora_api.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from litestar.testing import TestClient
+
+from data_plane.api.app import create_app
+from data_plane.lora.demo_adapters import write_demo_adapters
+from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.model.config import ModelConfig
+from tests.data_plane.api.fakes import FakeConfig, FakeEngine
+from tests.data_plane.api.test_app import assert_openai_error, sse_events
+
+TOKEN = "s3cret-admin-token"
+CHAT = "/v1/chat/completions"
+LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+
+
+@pytest.fixture(scope="module")
+def adapter_root(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fake_engine_adapters")
+    write_demo_adapters(demo_model_dir, root)
+    return root
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+def app_client(engine: FakeEngine, demo_model_dir: Path, root: Path, **config) -> TestClient:
+    loader = functools.partial(
+        load_peft_adapter,
+        model_config=ModelConfig.from_pretrained(demo_model_dir),
+        max_rank=16,
+        allowed_roots=[str(root)],
+    )
+    app = create_app(engine, FakeConfig(**config), lora_loader=loader)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def client(engine, demo_model_dir, adapter_root) -> Iterator[TestClient]:
+    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True) as c:
+        yield c
+
+
+def load(client: TestClient, root: Path, name: str, **fields):
+    return client.post(LOAD, json={"lora_name": name, "lora_path": str(root / name), **fields})
+
+
+def chat(client: TestClient, model: str, **fields):
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+    return client.post(CHAT, json=body)
+
+
+def in_flight(client: TestClient) -> dict[str, int]:
+    return {a["name"]: a["in_flight"] for a in client.get("/v1/lora_adapters").json()["adapters"]}
+
+
+def test_lora_endpoints_without_enable_lora_are_400(engine, demo_model_dir, adapter_root):
+    with app_client(engine, demo_model_dir, adapter_root) as client:
+        for response in (
+            load(client, adapter_root, "demo-poet"),
+            client.post(UNLOAD, json={"lora_name": "demo-poet"}),
+            client.get("/v1/lora_adapters"),
+            client.get("/v1/lora_stats"),
+        ):
+            error = assert_openai_error(response, 400, "invalid_request_error")
+            assert error["message"] == "LoRA is not enabled on this engine; start it with --enable-lora"
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["fake"]
+
+
+def test_load_list_models_and_requests_carry_the_adapter(client, engine, adapter_root):
+    r = load(client, adapter_root, "demo-poet")
+    assert r.status_code == 200, r.text
+    info = r.json()
+    assert set(info) == {"name", "id", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes", "residency"}
+    assert info["residency"] == "host" and info["rank"] == 16
+    models = client.get("/v1/models").json()["data"]
+    assert [(m["id"], m["parent"]) for m in models] == [("fake", None), ("demo-poet", "fake")]
+    assert models[1]["root"] == str(adapter_root / "demo-poet")
+    assert client.get("/v1/models/demo-poet").json() == models[1]
+
+    assert chat(client, "demo-poet").status_code == 200
+    request = engine.requests[-1]
+    assert request.adapter_id == info["id"] and request.lora is not None
+    assert request.prefix_hash_seed == request.lora.cache_namespace != 0
+    assert chat(client, "fake").status_code == 200
+    base = engine.requests[-1]
+    assert base.adapter_id == 0 and base.prefix_hash_seed == 0 and base.lora is None
+
+    listing = client.get("/v1/lora_adapters").json()
+    [adapter] = listing["adapters"]
+    assert adapter["state"] == "ready" and adapter["pinned"] is False and adapter["in_flight"] == 0
+    assert adapter["last_used_at"] >= adapter["loaded_at"]
+    assert listing["slots"] == {"used": 0, "total": 2}
+
+
+def test_every_ending_releases_the_lease(client, engine, adapter_root):
+    load(client, adapter_root, "demo-short")
+    assert chat(client, "demo-short").status_code == 200
+    events = sse_events(chat(client, "demo-short", stream=True).text)
+    assert events[-1] == "[DONE]"
+    r = client.post("/v1/completions", json={"model": "demo-short", "prompt": ["a", "b", "c"], "max_tokens": 3})
+    assert r.status_code == 200 and len({req.adapter_id for req in engine.requests[-3:]}) == 1
+    assert_openai_error(chat(client, "demo-short", max_tokens=10_000), 400)  # refused by the engine
+    engine.error_after = 1
+    assert_openai_error(chat(client, "demo-short"), 500)  # failed in the engine
+    engine.error_after = None
+    engine.overloaded = True
+    assert_openai_error(chat(client, "demo-short"), 503)
+    engine.overloaded = False
+    assert_openai_error(chat(client, "demo-short", n=0), 400)  # invalid request, before the engine
+    assert in_flight(client) == {"demo-short": 0}
+
+
+def test_unknown_adapter_is_404_and_no_label(client):
+    error = assert_openai_error(chat(client, "no-such-adapter"), 404, "not_found_error")
+    assert error["message"] == "The model `no-such-adapter` does not exist." and error["param"] == "model"
+    r = client.post("/v1/completions", json={"model": "no-such-adapter", "prompt": "x"})
+    assert_openai_error(r, 404)
+    assert_openai_error(client.get("/v1/models/no-such-adapter"), 404)
+    metrics = client.get("/metrics").text
+    assert "no-such-adapter" not in metrics
+    assert 'loraplane_requests_total{adapter="",outcome="rejected"} 2.0' in metrics
+
+
+def test_idempotent_load_conflict_and_unload(client, adapter_root, demo_model_dir, tmp_path):
+    first = load(client, adapter_root, "demo-poet").json()
+    assert load(client, adapter_root, "demo-poet").json() == first
+    # other content under the same name (the demo-short files)
+    other = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-short")})
+    error = assert_openai_error(other, 409, "conflict_error")
+    assert first["sha256"][:12] in error["message"]
+    r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-short"), "load_inplace": True})
+    assert r.status_code == 200 and r.json()["id"] > first["id"] and r.json()["version"] == 2
+    assert client.post(UNLOAD, json={"lora_name": "demo-poet"}).json() == {
+        "name": "demo-poet",
+        "drained": True,
+        "aborted": 0,
+    }
+    assert_openai_error(client.post(UNLOAD, json={"lora_name": "demo-poet"}), 404)
+    assert_openai_error(chat(client, "demo-poet"), 404)
+    assert client.get("/v1/lora_adapters").json()["adapters"] == []
+
+
+def test_bad_bodies_and_refused_adapters_are_4xx(client, adapter_root, engine):
+    assert_openai_error(client.post(LOAD, json={"lora_name": "x"}), 400)  # lora_path missing
+    assert_openai_error(client.post(LOAD, content=b"{"), 400)
+    assert_openai_error(client.post(LOAD, json={"lora_name": "fake", "lora_path": str(adapter_root / "demo-poet")}), 400)
+    error = assert_openai_error(load(client, adapter_root, "demo-pirate", lora_path="/etc"), 400)
+    assert "outside the allowed LoRA roots" in error["message"]
+    error = assert_openai_error(client.post(LOAD, json={"lora_name": "y", "lora_path": str(adapter_root / "nope")}), 400)
+    assert "does not exist" in error["message"]
+    assert_openai_error(client.post(UNLOAD, json={"lora_name": "demo-poet", "drain_timeout_s": -1}), 400)
+    assert client.get("/v1/lora_adapters").json()["adapters"] == []
+    assert load(client, adapter_root, "demo-poet").status_code == 200  # and the next load works
+
+
+def test_pinned_load_takes_a_slot(client, adapter_root, engine):
+    info = load(client, adapter_root, "demo-poet", pinned=True).json()
+    assert info["residency"] == "device" and engine.pinned == {info["id"]}
+    assert client.get("/v1/lora_adapters").json()["slots"] == {"used": 1, "total": 2}
+    client.post(UNLOAD, json={"lora_name": "demo-poet"})
+    assert engine.pinned == set() and engine.removed == [info["id"]]
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [(None, 401), ("Basic abc", 401), ("Bearer", 401), ("Bearer wrong", 403), (f"Bearer {TOKEN}", 200)],
+)
+def test_admin_token(engine, demo_model_dir, adapter_root, caplog, header, status):
+    caplog.set_level(logging.DEBUG)
+    headers = {"Authorization": header} if header else {}
+    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+        r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-poet")}, headers=headers)
+        assert r.status_code == status, r.text
+        if status != 200:
+            assert_openai_error(r, status)
+        r = client.post(UNLOAD, json={"lora_name": "demo-poet"}, headers=headers)
+        assert r.status_code == (status if status != 200 else 200), r.text
+        assert client.get("/v1/lora_adapters").status_code == 200  # reading needs no token
+        assert client.get("/v1/lora_stats").status_code == 200
+    assert TOKEN not in caplog.text
+
+
+def test_stats_and_metrics_per_adapter_with_label_cap(engine, demo_model_dir, adapter_root):
+    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, max_adapter_labels=1) as client:
+        for name in ("demo-poet", "demo-short"):
+            load(client, adapter_root, name)
+            assert chat(client, name).status_code == 200
+        assert chat(client, "fake").status_code == 200
+        metrics = client.get("/metrics").text
+        assert 'loraplane_requests_total{adapter="demo-poet",outcome="ok"} 1.0' in metrics
+        assert 'loraplane_requests_total{adapter="other",outcome="ok"} 1.0' in metrics  # past the cap
+        assert 'loraplane_requests_total{adapter="fake",outcome="ok"} 1.0' in metrics  # base: always its own
+        assert 'adapter="demo-short"' not in metrics
+        stats = client.get("/v1/lora_stats").json()
+        assert stats["base"]["requests"]["ok"] == 1
+        by_name = {a["name"]: a for a in stats["adapters"]}
+        assert set(by_name) == {"demo-poet", "demo-short"}
+        poet = by_name["demo-poet"]
+        assert poet["requests"]["ok"] == 1 and poet["generated_tokens"] == 4 and poet["prompt_tokens"] > 0
+        assert poet["ttft_seconds"]["samples"] == 1 and poet["e2e_seconds"]["p99"] >= poet["ttft_seconds"]["p50"]
+        assert poet["generated_tokens_per_second_1m"] > 0
+        assert {"loads", "evictions", "load_seconds"} <= set(poet)
+        client.post(UNLOAD, json={"lora_name": "demo-poet"})
+        assert [a["name"] for a in client.get("/v1/lora_stats").json()["adapters"]] == ["demo-short"]

@@ -1,0 +1,60 @@
+"""`loraplane engine` flags → EngineConfig, for the multi-LoRA flags (vLLM spellings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from data_plane.api.server import build_parser, config_from_args, parse_lora_modules
+from data_plane.config import ConfigError
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+def config(model_dir: Path, *flags: str):
+    return config_from_args(build_parser().parse_args(["--model", str(model_dir), *flags]))
+
+
+def test_lora_flags(model_dir, tmp_path):
+    c = config(
+        model_dir,
+        "--enable-lora",
+        "--max-loras", "3",
+        "--max-lora-rank", "32",
+        "--max-cpu-loras", "8",
+        "--lora-roots", "/a", "/b",
+        "--lora-roots", "/c",
+        "--lora-modules", "x=/a/x", '{"name": "y", "path": "/b/y"}',
+        "--lora-modules", "z=/c/z",
+        "--max-adapter-labels", "5",
+        "--default-drain-timeout-s", "2.5",
+    )  # fmt: skip
+    assert c.enable_lora and (c.max_loras, c.max_lora_rank, c.max_cpu_loras) == (3, 32, 8)
+    assert c.lora_roots == ["/a", "/b", "/c"]
+    assert c.lora_modules == {"x": "/a/x", "y": "/b/y", "z": "/c/z"}
+    assert c.max_adapter_labels == 5 and c.default_drain_timeout_s == 2.5
+
+
+def test_lora_defaults(model_dir):
+    c = config(model_dir)
+    assert not c.enable_lora and c.lora_modules == {} and c.lora_roots == []
+    c = config(model_dir, "--enable-lora", "--lora-modules", f"x={model_dir}/adapters/x")
+    assert c.lora_roots == [str((model_dir / "adapters").resolve())]  # the modules' own folders
+
+
+@pytest.mark.parametrize("item", ["noequals", "=path", "name=", '{"name": "x"}', "{not json"])
+def test_bad_lora_modules(item):
+    with pytest.raises(ConfigError):
+        parse_lora_modules([item])
+
+
+def test_duplicate_lora_module_and_modules_without_enable_lora(model_dir):
+    with pytest.raises(ConfigError, match="twice"):
+        parse_lora_modules(["x=/a", "x=/b"])
+    with pytest.raises(ConfigError, match="--enable-lora"):
+        config(model_dir, "--lora-modules", "x=/a/x")
