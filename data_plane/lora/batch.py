@@ -18,6 +18,7 @@ class LoRABatch:
     single_slot: int | None  # every token of the step uses this slot: one plain matmul per layer
     decode_index: torch.Tensor | None  # [Nd] int64: decode tokens (flat indices) that use an adapter
     decode_slots: torch.Tensor | None  # [Nd] int64: their slots (gather + bmm)
+    decode_contiguous: bool  # decode_index is exactly 0..Nd-1: the deltas add to a slice
     prefill_groups: list[tuple[int, torch.Tensor]]  # (slot, [Np] flat token indices): one matmul per adapter
 
     @classmethod
@@ -32,7 +33,7 @@ class LoRABatch:
         if used == {-1}:
             return None
         if len(used) == 1:
-            return cls(rank, single_slot=token_slots[0], decode_index=None, decode_slots=None, prefill_groups=[])
+            return cls(rank, token_slots[0], decode_index=None, decode_slots=None, decode_contiguous=False, prefill_groups=[])
         decode = [(i, s) for i, s in enumerate(token_slots[:num_decode_tokens]) if s >= 0]
         decode_index = decode_slots = None
         if decode:
@@ -43,4 +44,5 @@ class LoRABatch:
             if token_slots[i] >= 0:
                 by_slot.setdefault(token_slots[i], []).append(i)
         groups = [(slot, torch.tensor(ix, dtype=torch.int64, device=device)) for slot, ix in by_slot.items()]
-        return cls(rank, single_slot=None, decode_index=decode_index, decode_slots=decode_slots, prefill_groups=groups)
+        contiguous = len(decode) == num_decode_tokens
+        return cls(rank, None, decode_index, decode_slots, contiguous, groups)

@@ -3,9 +3,10 @@
 One wrapper serves every linear kind; a kind is described by its *lanes*, the output slices that
 separate HF projections map to: QKV has lanes q_proj/k_proj/v_proj, gate_up has gate_proj/up_proj,
 o_proj and down_proj have one lane each. Each lane keeps its own stacked slot weights
-A [max_loras, max_rank, in] and B [max_loras, out_lane, max_rank], zero-padded past the adapter's
+A and B, zero-padded past the adapter's
 rank and with the scale folded into B, so an empty slot or an untargeted lane adds exactly zero.
-The lanes' A are stacked into one tensor [max_loras, L * max_rank, in] so that one shrink serves all.
+Stored input-major (see ops.py): the lanes' A stacked into one [max_loras, in, L * max_rank] so that
+one shrink serves all, B as one [max_loras, max_rank, out] whose columns are the lanes' outputs.
 """
 
 from __future__ import annotations
@@ -41,17 +42,16 @@ class LinearWithLoRA(nn.Module):
         self.base = base
         self.lanes = lanes
         self.max_rank = max_rank
-        self.register_buffer("lora_a", torch.zeros(max_loras, len(lanes) * max_rank, in_features, dtype=dtype, device=device))
-        for i, lane in enumerate(lanes):
-            self.register_buffer(f"lora_b_{i}", torch.zeros(max_loras, lane.size, max_rank, dtype=dtype, device=device))
-        self.lora_bs = [getattr(self, f"lora_b_{i}") for i in range(len(lanes))]
+        out_features = sum(lane.size for lane in lanes)
+        self.register_buffer("lora_a", torch.zeros(max_loras, in_features, len(lanes) * max_rank, dtype=dtype, device=device))
+        self.register_buffer("lora_b", torch.zeros(max_loras, max_rank, out_features, dtype=dtype, device=device))
+        self.lane_columns = [(lane.offset, lane.size) for lane in lanes]
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in]
         y = self.base(x)  # [T, out]
         if lora is None:
             return y
-        lane_outputs = [y[:, lane.offset : lane.offset + lane.size] for lane in self.lanes]
-        lora_shrink_expand(lane_outputs, x, self.lora_a, self.lora_bs, lora)
+        lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora)
         return y
 
     def lane_modules(self) -> list[str]:
@@ -61,11 +61,12 @@ class LinearWithLoRA(nn.Module):
     def set_slot(self, slot: int, module: str, lora_a: torch.Tensor | None, lora_b: torch.Tensor | None) -> None:
         """Write one lane of one slot: A [r, in], B [out, r] already scaled; None clears the lane."""
         index = self.lane_modules().index(module)
-        slot_a = self.lora_a[slot, index * self.max_rank : (index + 1) * self.max_rank]  # [R, in]
-        slot_b = self.lora_bs[index][slot]  # [out_l, R]
+        slot_a = self.lora_a[slot, :, index * self.max_rank : (index + 1) * self.max_rank]  # [in, R]
+        lane = self.lanes[index]
+        slot_b = self.lora_b[slot, :, lane.offset : lane.offset + lane.size]  # [R, out_l]
         slot_a.zero_()
         slot_b.zero_()
         if lora_a is not None and lora_b is not None:
             rank = lora_a.shape[0]
-            slot_a[:rank].copy_(lora_a)
-            slot_b[:, :rank].copy_(lora_b)
+            slot_a[:, :rank].copy_(lora_a.T)
+            slot_b[:rank].copy_(lora_b.T)

@@ -1,15 +1,17 @@
 """Batched LoRA ops over stacked slot weights.
 
-A layer's lanes (q/k/v, gate/up, or a single projection) share one shrink and expand separately.
-Semantics, for every token t routed to slot s (tokens of the base model are left untouched):
+A fused layer's lanes (q/k/v, gate/up, or a single projection) share one shrink and one gather of B.
+Weights are stored input-major so that every product is a row vector times a matrix, which the CPU
+kernels run far faster as a batch than matrix-times-column-vector. For every token t routed to slot s
+(tokens of the base model are left untouched), and each lane l with output columns cols_l:
 
-    shrink:  v[t] = A[s] @ x[t]                      A: [slots, L * R, in]   x: [T, in]  ->  v: [N, L * R]
-    expand:  y_l[t] += B_l[s] @ v[t, l*R:(l+1)*R]    B_l: [slots, out_l, R]  (scale folded into B_l)
+    shrink:  v[t] = x[t] @ A[s]                               A: [slots, in, L * R]   ->  v: [N, L * R]
+    expand:  y[t, cols_l] += v[t, l*R:(l+1)*R] @ B[s][:, cols_l]     B: [slots, R, out]  (scale folded in)
 
-Only the first `batch.rank` of the R (= max_lora_rank) rank columns are used: slots are zero-padded
-past each adapter's rank, so this is exact. Three shapes of work, chosen by the LoRABatch: one adapter
-for the whole step (plain matmuls), decode tokens of mixed adapters (gather each token's slot weights
-+ bmm), prefill tokens of mixed adapters (plain matmuls per distinct adapter).
+Only the first `batch.rank` of the R (= max_lora_rank) rank rows are used: slots are zero-padded past
+each adapter's rank, so this is exact. Three shapes of work, chosen by the LoRABatch: one adapter for
+the whole step (plain matmuls), decode tokens of mixed adapters (gather each token's slot weights +
+batched vector-matrix products), prefill tokens of mixed adapters (plain matmuls per adapter).
 """
 
 from __future__ import annotations
@@ -18,37 +20,50 @@ import torch
 
 from data_plane.lora.batch import LoRABatch
 
+Lanes = list[tuple[int, int]]  # (first output column, width) of each lane
 
-def _ranked_a(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
-    """[slots, L * R, in] -> [slots, L * rank, in]: drop the all-zero padding past the batch's rank."""
-    slots, lr, dim = lora_a.shape
-    return lora_a.view(slots, lanes, lr // lanes, dim)[:, :, :rank].reshape(slots, lanes * rank, dim)
+
+def _ranked(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
+    """[slots, in, L * R] -> a view [slots, in, L, rank]: the padding past the batch's rank dropped."""
+    slots, dim, lr = lora_a.shape
+    return lora_a.view(slots, dim, lanes, lr // lanes)[..., :rank]
 
 
 def lora_shrink_expand(
-    outputs: list[torch.Tensor],  # L lane views of y, each [T, out_l], updated in place
+    y: torch.Tensor,  # [T, out], updated in place
     x: torch.Tensor,  # [T, in]
-    lora_a: torch.Tensor,  # [slots, L * R, in]
-    lora_bs: list[torch.Tensor],  # L tensors [slots, out_l, R]
+    lora_a: torch.Tensor,  # [slots, in, L * R]
+    lora_b: torch.Tensor,  # [slots, R, out]
+    lanes: Lanes,
     batch: LoRABatch,
 ) -> None:
-    lanes, rank = len(lora_bs), batch.rank
+    num_lanes, rank, dim = len(lanes), batch.rank, x.shape[1]
+    a_ranked = _ranked(lora_a, num_lanes, rank)
     if batch.single_slot is not None:
-        s = batch.single_slot
-        a = _ranked_a(lora_a[s : s + 1], lanes, rank)[0]  # [L * rank, in]
-        v = x @ a.T  # [T, L * rank]
-        for lane, (y, b) in enumerate(zip(outputs, lora_bs, strict=True)):
-            y += v[:, lane * rank : (lane + 1) * rank] @ b[s, :, :rank].T
-        return
+        _expand_one(y, x @ a_ranked[batch.single_slot].reshape(dim, -1), lora_b[batch.single_slot, :rank], lanes, rank)
     if batch.decode_index is not None:
         idx, slots = batch.decode_index, batch.decode_slots
-        a = _ranked_a(lora_a.index_select(0, slots), lanes, rank)  # [Nd, L * rank, in]
-        v = torch.bmm(a, x.index_select(0, idx).unsqueeze(-1))  # [Nd, L * rank, 1]
-        for lane, (y, b) in enumerate(zip(outputs, lora_bs, strict=True)):
-            b_tok = b.index_select(0, slots)[:, :, :rank]  # [Nd, out_l, rank]
-            y.index_add_(0, idx, torch.bmm(b_tok, v[:, lane * rank : (lane + 1) * rank]).squeeze(-1))
+        a = a_ranked.index_select(0, slots).view(len(slots), dim, num_lanes * rank)  # [Nd, in, L * rank]
+        v = torch.bmm(x.index_select(0, idx).unsqueeze(1), a)  # [Nd, 1, L * rank]
+        b = lora_b[:, :rank].index_select(0, slots)  # [Nd, rank, out]
+        delta = y.new_zeros(len(slots), y.shape[1]) if num_lanes > 1 else None
+        for lane, (offset, width) in enumerate(lanes):
+            part = torch.bmm(v[:, :, lane * rank : (lane + 1) * rank], b[:, :, offset : offset + width]).squeeze(1)
+            if delta is None:
+                delta = part
+            else:
+                delta[:, offset : offset + width] = part
+        if batch.decode_contiguous:  # the usual case: every decode token uses an adapter
+            y[: len(slots)] += delta
+        else:
+            y.index_add_(0, idx, delta)
     for s, idx in batch.prefill_groups:
-        a = _ranked_a(lora_a[s : s + 1], lanes, rank)[0]
-        v = x.index_select(0, idx) @ a.T  # [Np, L * rank]
-        for lane, (y, b) in enumerate(zip(outputs, lora_bs, strict=True)):
-            y.index_add_(0, idx, v[:, lane * rank : (lane + 1) * rank] @ b[s, :, :rank].T)
+        delta = y.new_zeros(len(idx), y.shape[1])
+        _expand_one(delta, x.index_select(0, idx) @ a_ranked[s].reshape(dim, -1), lora_b[s, :rank], lanes, rank)
+        y.index_add_(0, idx, delta)
+
+
+def _expand_one(y: torch.Tensor, v: torch.Tensor, b: torch.Tensor, lanes: Lanes, rank: int) -> None:
+    """y[:, cols_l] += v[:, lane l's rank block] @ b[:, cols_l] for one adapter; b: [rank, out]."""
+    for lane, (offset, width) in enumerate(lanes):
+        y[:, offset : offset + width] += v[:, lane * rank : (lane + 1) * rank] @ b[:, offset : offset + width]

@@ -9,39 +9,37 @@ from data_plane.lora.ops import lora_shrink_expand
 
 SLOTS, R, IN, OUTS = 3, 4, 16, (12, 5)  # two lanes, like gate/up
 CPU = torch.device("cpu")
+LANES = [(0, OUTS[0]), (OUTS[0], OUTS[1])]
 
 
 def _weights(rank: int = R):
     """Slot weights zero-padded past `rank`, as the slot manager writes them."""
     g = torch.Generator().manual_seed(0)
-    a = torch.zeros(SLOTS, len(OUTS), R, IN)
-    a[:, :, :rank] = torch.randn(SLOTS, len(OUTS), rank, IN, generator=g)
-    bs = []
-    for out in OUTS:
-        b = torch.zeros(SLOTS, out, R)
-        b[:, :, :rank] = torch.randn(SLOTS, out, rank, generator=g)
-        bs.append(b)
-    return a.view(SLOTS, len(OUTS) * R, IN), bs
+    a = torch.zeros(SLOTS, IN, len(OUTS), R)  # input-major, lanes stacked along the rank axis
+    a[..., :rank] = torch.randn(SLOTS, IN, len(OUTS), rank, generator=g)
+    b = torch.zeros(SLOTS, R, sum(OUTS))  # lanes side by side along the output columns
+    b[:, :rank] = torch.randn(SLOTS, rank, sum(OUTS), generator=g)
+    return a.view(SLOTS, IN, len(OUTS) * R), b
 
 
-def _reference(x, a, bs, token_slots):
-    a = a.view(SLOTS, len(OUTS), R, IN)
+def _reference(x, a, b, token_slots):
+    """Lane l of token t: (x[t] @ A[s][:, lane l]) @ B[s][:, lane l's columns], one token at a time."""
+    a = a.view(SLOTS, IN, len(OUTS), R)
     ys = [torch.zeros(x.shape[0], out) for out in OUTS]
     for t, s in enumerate(token_slots):
         if s >= 0:
-            for lane, b in enumerate(bs):
-                ys[lane][t] = b[s] @ (a[s, lane] @ x[t])
+            for lane, (offset, width) in enumerate(LANES):
+                ys[lane][t] = (x[t] @ a[s, :, lane]) @ b[s, :, offset : offset + width]
     return ys
 
 
 def _run(token_slots, num_decode, rank=R, weight_rank=R):
-    a, bs = _weights(weight_rank)
+    a, b = _weights(weight_rank)
     x = torch.randn(len(token_slots), IN)
     y = torch.zeros(len(token_slots), sum(OUTS))
-    lanes = [y[:, : OUTS[0]], y[:, OUTS[0] :]]  # views into one fused output, as in the layers
     batch = LoRABatch.build(token_slots, num_decode_tokens=num_decode, rank=rank, device=CPU)
-    lora_shrink_expand(lanes, x, a, bs, batch)
-    return y, _reference(x, a, bs, token_slots), batch
+    lora_shrink_expand(y, x, a, b, LANES, batch)
+    return y, _reference(x, a, b, token_slots), batch
 
 
 def test_mixed_decode_and_prefill_routes_every_token_to_its_slot():
@@ -56,6 +54,12 @@ def test_single_adapter_fast_path_and_all_base():
     assert batch.single_slot == 1
     torch.testing.assert_close(y, torch.cat(refs, dim=1), atol=1e-5, rtol=1e-5)
     assert LoRABatch.build([-1] * 5, num_decode_tokens=2, rank=R, device=CPU) is None
+
+
+def test_decode_tokens_all_routed_add_to_a_slice():
+    y, refs, batch = _run([0, 2, 1, -1, 1], num_decode=3)
+    assert batch.decode_contiguous
+    torch.testing.assert_close(y, torch.cat(refs, dim=1), atol=1e-5, rtol=1e-5)
 
 
 def test_rank_below_padding_skips_zero_columns_exactly():
