@@ -26,6 +26,7 @@ from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
 from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.lora.reader import lower_thread_priority
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 
@@ -135,6 +136,7 @@ def hot_load_itl(bench: Bench) -> dict:
     ready: list[Job] = []
 
     def read_later() -> None:
+        lower_thread_priority()  # as the registry's reader threads do
         for index in range(2, 8):
             ready.append(([11, 12, 13, 14], index + 1, bench.read_adapter(bench.adapter_dirs[index])))
 

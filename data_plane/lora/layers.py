@@ -58,15 +58,19 @@ class LinearWithLoRA(nn.Module):
         return [lane.module for lane in self.lanes]
 
     @torch.no_grad()
-    def set_slot(self, slot: int, module: str, lora_a: torch.Tensor | None, lora_b: torch.Tensor | None) -> None:
-        """Write one lane of one slot: A [r, in], B [out, r] already scaled; None clears the lane."""
+    def set_slot(
+        self, slot: int, module: str, lora_a: torch.Tensor | None, lora_b: torch.Tensor | None, scaling: float = 1.0
+    ) -> None:
+        """Write one lane of one slot from PEFT's A [r, in] and B [out, r]; None clears the lane."""
         index = self.lane_modules().index(module)
-        slot_a = self.lora_a[slot, :, index * self.max_rank : (index + 1) * self.max_rank]  # [in, R]
         lane = self.lanes[index]
+        slot_a = self.lora_a[slot, :, index * self.max_rank : (index + 1) * self.max_rank]  # [in, R]
         slot_b = self.lora_b[slot, :, lane.offset : lane.offset + lane.size]  # [R, out_l]
-        slot_a.zero_()
-        slot_b.zero_()
-        if lora_a is not None and lora_b is not None:
-            rank = lora_a.shape[0]
+        rank = 0 if lora_a is None or lora_b is None else lora_a.shape[0]
+        if rank:
             slot_a[:, :rank].copy_(lora_a.T)
             slot_b[:rank].copy_(lora_b.T)
+            slot_b[:rank].mul_(scaling)
+        # only the padding past this adapter's rank needs clearing: the rest was just overwritten
+        slot_a[:, rank:].zero_()
+        slot_b[rank:].zero_()

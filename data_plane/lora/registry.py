@@ -2,7 +2,7 @@
 
 It lives on the event loop (no thread locks). Loading and unloading one name are serialized by that
 name's asyncio.Lock; `acquire` takes no lock, so requests never wait behind an admin call. Files
-are read and validated off the loop (`asyncio.to_thread`); the engine is only told about pins and
+are read and validated off the loop (reader.py, at low priority); the engine is only told about pins and
 removals — for normal requests it gets the weights on the Request and copies them into a slot itself.
 
 Every load that brings new content gets a fresh id (ids are never reused), so the engine's slot and
@@ -26,6 +26,7 @@ from data_plane.lora.errors import LoRAConflictError, LoRANotFoundError
 from data_plane.lora.host_cache import HostCache
 from data_plane.lora.keyed_lock import KeyedLock
 from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.lora.reader import read_off_loop
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError
@@ -110,7 +111,7 @@ class LoRARegistry:
         async with self._name_lock(name):
             self._loading[name] = path
             try:
-                weights = await asyncio.to_thread(self._loader, path)
+                weights = await read_off_loop(self._loader, path)
             finally:
                 del self._loading[name]
             current = self._active.get(name)
@@ -198,7 +199,7 @@ class LoRARegistry:
         async with entry.reread_lock:
             if entry.weights is not None:  # another request re-read it meanwhile
                 return
-            weights = await asyncio.to_thread(self._loader, entry.path)
+            weights = await read_off_loop(self._loader, entry.path)
             if weights.sha256 != entry.sha256:
                 raise LoRAConflictError(
                     f"adapter {entry.name}: files changed since load; reload with load_inplace "

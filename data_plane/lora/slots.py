@@ -136,4 +136,4 @@ class LoRASlotManager:
                     if m is None:
                         linear.set_slot(slot, name, None, None)
                     else:
-                        linear.set_slot(slot, name, m.lora_a, m.lora_b * m.scaling)
+                        linear.set_slot(slot, name, m.lora_a, m.lora_b, m.scaling)
