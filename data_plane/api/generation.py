@@ -71,6 +71,9 @@ class Generation:
         if self._lease is not None and (error := _unloaded_error(output, self._lease)) is not None:
             self._done, self._outcome = True, "abort"  # its adapter was unloaded: say so, not "finished"
             raise error
+        if output.client_error is not None:  # the engine refused it for a reason the client should read
+            self._done, self._outcome = True, "error"
+            raise output.client_error
         if output.error:  # the engine failed the request (its batch crashed): no partial answer
             self._done, self._outcome = True, "error"
             # the engine's message names internals (exception types, device errors): log it, don't send it

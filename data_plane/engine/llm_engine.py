@@ -28,7 +28,7 @@ from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.loader import load_model
 from data_plane.model.sampler import Sampler
 from data_plane.tokenizer import Tokenizer
-from shared.errors import InvalidRequestError
+from shared.errors import InvalidRequestError, OverloadedError
 
 logger = logging.getLogger(__name__)
 
@@ -194,13 +194,21 @@ class LLMEngine:
         return output
 
     def _fail_unschedulable(self) -> list[RequestOutput]:
-        """Nothing runs and the head of the queue still does not fit: it never will (grown too long)."""
+        """Nothing runs and the head of the queue still cannot start: it never will, so fail it."""
         if self.scheduler.running or not self.scheduler.waiting:
             return []
         seq = self.scheduler.waiting[0]
-        logger.warning("sequence %d needs more KV blocks than the cache has; failing it", seq.seq_id)
         state = self.requests[seq.request.request_id]
-        return [self._fail(state, FinishReason.LENGTH, error=None)]
+        if self.block_manager.plan_allocation(seq) is None:  # grown longer than the whole KV cache
+            logger.warning("sequence %d needs more KV blocks than the cache has; failing it", seq.seq_id)
+            return [self._fail(state, FinishReason.LENGTH, error=None)]
+        # nothing runs, so no slot is busy: every slot must hold a pinned adapter
+        output = self._fail(state, FinishReason.ERROR, error="every LoRA slot is pinned")
+        output.client_error = OverloadedError(
+            f"Every one of the {self.config.max_loras} LoRA slots holds a pinned adapter, so this adapter "
+            "cannot be scheduled; unpin one (load it again with pinned=false) or raise --max-loras."
+        )
+        return [output]
 
     # ---- adapters (see data_plane/lora/slots.py) ----------------------------------------------
     def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:

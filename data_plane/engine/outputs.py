@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.errors import LoraplaneError
+
 
 @dataclass
 class CompletionDelta:
@@ -24,4 +26,5 @@ class RequestOutput:
     deltas: list[CompletionDelta] = field(default_factory=list)
     finished: bool = False  # every choice of the request is finished
     num_cached_tokens: int = 0
-    error: str | None = None  # set when the engine failed the request
+    error: str | None = None  # set when the engine failed the request (internal detail: logged, not sent)
+    client_error: LoraplaneError | None = None  # set when the client should read why (sent as is)

@@ -275,3 +275,42 @@ def test_admin_token_and_adapter_metrics_with_a_label_cap(start_engine, lora_dir
     metrics = httpx.get(server.url + "/metrics").text
     assert 'adapter="demo-short"' not in metrics and "not-served" not in metrics
     assert TOKEN not in server.log.read_text()
+
+
+def test_concurrent_load_unload_storm_on_one_name_ends_consistent(lora_server, lora_dirs):
+    """Loads (two contents, some in place), unloads and requests on one name at once, over real HTTP:
+    afterwards the name is either cleanly loaded or absent, and no device slot is left behind."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    contents = [lora_dirs["demo-short"], lora_dirs["demo-pirate"]]
+
+    def act(i: int) -> int:
+        with httpx.Client(base_url=lora_server.url, timeout=120) as c:
+            kind = i % 4
+            if kind == 0:
+                return load(c, "storm", contents[i % 2], load_inplace=True).status_code
+            if kind == 1:
+                return load(c, "storm", contents[0]).status_code
+            if kind == 2:
+                return unload(c, "storm", drain_timeout_s=1).status_code
+            r = c.post("/v1/completions", json={"model": "storm", "prompt": "hi", "max_tokens": 4, **GREEDY})
+            return r.status_code
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        codes = list(pool.map(act, range(40)))
+    assert set(codes) <= {200, 404, 409}, codes  # refusals are clean 4xx, never a 5xx
+    with httpx.Client(base_url=lora_server.url, timeout=120) as c:
+        listed = adapters(c)
+        if "storm" in listed:
+            assert listed["storm"]["state"] in ("ready", "draining")
+            assert complete(c, "storm")["choices"][0]["text"]  # a loaded name serves
+        unload(c, "storm")
+        deadline = time.monotonic() + 30
+        while "storm" in adapters(c) and time.monotonic() < deadline:  # older versions finish draining
+            time.sleep(0.2)
+        listed = adapters(c)
+        assert "storm" not in listed
+        slots = c.get("/v1/lora_adapters").json()["slots"]
+        resident = sum(1 for a in listed.values() if a["residency"] == "device")
+        assert slots["used"] == resident <= slots["total"]
+        assert complete(c, "demo-pirate")["choices"][0]["text"]  # the engine still serves

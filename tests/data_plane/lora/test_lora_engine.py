@@ -136,3 +136,19 @@ def test_prefix_cache_is_isolated_per_adapter_content(setup):
     assert hits() == before  # nor does the base model
     again, _ = _run(engine, [(prompt, 1, weights["patterns"])])
     assert hits() > before and again == first
+
+
+def test_adapter_request_fails_clearly_when_every_slot_is_pinned(setup):
+    from shared.errors import OverloadedError
+
+    base, weights, prompts, _ = setup
+    engine = make_engine(base, enable_lora=True, max_loras=1, max_lora_rank=64)
+    engine.pin_lora(1, weights["patterns"])
+    engine.add_request(Request("blocked", prompts[0], _greedy(), adapter_id=2, lora=weights["rslora"],
+                               prefix_hash_seed=weights["rslora"].cache_namespace))
+    outputs = engine.step()
+    assert len(outputs) == 1 and outputs[0].finished
+    assert isinstance(outputs[0].client_error, OverloadedError) and "pinned" in outputs[0].client_error.message
+    assert not engine.has_work() and engine.block_manager.num_used_blocks == 0
+    got, _ = _run(engine, [(prompts[0], 1, weights["patterns"])])  # the pinned adapter still serves
+    assert got == [setup[3]["patterns"][0]]
