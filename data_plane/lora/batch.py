@@ -19,7 +19,7 @@ class LoRABatch:
     decode_index: torch.Tensor | None  # [Nd] int64: decode tokens (flat indices) that use an adapter
     decode_slots: torch.Tensor | None  # [Nd] int64: their slots (gather + bmm)
     decode_contiguous: bool  # decode_index is exactly 0..Nd-1: the deltas add to a slice
-    prefill_groups: list[tuple[int, torch.Tensor]]  # (slot, [Np] flat token indices): one matmul per adapter
+    prefill_segments: list[tuple[int, int, int]]  # (slot, start, end): runs of prefill tokens of one adapter
 
     @classmethod
     def build(
@@ -33,16 +33,20 @@ class LoRABatch:
         if used == {-1}:
             return None
         if len(used) == 1:
-            return cls(rank, token_slots[0], decode_index=None, decode_slots=None, decode_contiguous=False, prefill_groups=[])
+            return cls(rank, token_slots[0], None, None, decode_contiguous=False, prefill_segments=[])
         decode = [(i, s) for i, s in enumerate(token_slots[:num_decode_tokens]) if s >= 0]
         decode_index = decode_slots = None
         if decode:
             decode_index = torch.tensor([i for i, _ in decode], dtype=torch.int64, device=device)
             decode_slots = torch.tensor([s for _, s in decode], dtype=torch.int64, device=device)
-        by_slot: dict[int, list[int]] = {}
+        # a prefill sequence's tokens are contiguous, and neighbours with the same adapter merge
+        segments: list[tuple[int, int, int]] = []
         for i in range(num_decode_tokens, len(token_slots)):
-            if token_slots[i] >= 0:
-                by_slot.setdefault(token_slots[i], []).append(i)
-        groups = [(slot, torch.tensor(ix, dtype=torch.int64, device=device)) for slot, ix in by_slot.items()]
-        contiguous = len(decode) == num_decode_tokens
-        return cls(rank, None, decode_index, decode_slots, contiguous, groups)
+            slot = token_slots[i]
+            if slot < 0:
+                continue
+            if segments and segments[-1][0] == slot and segments[-1][2] == i:
+                segments[-1] = (slot, segments[-1][1], i + 1)
+            else:
+                segments.append((slot, i, i + 1))
+        return cls(rank, None, decode_index, decode_slots, len(decode) == num_decode_tokens, segments)

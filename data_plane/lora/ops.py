@@ -11,7 +11,7 @@ kernels run far faster as a batch than matrix-times-column-vector. For every tok
 Only the first `batch.rank` of the R (= max_lora_rank) rank rows are used: slots are zero-padded past
 each adapter's rank, so this is exact. Three shapes of work, chosen by the LoRABatch: one adapter for
 the whole step (plain matmuls), decode tokens of mixed adapters (gather each token's slot weights +
-batched vector-matrix products), prefill tokens of mixed adapters (plain matmuls per adapter).
+batched vector-matrix products), runs of prefill tokens of one adapter (plain matmuls per run).
 """
 
 from __future__ import annotations
@@ -40,30 +40,31 @@ def lora_shrink_expand(
     num_lanes, rank, dim = len(lanes), batch.rank, x.shape[1]
     a_ranked = _ranked(lora_a, num_lanes, rank)
     if batch.single_slot is not None:
-        _expand_one(y, x @ a_ranked[batch.single_slot].reshape(dim, -1), lora_b[batch.single_slot, :rank], lanes, rank)
+        s = batch.single_slot
+        _expand_one(y, x @ a_ranked[s].reshape(dim, -1), lora_b[s, :rank], lanes, rank)
+        return
     if batch.decode_index is not None:
         idx, slots = batch.decode_index, batch.decode_slots
         a = a_ranked.index_select(0, slots).view(len(slots), dim, num_lanes * rank)  # [Nd, in, L * rank]
         v = torch.bmm(x.index_select(0, idx).unsqueeze(1), a)  # [Nd, 1, L * rank]
         b = lora_b[:, :rank].index_select(0, slots)  # [Nd, rank, out]
-        delta = y.new_zeros(len(slots), y.shape[1]) if num_lanes > 1 else None
-        for lane, (offset, width) in enumerate(lanes):
-            part = torch.bmm(v[:, :, lane * rank : (lane + 1) * rank], b[:, :, offset : offset + width]).squeeze(1)
-            if delta is None:
-                delta = part
-            else:
-                delta[:, offset : offset + width] = part
-        if batch.decode_contiguous:  # the usual case: every decode token uses an adapter
-            y[: len(slots)] += delta
+        if batch.decode_contiguous:  # the usual case: accumulate straight into the decode rows of y
+            y_rows = y[: len(slots)].unsqueeze(1)  # [Nd, 1, out], a view
+            for lane, (offset, width) in enumerate(lanes):
+                cols = slice(offset, offset + width)
+                y_rows[:, :, cols].baddbmm_(v[:, :, lane * rank : (lane + 1) * rank], b[:, :, cols])
         else:
+            delta = y.new_empty(len(slots), y.shape[1])
+            for lane, (offset, width) in enumerate(lanes):
+                cols = slice(offset, offset + width)
+                delta[:, cols] = torch.bmm(v[:, :, lane * rank : (lane + 1) * rank], b[:, :, cols]).squeeze(1)
             y.index_add_(0, idx, delta)
-    for s, idx in batch.prefill_groups:
-        delta = y.new_zeros(len(idx), y.shape[1])
-        _expand_one(delta, x.index_select(0, idx) @ a_ranked[s].reshape(dim, -1), lora_b[s, :rank], lanes, rank)
-        y.index_add_(0, idx, delta)
+    for s, start, end in batch.prefill_segments:
+        _expand_one(y[start:end], x[start:end] @ a_ranked[s].reshape(dim, -1), lora_b[s, :rank], lanes, rank)
 
 
 def _expand_one(y: torch.Tensor, v: torch.Tensor, b: torch.Tensor, lanes: Lanes, rank: int) -> None:
     """y[:, cols_l] += v[:, lane l's rank block] @ b[:, cols_l] for one adapter; b: [rank, out]."""
     for lane, (offset, width) in enumerate(lanes):
-        y[:, offset : offset + width] += v[:, lane * rank : (lane + 1) * rank] @ b[:, offset : offset + width]
+        cols = slice(offset, offset + width)
+        y[:, cols].addmm_(v[:, lane * rank : (lane + 1) * rank], b[:, cols])

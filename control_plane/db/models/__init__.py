@@ -1,0 +1,16 @@
+"""ORM models of the control plane, one per file; importing this package registers them all.
+
+They share advanced-alchemy's metadata (`advanced_alchemy.base.orm_registry.metadata`), which
+Alembic's env.py and the migration test compare against.
+"""
+
+from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN, Adapter
+from control_plane.db.models.adapter_version import AdapterVersion
+from control_plane.db.models.audit_event import AuditEvent
+from control_plane.db.models.engine import Engine, EngineState
+from control_plane.db.models.placement import DesiredState, ObservedState, Placement
+
+__all__ = [
+    "ADAPTER_NAME_PATTERN", "Adapter", "AdapterVersion", "AuditEvent", "DesiredState", "Engine", "EngineState",
+    "ObservedState", "Placement",
+]

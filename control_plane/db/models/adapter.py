@@ -1,0 +1,31 @@
+"""adapters: one row per adapter name; `active_version_id` is the version pin engines serve."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advanced_alchemy.base import IdentityAuditBase
+from advanced_alchemy.types import JsonB
+from sqlalchemy import BigInteger, ForeignKey, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+# Letters, digits and `._-/:`, at most 128: safe in URLs' last segment (with {name:path}), in Prometheus
+# label values and as an OpenAI `model` name.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9._\-/:]{1,128}$"
+
+
+class Adapter(IdentityAuditBase):
+    __tablename__ = "adapters"
+
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    base_model: Mapped[str] = mapped_column(String(256), index=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    labels: Mapped[dict[str, Any]] = mapped_column(JsonB, default=dict)
+    # Circular with adapter_versions.adapter_id, so the constraint is added after both tables exist
+    # (use_alter) and the column is set in a second statement after the version's insert.
+    active_version_id: Mapped[int | None] = mapped_column(
+        BigInteger,
+        ForeignKey("adapter_versions.id", name="fk_adapters_active_version_id", use_alter=True,
+                   ondelete="SET NULL"),
+        nullable=True,
+    )

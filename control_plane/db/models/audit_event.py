@@ -1,0 +1,28 @@
+"""audit_events: one row per mutating admin call, whether it succeeded or was refused.
+
+`actor` is a short sha256 prefix of the bearer token: enough to tell tokens apart in an audit, useless
+for recovering the token.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from advanced_alchemy.base import IdentityBase
+from advanced_alchemy.types import DateTimeUTC
+from sqlalchemy import String
+from sqlalchemy.orm import Mapped, mapped_column
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class AuditEvent(IdentityBase):
+    __tablename__ = "audit_events"
+
+    actor: Mapped[str] = mapped_column(String(32))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256))
+    outcome: Mapped[str] = mapped_column(String(64))
+    at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True), default=_now, index=True)

@@ -1,0 +1,116 @@
+"""ControlPlaneSettings: the one config object of the control-plane process, validated on construction.
+
+Flags and `LORAPLANE_*` environment variables are read only in `from_env_and_args` (the edge); everything
+else receives a finished ControlPlaneSettings. Tokens and database passwords never appear in repr(),
+logs or error messages: repr shows how many tokens there are and the URL with its password masked.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+ENV_PREFIX = "LORAPLANE_"
+# Plain driver names are accepted for convenience and mapped to the async drivers the service runs on.
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def default_database_url() -> str:
+    return f"sqlite+aiosqlite:///{Path.cwd() / '.loraplane' / 'control.db'}"
+
+
+@dataclass
+class ControlPlaneSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str = field(default_factory=default_database_url)
+    admin_tokens: tuple[str, ...] = ()
+    read_tokens: tuple[str, ...] = ()
+    # Directories adapter paths must lie in; a load naming anything else is refused before files are read.
+    adapter_roots: tuple[str, ...] = ()
+    reconcile_interval_s: float = 30.0
+    engine_timeout_s: float = 10.0
+    # Apply Alembic migrations when the app starts (the CLI's `db` commands set this off).
+    migrate_on_start: bool = True
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self.admin_tokens = tuple(self.admin_tokens)
+        self.read_tokens = tuple(self.read_tokens)
+        self.adapter_roots = tuple(str(Path(r).expanduser().resolve()) for r in self.adapter_roots)
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        for kind, tokens in (("admin", self.admin_tokens), ("read", self.read_tokens)):
+            # A message about a bad token names its position, never its value.
+            for i, token in enumerate(tokens):
+                if not token or token != token.strip() or any(c.isspace() for c in token):
+                    raise ValueError(f"{kind} token #{i + 1} is empty or contains whitespace")
+        if set(self.admin_tokens) & set(self.read_tokens):
+            raise ValueError("a token is listed both as admin and as read token; give each token one kind")
+        if self.reconcile_interval_s <= 0 or self.engine_timeout_s <= 0:
+            raise ValueError("reconcile_interval_s and engine_timeout_s must be positive")
+        self.database_url = normalize_database_url(self.database_url)
+        if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug", "trace"):
+            raise ValueError(f"unknown log level {self.log_level!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"ControlPlaneSettings(host={self.host!r}, port={self.port}, "
+            f"database_url={self.safe_database_url!r}, admin_tokens=<{len(self.admin_tokens)} hidden>, "
+            f"read_tokens=<{len(self.read_tokens)} hidden>, adapter_roots={self.adapter_roots!r}, "
+            f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
+            f"migrate_on_start={self.migrate_on_start}, log_level={self.log_level!r})"
+        )
+
+    __str__ = __repr__
+
+    @property
+    def safe_database_url(self) -> str:
+        return make_url(self.database_url).render_as_string(hide_password=True)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ControlPlaneSettings:
+        """Settings from `LORAPLANE_*` variables; `overrides` (from flags, not None) take precedence."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        scalars = {"HOST": ("host", str), "PORT": ("port", int), "DATABASE_URL": ("database_url", str),
+                   "RECONCILE_INTERVAL_S": ("reconcile_interval_s", float),
+                   "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str)}
+        for suffix, (name, convert) in scalars.items():
+            raw = env.get(ENV_PREFIX + suffix)
+            if raw:
+                try:
+                    values[name] = convert(raw)
+                except ValueError:
+                    raise ValueError(f"{ENV_PREFIX}{suffix} must be a {convert.__name__}") from None
+        # Token lists are comma-separated; adapter roots use the OS path separator or commas.
+        for suffix, name in (("ADMIN_TOKENS", "admin_tokens"), ("READ_TOKENS", "read_tokens")):
+            if env.get(ENV_PREFIX + suffix):
+                values[name] = tuple(t for t in env[ENV_PREFIX + suffix].split(",") if t)
+        if env.get(ENV_PREFIX + "ADAPTER_ROOTS"):
+            raw = env[ENV_PREFIX + "ADAPTER_ROOTS"].replace(os.pathsep, ",")
+            values["adapter_roots"] = tuple(r for r in raw.split(",") if r)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def normalize_database_url(url: str) -> str:
+    """Map plain `sqlite://` / `postgresql://` to the async drivers; refuse other databases."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError("database_url is not a valid SQLAlchemy URL") from None
+    driver = _ASYNC_DRIVERS.get(parsed.drivername, parsed.drivername)
+    if driver not in _SUPPORTED:
+        raise ValueError(f"database_url must use one of {', '.join(_SUPPORTED)}, got {parsed.drivername!r}")
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
