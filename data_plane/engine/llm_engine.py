@@ -147,8 +147,9 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return self._fail_unschedulable()
-        step_input, seqs = self.builder.build(sched)
+        seqs = sched.decodes + [item.seq for item in sched.prefills]
         try:
+            step_input, seqs = self.builder.build(sched)
             logits = self.runner.forward(step_input)  # [S, vocab]
             sampled = self.sampler(logits, seqs)
         except Exception as exc:  # a failing batch fails its requests, never the engine

@@ -128,3 +128,21 @@ def test_too_long_prompt_is_rejected(engine_checkpoints):
     with pytest.raises(InvalidRequestError, match="maximum context length"):
         engine.add_request(Request("x", [1] * 60, greedy(16)))
     assert not engine.has_work()
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(engine_checkpoints, monkeypatch):
+    engine = make_engine(engine_checkpoints["qwen2"])
+    expected = run(engine, [[5, 6, 7]], greedy(8))[0]
+    real_forward = engine.runner.forward
+
+    def broken_once(step):
+        monkeypatch.setattr(engine.runner, "forward", real_forward)
+        raise RuntimeError("injected device fault")
+
+    monkeypatch.setattr(engine.runner, "forward", broken_once)
+    engine.add_request(Request("doomed", [5, 6, 7], greedy(8)))
+    outputs = engine.step()
+    assert [o.request_id for o in outputs] == ["doomed"] and outputs[0].finished
+    assert "injected device fault" in outputs[0].error
+    assert not engine.has_work() and engine.block_manager.num_used_blocks == 0
+    assert run(engine, [[5, 6, 7]], greedy(8))[0] == expected

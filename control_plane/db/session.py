@@ -1,0 +1,69 @@
+"""The database engine and advanced-alchemy's Litestar plugin config, built from the settings.
+
+SQLite is opened in WAL mode with foreign keys on and a busy timeout. Its write transactions are also
+funnelled through one in-process lock (`WriteGate`): two deferred SQLite transactions that both read and
+then write deadlock, and SQLite answers that with an immediate "database is locked" rather than waiting.
+PostgreSQL needs no such gate: unique constraints and row locks order concurrent writers there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from advanced_alchemy.extensions.litestar import AsyncSessionConfig, SQLAlchemyAsyncConfig
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from control_plane.settings import ControlPlaneSettings
+
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+def create_engine(settings: ControlPlaneSettings) -> AsyncEngine:
+    url = make_url(settings.database_url)
+    if not settings.is_sqlite:
+        return create_async_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    if url.database and url.database != ":memory:":
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+        cursor.execute("PRAGMA foreign_keys=ON")  # SQLite leaves them off unless asked, per connection
+        cursor.close()
+
+    return engine
+
+
+def plugin_config(engine: AsyncEngine) -> SQLAlchemyAsyncConfig:
+    """One session per request (dependency `db_session`), closed by the plugin after the response.
+
+    Services commit themselves (see control_plane.uow), so the plugin's default before-send handler, which
+    only closes the session, is the right one: nothing is committed implicitly.
+    """
+    return SQLAlchemyAsyncConfig(
+        engine_instance=engine,
+        session_config=AsyncSessionConfig(expire_on_commit=False),
+        create_all=False,  # Alembic owns the schema
+    )
+
+
+class WriteGate:
+    """Serialises write transactions where the database needs it (SQLite); a no-op on PostgreSQL."""
+
+    def __init__(self, serialize: bool) -> None:
+        self._lock = asyncio.Lock() if serialize else None
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        if self._lock is None:
+            yield
+            return
+        async with self._lock:
+            yield

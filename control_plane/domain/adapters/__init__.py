@@ -1,0 +1,1 @@
+"""The adapter registry: versions, the version pin, and the desired placements on engines."""
