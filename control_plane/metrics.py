@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 __all__ = ["CONTENT_TYPE", "ControlPlaneMetrics"]
 

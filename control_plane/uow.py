@@ -66,6 +66,7 @@ class Mutation:
                     return result
                 except IntegrityError:
                     await self.session.rollback()
+                    logger.debug("%s on %r lost a race (attempt %d), retrying", action, target, attempt)
                     if attempt == MAX_ATTEMPTS:
                         raise ConflictError(f"{action} on {target!r} kept colliding with concurrent changes; "
                                             "retry the call") from None

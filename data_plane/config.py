@@ -36,6 +36,8 @@ class EngineConfig:
     max_request_body_bytes: int = 8 * 1024 * 1024
     admin_token: str | None = None
     num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default
+    tensor_parallel_size: int = 1
+    lora_fused_row_allreduce: bool = False  # row-parallel LoRA: one all-reduce per layer instead of two
     # Multi-LoRA
     enable_lora: bool = False
     max_loras: int = 4  # device slots: adapters resident for compute at once
@@ -59,6 +61,8 @@ class EngineConfig:
             raise ConfigError(f"--block-size {self.block_size}: expected a power of two up to 128")
         if self.max_num_seqs < 1:
             raise ConfigError("--max-num-seqs must be at least 1")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("--tensor-parallel-size must be at least 1")
         if self.max_waiting_requests < 1:
             raise ConfigError("--max-waiting-requests must be at least 1")
         if self.max_cpu_loras is None:

@@ -64,6 +64,7 @@ class AsyncLLMEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
+        await asyncio.to_thread(self.engine.shutdown)
 
     # ---- API side ------------------------------------------------------------------------------
     async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:

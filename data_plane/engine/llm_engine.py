@@ -15,6 +15,7 @@ import torch
 
 from data_plane.config import EngineConfig
 from data_plane.device import resolve_device
+from data_plane.distributed.group import TensorParallelGroup
 from data_plane.engine.batch_builder import BatchBuilder
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
@@ -28,7 +29,7 @@ from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.loader import load_model
 from data_plane.model.sampler import Sampler
 from data_plane.tokenizer import Tokenizer
-from shared.errors import InvalidRequestError, OverloadedError
+from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
 
 logger = logging.getLogger(__name__)
 
@@ -82,14 +83,22 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """Load the model and tokenizer named by the config (slow: reads the checkpoint)."""
         device = resolve_device(config.device)
-        model, model_config = load_model(Path(config.model), dtype=config.dtype, device=device)
+        tp = config.tensor_parallel_size
+        tp_group = TensorParallelGroup(config, device) if tp > 1 else None  # workers start loading now
+        model, model_config = load_model(Path(config.model), dtype=config.dtype, device=device, tp_size=tp)
         config.finalize(model_config.max_position_embeddings)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         tokenizer = Tokenizer.from_pretrained(config.tokenizer)
         dtype = next(model.parameters()).dtype
-        lora_slots = enable_lora(model, config.max_loras, config.max_lora_rank) if config.enable_lora else None
-        runner = ModelRunner(model, config, device, dtype)
+        lora_slots = None
+        if config.enable_lora:
+            lora_slots = enable_lora(model, config.max_loras, config.max_lora_rank, config.lora_fused_row_allreduce)
+        runner = ModelRunner(model, config, device, dtype, tp_group)
+        if tp_group is not None:
+            tp_group.start(runner.num_blocks)
+            if lora_slots is not None:
+                lora_slots.mirror = tp_group.write_lora_slot
         return cls(config, runner, tokenizer, model_config.vocab_size, lora_slots)
 
     # ---- requests ------------------------------------------------------------------------------
@@ -152,6 +161,8 @@ class LLMEngine:
             step_input, seqs = self.builder.build(sched)
             logits = self.runner.forward(step_input)  # [S, vocab]
             sampled = self.sampler(logits, seqs)
+        except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
+            raise
         except Exception as exc:  # a failing batch fails its requests, never the engine
             logger.exception("step failed; failing the %d requests of this batch", len(seqs))
             failed = {s.request.request_id: self.requests[s.request.request_id] for s in seqs}
@@ -225,6 +236,10 @@ class LLMEngine:
         if self.lora_slots is None:
             raise InvalidRequestError("LoRA is not enabled on this engine; start it with --enable-lora.")
         return self.lora_slots
+
+    def shutdown(self) -> None:
+        if self.runner.tp_group is not None:
+            self.runner.tp_group.shutdown()
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

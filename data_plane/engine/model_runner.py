@@ -7,14 +7,23 @@ import logging
 import torch
 
 from data_plane.config import EngineConfig
+from data_plane.distributed.group import TensorParallelGroup
 from data_plane.engine.step_input import StepInput
 
 logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp_group: TensorParallelGroup | None = None,  # rank 0 of a tensor-parallel engine
+    ) -> None:
         self.model = model
+        self.tp_group = tp_group
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
@@ -38,5 +47,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, step: StepInput) -> torch.Tensor:
         """Logits of each scheduled sequence's last token: [S, vocab] float32."""
+        if self.tp_group is not None:
+            self.tp_group.run_step(step)  # every rank runs the same step on its shard
         hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.attn, step.lora)  # [T, hidden]
         return self.model.compute_logits(hidden[step.logits_indices])

@@ -2,11 +2,17 @@
 
 One wrapper serves every linear kind; a kind is described by its *lanes*, the output slices that
 separate HF projections map to: QKV has lanes q_proj/k_proj/v_proj, gate_up has gate_proj/up_proj,
-o_proj and down_proj have one lane each. Each lane keeps its own stacked slot weights
-A and B, zero-padded past the adapter's
-rank and with the scale folded into B, so an empty slot or an untargeted lane adds exactly zero.
-Stored input-major (see ops.py): the lanes' A stacked into one [max_loras, in, L * max_rank] so that
-one shrink serves all, B as one [max_loras, max_rank, out] whose columns are the lanes' outputs.
+o_proj and down_proj have one lane each. Weights are kept zero-padded past each adapter's rank with
+the scale folded into B, so an empty slot or an untargeted lane adds exactly zero. Stored input-major
+(see ops.py): the lanes' A stacked into one [max_loras, in, L * max_rank], B as one
+[max_loras, max_rank, out] whose columns are the lanes' outputs.
+
+Tensor parallelism is a parameter, not another class. Column-parallel layers (qkv, gate_up) keep A
+whole and this rank's rows of each lane's B (`Lane.source_offset`, with GQA's replicated kv heads).
+Row-parallel layers (o_proj, down_proj) see a shard of the input, so they keep this rank's columns of
+A (`RowShard`) and the whole B, and either all-reduce the rank-sized shrink output before expanding
+(default) or add each rank's partial delta before the base layer's own all-reduce (`fused`: one
+all-reduce per layer instead of two).
 """
 
 from __future__ import annotations
@@ -14,17 +20,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from data_plane.lora.batch import LoRABatch
-from data_plane.lora.ops import lora_shrink_expand
+from data_plane.lora.ops import lora_expand, lora_shrink, lora_shrink_expand
+from data_plane.model.layers.parallel import tensor_parallel_all_reduce
 
 
 @dataclass(frozen=True)
 class Lane:
     module: str  # Hugging Face projection name, e.g. "k_proj"
-    offset: int  # first output column of this lane in the fused layer's output
+    offset: int  # first output column of this lane in this rank's fused output
+    size: int  # its width on this rank
+    source_offset: int = 0  # first row of this rank's part in the full PEFT lora_B of the module
+
+
+@dataclass(frozen=True)
+class RowShard:
+    """A row-parallel layer's part of the input features on this rank."""
+
+    start: int
     size: int
+    fused_all_reduce: bool = False
 
 
 class LinearWithLoRA(nn.Module):
@@ -37,21 +55,33 @@ class LinearWithLoRA(nn.Module):
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device,
+        row_shard: RowShard | None = None,
     ) -> None:
         super().__init__()
         self.base = base
         self.lanes = lanes
         self.max_rank = max_rank
+        self.row_shard = row_shard
         out_features = sum(lane.size for lane in lanes)
         self.register_buffer("lora_a", torch.zeros(max_loras, in_features, len(lanes) * max_rank, dtype=dtype, device=device))
         self.register_buffer("lora_b", torch.zeros(max_loras, max_rank, out_features, dtype=dtype, device=device))
         self.lane_columns = [(lane.offset, lane.size) for lane in lanes]
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in]
+        shard = self.row_shard
+        if lora is not None and shard is not None and shard.fused_all_reduce:
+            y = F.linear(x, self.base.weight)  # this rank's partial sum
+            lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora)  # partial delta too
+            y = self.base.all_reduce(y)
+            return y if self.base.bias is None else y + self.base.bias
         y = self.base(x)  # [T, out]
         if lora is None:
             return y
-        lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora)
+        if shard is None:  # one device, or column-parallel: nothing to reduce
+            lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora)
+        else:
+            v = tensor_parallel_all_reduce(lora_shrink(x, self.lora_a, len(self.lanes), lora))  # [T, L * rank]
+            lora_expand(y, v, self.lora_b, self.lane_columns, lora)
         return y
 
     def lane_modules(self) -> list[str]:
@@ -61,15 +91,17 @@ class LinearWithLoRA(nn.Module):
     def set_slot(
         self, slot: int, module: str, lora_a: torch.Tensor | None, lora_b: torch.Tensor | None, scaling: float = 1.0
     ) -> None:
-        """Write one lane of one slot from PEFT's A [r, in] and B [out, r]; None clears the lane."""
+        """Write one lane of one slot from PEFT's full A [r, in] and B [out, r]; None clears the lane."""
         index = self.lane_modules().index(module)
         lane = self.lanes[index]
         slot_a = self.lora_a[slot, :, index * self.max_rank : (index + 1) * self.max_rank]  # [in, R]
         slot_b = self.lora_b[slot, :, lane.offset : lane.offset + lane.size]  # [R, out_l]
         rank = 0 if lora_a is None or lora_b is None else lora_a.shape[0]
         if rank:
+            if self.row_shard is not None:
+                lora_a = lora_a[:, self.row_shard.start : self.row_shard.start + self.row_shard.size]
             slot_a[:, :rank].copy_(lora_a.T)
-            slot_b[:rank].copy_(lora_b.T)
+            slot_b[:rank].copy_(lora_b[lane.source_offset : lane.source_offset + lane.size].T)
             slot_b[:rank].mul_(scaling)
         # only the padding past this adapter's rank needs clearing: the rest was just overwritten
         slot_a[:, rank:].zero_()

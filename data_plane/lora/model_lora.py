@@ -5,32 +5,47 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from data_plane.lora.layers import Lane, LinearWithLoRA
+from data_plane.lora.layers import Lane, LinearWithLoRA, RowShard
 from data_plane.lora.slots import LoRASlotManager
 
 
-def _lanes(names: list[str], sizes: list[int]) -> list[Lane]:
+def _lanes(names: list[str], sizes: list[int], sources: list[int]) -> list[Lane]:
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [Lane(n, o, s) for n, o, s in zip(names, offsets, sizes, strict=True)]
+    return [Lane(*fields) for fields in zip(names, offsets, sizes, sources, strict=True)]
 
 
-def enable_lora(model: nn.Module, max_loras: int, max_rank: int) -> LoRASlotManager:
+def _row_shard(base: nn.Module, fused: bool) -> RowShard | None:
+    if base.tp_size == 1:
+        return None
+    size = base.input_size_per_partition
+    return RowShard(base.tp_rank * size, size, fused)
+
+
+def enable_lora(model: nn.Module, max_loras: int, max_rank: int, fused_row_allreduce: bool = False) -> LoRASlotManager:
     """Replace every decoder layer's qkv/o/gate_up/down projection by a LinearWithLoRA around it."""
     weight = next(model.parameters())
     dtype, device = weight.dtype, weight.device
 
-    def wrap(base: nn.Module, lanes: list[Lane]) -> LinearWithLoRA:
-        return LinearWithLoRA(base, base.input_size_per_partition, lanes, max_loras, max_rank, dtype, device)
+    def wrap(base: nn.Module, lanes: list[Lane], row_shard: RowShard | None = None) -> LinearWithLoRA:
+        return LinearWithLoRA(base, base.input_size_per_partition, lanes, max_loras, max_rank, dtype, device, row_shard)
 
     per_layer: list[list[LinearWithLoRA]] = []
     with torch.no_grad():
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             qkv = attn.qkv_proj
-            attn.qkv_proj = wrap(qkv, _lanes(["q_proj", "k_proj", "v_proj"], [qkv.q_size, qkv.kv_size, qkv.kv_size]))
-            attn.o_proj = wrap(attn.o_proj, _lanes(["o_proj"], [attn.o_proj.output_size_per_partition]))
+            rank = qkv.tp_rank
+            kv_source = (rank // qkv.kv_replicas) * qkv.kv_size  # replicated kv heads: the head this rank keeps
+            attn.qkv_proj = wrap(qkv, _lanes(
+                ["q_proj", "k_proj", "v_proj"], [qkv.q_size, qkv.kv_size, qkv.kv_size],
+                [rank * qkv.q_size, kv_source, kv_source],
+            ))
+            o = attn.o_proj
+            attn.o_proj = wrap(o, _lanes(["o_proj"], [o.output_size_per_partition], [0]), _row_shard(o, fused_row_allreduce))
             gate_up = mlp.gate_up_proj
-            mlp.gate_up_proj = wrap(gate_up, _lanes(["gate_proj", "up_proj"], gate_up.output_sizes_per_partition))
-            mlp.down_proj = wrap(mlp.down_proj, _lanes(["down_proj"], [mlp.down_proj.output_size_per_partition]))
+            size = gate_up.output_sizes_per_partition[0]
+            mlp.gate_up_proj = wrap(gate_up, _lanes(["gate_proj", "up_proj"], [size, size], [rank * size, rank * size]))
+            down = mlp.down_proj
+            mlp.down_proj = wrap(down, _lanes(["down_proj"], [down.output_size_per_partition], [0]), _row_shard(down, fused_row_allreduce))
             per_layer.append([attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj])
     return LoRASlotManager(per_layer, max_loras)

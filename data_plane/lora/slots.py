@@ -9,6 +9,7 @@ reading and validating files happened before (see peft_loader.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ class LoRASlotManager:
     def __init__(self, layers: list[list[LinearWithLoRA]], max_loras: int) -> None:
         self.layers = layers  # per decoder layer, its LoRA-wrapped linears
         self.max_loras = max_loras
+        # tensor parallel: rank 0 sends every slot write to the other ranks first (distributed/group.py)
+        self.mirror: Callable[[int, LoRAAdapterWeights | None], None] | None = None
         self.slot_owner: list[int | None] = [None] * max_loras  # slot -> adapter id
         self.slot_rank: list[int] = [0] * max_loras  # rank of the adapter in each slot (0 = empty)
         self.slot_of: dict[int, int] = {}  # adapter id -> slot
@@ -80,7 +83,7 @@ class LoRASlotManager:
         self.pinned.discard(adapter_id)
         slot = self.slot_of.pop(adapter_id, None)
         if slot is not None:
-            self._write(slot, None)
+            self.write_slot(slot, None)
             self.slot_owner[slot] = None
             self.slot_rank[slot] = 0
         self.last_used.pop(adapter_id, None)
@@ -116,7 +119,7 @@ class LoRASlotManager:
 
     def _load(self, slot: int, adapter_id: int, weights: LoRAAdapterWeights) -> None:
         start = time.perf_counter()
-        self._write(slot, weights)
+        self.write_slot(slot, weights)
         self.slot_owner[slot] = adapter_id
         self.slot_rank[slot] = weights.rank
         self.slot_of[adapter_id] = slot
@@ -127,7 +130,10 @@ class LoRASlotManager:
         stats.load_seconds_total += stats.last_load_seconds
 
     @torch.no_grad()
-    def _write(self, slot: int, weights: LoRAAdapterWeights | None) -> None:
+    def write_slot(self, slot: int, weights: LoRAAdapterWeights | None) -> None:
+        """Copy an adapter (None: zeros) into one slot of every LoRA layer, on every rank."""
+        if self.mirror is not None:
+            self.mirror(slot, weights)
         for index, linears in enumerate(self.layers):
             modules = weights.layers.get(index, {}) if weights is not None else {}
             for linear in linears:

@@ -1,0 +1,69 @@
+"""The control plane's Litestar app: `create_app(settings)`.
+
+Database access goes through advanced-alchemy's SQLAlchemyPlugin (a session per request); Alembic
+migrations are applied at start; errors are OpenAI-style bodies; metrics live on the app's own registry.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from advanced_alchemy.extensions.litestar import SQLAlchemyPlugin
+from litestar import Litestar, Response, get
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db import migrate
+from control_plane.db.session import WriteGate, create_engine, plugin_config
+from control_plane.domain.adapters.controller import AdapterController
+from control_plane.errors import exception_handlers
+from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
+from control_plane.settings import ControlPlaneSettings
+from shared.errors import OverloadedError
+
+logger = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+@get("/health", operation_id="health", tags=["system"])
+async def health(db_session: AsyncSession) -> dict[str, str]:
+    """200 while the database answers; 503 (OpenAI-style body) when it does not."""
+    try:
+        await db_session.execute(text("SELECT 1"))
+    except Exception as exc:
+        logger.warning("health check: database unavailable: %s", type(exc).__name__)
+        raise OverloadedError("The control plane's database is unavailable.") from None
+    return {"status": "ok"}
+
+
+@get("/metrics", operation_id="metrics", include_in_schema=False)
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus exposition of the control plane's metrics."""
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def create_app(settings: ControlPlaneSettings) -> Litestar:
+    engine = create_engine(settings)
+    app_metrics = ControlPlaneMetrics()
+
+    async def apply_migrations(_: Litestar) -> None:
+        if settings.migrate_on_start:
+            await migrate.upgrade(engine)
+
+    state: dict[str, Any] = {
+        "settings": settings,
+        "metrics": app_metrics,
+        "write_gate": WriteGate(serialize=settings.is_sqlite),
+    }
+    return Litestar(
+        route_handlers=[health, metrics, AdapterController],
+        plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
+        on_startup=[apply_migrations],
+        state=State(state),
+        exception_handlers=exception_handlers(),
+        middleware=[app_metrics.middleware],
+        openapi_config=OpenAPIConfig(title="loraplane control plane", version=VERSION, path="/schema"),
+    )

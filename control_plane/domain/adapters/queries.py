@@ -1,0 +1,93 @@
+"""Read side of the registry: paged listing with filters, one adapter with its versions and placements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import Adapter, AdapterVersion, Engine, Placement
+from control_plane.domain.adapters import schemas
+from shared.errors import InvalidRequestError, NotFoundError
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True)
+class AdapterQuery:
+    limit: int = 100
+    offset: int = 0
+    base_model: str | None = None
+    name_prefix: str | None = None
+    labels: list[str] = field(default_factory=list)  # "key=value" (equal) or "key" (present)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise InvalidRequestError(f"limit must be in 1..{MAX_PAGE}", param="limit")
+        if self.offset < 0:
+            raise InvalidRequestError("offset must be ≥ 0", param="offset")
+
+
+async def require_adapter(session: AsyncSession, name: str, *, for_update: bool = False) -> Adapter:
+    stmt = select(Adapter).where(Adapter.name == name)
+    adapter = await session.scalar(stmt.with_for_update() if for_update else stmt)
+    if adapter is None:
+        raise NotFoundError(f"no adapter named {name!r} is registered", param="name")
+    return adapter
+
+
+def _filtered(stmt: Select, query: AdapterQuery) -> Select:
+    if query.base_model is not None:
+        stmt = stmt.where(Adapter.base_model == query.base_model)
+    if query.name_prefix:
+        stmt = stmt.where(Adapter.name.startswith(query.name_prefix, autoescape=True))
+    for label in query.labels:
+        key, has_value, value = label.partition("=")
+        # labels[key] renders as JSON_EXTRACT on SQLite and ->> on PostgreSQL
+        stmt = stmt.where(Adapter.labels[key].as_string() == value if has_value
+                          else Adapter.labels[key].as_string().is_not(None))
+    return stmt
+
+
+async def list_adapters(session: AsyncSession, query: AdapterQuery) -> schemas.AdapterPage:
+    total = await session.scalar(_filtered(select(func.count()).select_from(Adapter), query))
+    stmt = (_filtered(select(Adapter, AdapterVersion.number), query)
+            .outerjoin(AdapterVersion, AdapterVersion.id == Adapter.active_version_id)
+            .order_by(Adapter.name).limit(query.limit).offset(query.offset))
+    rows = (await session.execute(stmt)).all()
+    return schemas.AdapterPage(data=[_adapter(a, n) for a, n in rows], total=total or 0, limit=query.limit,
+                               offset=query.offset)
+
+
+async def adapter_detail(session: AsyncSession, name: str) -> schemas.AdapterDetail:
+    adapter = await require_adapter(session, name)
+    versions = (await session.scalars(select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id)
+                                      .order_by(AdapterVersion.number))).all()
+    placements = (await session.execute(
+        select(Placement, Engine.name, AdapterVersion.number)
+        .join(Engine, Engine.id == Placement.engine_id)
+        .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
+        .where(AdapterVersion.adapter_id == adapter.id).order_by(Engine.name, AdapterVersion.number)
+    )).all()
+    active = next((v.number for v in versions if v.id == adapter.active_version_id), None)
+    return schemas.AdapterDetail(
+        **_fields(adapter, active),
+        versions=[schemas.AdapterVersion(
+            number=v.number, uri=v.uri, sha256=v.sha256, rank=v.rank, alpha=v.alpha,
+            target_modules=list(v.target_modules), size_bytes=v.size_bytes, created_at=v.created_at)
+            for v in versions],
+        placements=[schemas.Placement(engine=engine, version=number, desired=p.desired, observed=p.observed,
+                                      last_error=p.last_error, updated_at=p.updated_at)
+                    for p, engine, number in placements],
+    )
+
+
+def _fields(adapter: Adapter, active: int | None) -> dict:
+    return {"name": adapter.name, "base_model": adapter.base_model, "description": adapter.description,
+            "labels": dict(adapter.labels or {}), "active_version": active, "created_at": adapter.created_at,
+            "updated_at": adapter.updated_at}
+
+
+def _adapter(adapter: Adapter, active: int | None) -> schemas.Adapter:
+    return schemas.Adapter(**_fields(adapter, active))

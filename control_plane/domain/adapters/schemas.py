@@ -1,0 +1,113 @@
+"""Wire schemas of the adapter registry (msgspec): `X` for answers, `XCreate` / `X…` requests.
+
+AdapterCreate is a superset of vLLM's load request (`lora_name`, `lora_path`), so a client written for
+vLLM can register adapters here unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+import msgspec
+
+from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN
+
+AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description="letters, digits, `._-/:`, ≤ 128")]
+Labels = dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=256)]]
+
+
+class AdapterCreate(msgspec.Struct, kw_only=True):
+    """POST /v1/load_lora_adapter."""
+
+    lora_name: AdapterName
+    lora_path: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
+    pinned: bool = False
+    engines: list[str] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    labels: Labels | None = None
+
+
+class AdapterUnload(msgspec.Struct, kw_only=True):
+    """POST /v1/unload_lora_adapter (vLLM's request)."""
+
+    lora_name: AdapterName
+
+
+class AdapterActivate(msgspec.Struct, kw_only=True):
+    """POST /v1/lora_adapters/{name}/activate: which existing version becomes the pin."""
+
+    version: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class EngineOutcome(msgspec.Struct, kw_only=True):
+    """What one engine was asked to do and, once pushed, what it answered."""
+
+    engine: str
+    desired: str
+    observed: str
+    error: str | None = None
+
+
+class AdapterLoaded(msgspec.Struct, kw_only=True):
+    name: str
+    version: int
+    sha256: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    created: bool  # False when identical files were registered before: the existing version was reused
+    engines: list[EngineOutcome]
+
+
+class AdapterUnloaded(msgspec.Struct, kw_only=True):
+    name: str
+    engines: list[EngineOutcome]
+
+
+class AdapterVersion(msgspec.Struct, kw_only=True):
+    number: int
+    uri: str
+    sha256: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    size_bytes: int
+    created_at: dt.datetime
+
+
+class Placement(msgspec.Struct, kw_only=True):
+    engine: str
+    version: int
+    desired: str
+    observed: str
+    last_error: str | None
+    updated_at: dt.datetime
+
+
+class Adapter(msgspec.Struct, kw_only=True):
+    name: str
+    base_model: str
+    description: str
+    labels: dict[str, str]
+    active_version: int | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class AdapterDetail(Adapter, kw_only=True):
+    versions: list[AdapterVersion]
+    placements: list[Placement]
+
+
+class AdapterPage(msgspec.Struct, kw_only=True):
+    data: list[Adapter]
+    total: int
+    limit: int
+    offset: int
+
+
+class AdapterDeleted(msgspec.Struct, kw_only=True):
+    name: str
+    deleted: bool = True

@@ -1,0 +1,127 @@
+"""AdapterService: the registry's rules. Controllers make one call here; every change goes through
+control_plane.uow.Mutation (one transaction + audit row, retried when a concurrent call wins a race)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.auth import Principal
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Placement
+from control_plane.domain.adapters import queries, schemas
+from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
+from control_plane.domain.adapters.placement import PlacementPlanner
+from control_plane.settings import ControlPlaneSettings
+from control_plane.uow import Mutation
+from shared.errors import ConflictError, InvalidRequestError, NotFoundError
+
+_HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
+
+
+class AdapterService:
+    def __init__(self, session: AsyncSession, settings: ControlPlaneSettings, mutation: Mutation,
+                 planner: PlacementPlanner) -> None:
+        self.session = session
+        self.settings = settings
+        self.mutation = mutation
+        self.planner = planner
+
+    async def load(self, req: schemas.AdapterCreate, actor: Principal) -> schemas.AdapterLoaded:
+        """Validate the files, create or reuse the version, pin it, record where it should be placed."""
+
+        async def prepare() -> InspectedAdapter:
+            # Reading and hashing the files happens before the transaction and off the event loop.
+            return await asyncio.to_thread(inspect_adapter, req.lora_path, self.settings.adapter_roots)
+
+        async def work(session: AsyncSession, found: InspectedAdapter) -> schemas.AdapterLoaded:
+            adapter = await self._adapter_for_load(session, req, found)
+            version = await session.scalar(select(AdapterVersion).where(
+                AdapterVersion.adapter_id == adapter.id, AdapterVersion.sha256 == found.sha256))
+            created = version is None
+            if version is None:
+                last = await session.scalar(
+                    select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id))
+                version = AdapterVersion(
+                    adapter_id=adapter.id, number=(last or 0) + 1, uri=found.path, sha256=found.sha256,
+                    rank=found.rank, alpha=found.alpha, target_modules=found.target_modules,
+                    size_bytes=found.size_bytes)
+                session.add(version)
+                await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
+            adapter.active_version_id = version.id
+            desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
+            engines = await self.planner.place(session, adapter, version, desired, req.engines)
+            return schemas.AdapterLoaded(
+                name=adapter.name, version=version.number, sha256=version.sha256, rank=version.rank,
+                alpha=version.alpha, target_modules=list(version.target_modules), created=created, engines=engines)
+
+        return await self.mutation.run(actor, "load_lora_adapter", req.lora_name, work, prepare)
+
+    async def _adapter_for_load(self, session: AsyncSession, req: schemas.AdapterCreate,
+                                found: InspectedAdapter) -> Adapter:
+        # FOR UPDATE (PostgreSQL) orders concurrent loads of one name, so version numbers do not collide.
+        adapter = await session.scalar(select(Adapter).where(Adapter.name == req.lora_name).with_for_update())
+        if adapter is None:
+            base_model = req.base_model or found.base_model_hint
+            if not base_model:
+                raise InvalidRequestError("base_model is required: adapter_config.json names no "
+                                          "base_model_name_or_path", param="base_model")
+            adapter = Adapter(name=req.lora_name, base_model=base_model, description=req.description or "",
+                              labels=req.labels or {})
+            session.add(adapter)
+            await session.flush()  # a concurrent first load of the same name fails here on the unique name
+            return adapter
+        if req.base_model is not None and req.base_model != adapter.base_model:
+            raise ConflictError(f"adapter {adapter.name!r} is registered for base model {adapter.base_model!r}, "
+                                f"not {req.base_model!r}", param="base_model")
+        if req.description is not None:
+            adapter.description = req.description
+        if req.labels is not None:
+            adapter.labels = dict(req.labels)
+        return adapter
+
+    async def unload(self, req: schemas.AdapterUnload, actor: Principal) -> schemas.AdapterUnloaded:
+        async def work(session: AsyncSession, _: Any) -> schemas.AdapterUnloaded:
+            adapter = await queries.require_adapter(session, req.lora_name)
+            return schemas.AdapterUnloaded(name=adapter.name, engines=await self.planner.withdraw(session, adapter))
+
+        return await self.mutation.run(actor, "unload_lora_adapter", req.lora_name, work)
+
+    async def activate(self, name: str, req: schemas.AdapterActivate, actor: Principal) -> schemas.AdapterDetail:
+        async def work(session: AsyncSession, _: Any) -> None:
+            adapter = await queries.require_adapter(session, name, for_update=True)
+            version = await session.scalar(select(AdapterVersion).where(
+                AdapterVersion.adapter_id == adapter.id, AdapterVersion.number == req.version))
+            if version is None:
+                raise NotFoundError(f"adapter {name!r} has no version {req.version}", param="version")
+            adapter.active_version_id = version.id
+            await self.planner.switch(session, adapter, version)
+
+        await self.mutation.run(actor, "activate_lora_adapter", f"{name}@{req.version}", work)
+        return await self.get(name)
+
+    async def delete(self, name: str, actor: Principal) -> schemas.AdapterDeleted:
+        async def work(session: AsyncSession, _: Any) -> schemas.AdapterDeleted:
+            adapter = await queries.require_adapter(session, name, for_update=True)
+            versions = select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter.id)
+            held = await session.scalar(select(func.count()).select_from(Placement).where(
+                Placement.adapter_version_id.in_(versions), Placement.desired.in_(_HOLDING)))
+            if held:
+                raise ConflictError(f"adapter {name!r} is still placed on {held} engine(s); unload it first "
+                                    "(POST /v1/unload_lora_adapter)")
+            # Explicit order instead of relying on ON DELETE CASCADE (SQLite enforces it only per connection).
+            await session.execute(delete(Placement).where(Placement.adapter_version_id.in_(versions)))
+            await session.execute(update(Adapter).where(Adapter.id == adapter.id).values(active_version_id=None))
+            await session.execute(delete(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id))
+            await session.execute(delete(Adapter).where(Adapter.id == adapter.id))
+            return schemas.AdapterDeleted(name=name)
+
+        return await self.mutation.run(actor, "delete_lora_adapter", name, work)
+
+    async def list(self, query: queries.AdapterQuery) -> schemas.AdapterPage:
+        return await queries.list_adapters(self.session, query)
+
+    async def get(self, name: str) -> schemas.AdapterDetail:
+        return await queries.adapter_detail(self.session, name)

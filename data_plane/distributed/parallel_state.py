@@ -1,0 +1,51 @@
+"""Creating and tearing down the tensor-parallel process group.
+
+Backend per device: gloo on CPU, nccl on CUDA, hccl on Ascend NPU. One group holds every rank; rank 0
+runs the API and the scheduler, the others only follow its broadcasts (see group.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+# a rank that stops answering fails collectives after this long instead of hanging the engine forever
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def backend_for(device: torch.device) -> str:
+    return {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}[device.type]
+
+
+def free_tcp_init_method() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def init_group(rank: int, world_size: int, device: torch.device, init_method: str) -> None:
+    if device.type == "npu":
+        import torch_npu  # noqa: F401  (registers the hccl backend)
+    dist.init_process_group(
+        backend_for(device), init_method=init_method, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT
+    )
+
+
+def destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_from_rank0(message: object = None) -> object:
+    """Rank 0 sends `message` (any picklable object, tensors included); every rank returns it."""
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,69 @@
+"""Alembic: empty → head → base on both databases, and head matches the ORM metadata exactly."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from advanced_alchemy.base import orm_registry
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+import control_plane.db.models  # noqa: F401
+from control_plane import cli
+from control_plane.db import migrate
+from tests.control_plane.conftest import create_pg_database, drop_pg_database
+
+TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events"}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
+        return
+    request.getfixturevalue("pg_database")  # skips when PostgreSQL is unreachable
+    url = await create_pg_database("lp_mig")  # its own database: this test drops every table
+    yield url
+    await drop_pg_database(url)
+
+
+async def _tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as conn:
+        return set(await conn.run_sync(lambda c: inspect(c).get_table_names())) - {"alembic_version"}
+
+
+async def test_upgrade_to_head_matches_models_then_downgrade_to_base(empty_db: str) -> None:
+    engine = create_async_engine(empty_db)
+    try:
+        assert await migrate.current(engine) is None and await _tables(engine) == set()
+        await migrate.upgrade(engine)
+        assert await migrate.current(engine) == "0001"
+        assert await _tables(engine) == TABLES
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(lambda c: compare_metadata(
+                MigrationContext.configure(c, opts={"compare_type": True}), orm_registry.metadata))
+        assert diff == []
+        await migrate.upgrade(engine)  # at head already: a no-op
+        await migrate.downgrade(engine, "base")
+        assert await migrate.current(engine) is None and await _tables(engine) == set()
+    finally:
+        await engine.dispose()
+
+
+def test_cli_db_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert cli.main(["--database-url", url, "db", "current"]) == 0
+    assert cli.main(["--database-url", url, "db", "upgrade"]) == 0
+    assert cli.main(["--database-url", url, "db", "downgrade", "base"]) == 0
+    assert capsys.readouterr().out.split() == ["base", "(empty)", "0001", "base", "(empty)"]
+
+
+def test_cli_refuses_to_serve_without_admin_tokens(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("LORAPLANE_ADMIN_TOKENS", raising=False)
+    assert cli.main(["--port", "1"]) == 2
+    assert "LORAPLANE_ADMIN_TOKENS" in capsys.readouterr().err

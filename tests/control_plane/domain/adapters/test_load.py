@@ -1,0 +1,124 @@
+"""POST /v1/load_lora_adapter: validation first, versions by content, idempotence under concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from litestar.testing import AsyncTestClient
+
+from control_plane.app import create_app
+from control_plane.settings import ControlPlaneSettings
+from control_plane.uow import Mutation
+from tests.control_plane.conftest import admin, reader
+from tests.control_plane.domain.adapters.helpers import audit, broken_copy, versions
+
+
+def load_body(name: str, path: Path, **extra: object) -> dict:
+    return {"lora_name": name, "lora_path": str(path), "base_model": "demo", **extra}
+
+
+async def test_load_registers_version_one_and_pins_it(client: AsyncTestClient, demo: dict, settings) -> None:
+    r = await client.post("/v1/load_lora_adapter", json=load_body("org/pirate", demo["demo-pirate"]), headers=admin())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["name"] == "org/pirate" and body["version"] == 1 and body["created"] is True
+    assert (body["rank"], body["alpha"], body["engines"]) == (8, 16.0, [])
+    assert body["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert len(body["sha256"]) == 64
+    detail = (await client.get("/v1/lora_adapters/org/pirate", headers=reader())).json()
+    assert detail["active_version"] == 1 and detail["base_model"] == "demo"
+    assert [v["number"] for v in detail["versions"]] == [1] and detail["placements"] == []
+    assert await audit(settings.database_url) == [("load_lora_adapter", "org/pirate", "ok")]
+
+
+async def test_identical_files_reuse_the_version_new_files_add_one(client: AsyncTestClient, demo: dict,
+                                                                   settings) -> None:
+    first = await client.post("/v1/load_lora_adapter", json=load_body("a", demo["demo-pirate"]), headers=admin())
+    again = await client.post("/v1/load_lora_adapter", json=load_body("a", demo["demo-pirate"]), headers=admin())
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert again.json()["sha256"] == first.json()["sha256"] and again.json()["version"] == 1
+    new = await client.post("/v1/load_lora_adapter", json=load_body("a", demo["demo-poet"]), headers=admin())
+    assert new.json()["version"] == 2 and new.json()["created"] is True and new.json()["rank"] == 16
+    assert [v.number for v in await versions(settings.database_url)] == [1, 2]
+    detail = (await client.get("/v1/lora_adapters/a", headers=reader())).json()
+    assert detail["active_version"] == 2
+
+
+async def test_base_model_defaults_to_the_adapter_config_and_cannot_change(client: AsyncTestClient,
+                                                                         demo: dict) -> None:
+    body = {"lora_name": "p", "lora_path": str(demo["demo-pirate"])}
+    assert (await client.post("/v1/load_lora_adapter", json=body, headers=admin())).status_code == 200
+    detail = (await client.get("/v1/lora_adapters/p", headers=reader())).json()
+    assert detail["base_model"] == str(demo["base"])
+    r = await client.post("/v1/load_lora_adapter", json={**body, "base_model": "other"}, headers=admin())
+    assert r.status_code == 409 and r.json()["error"]["param"] == "base_model"
+
+
+async def test_twenty_concurrent_identical_loads_make_one_version(
+        concurrent_client: httpx.AsyncClient, demo: dict, settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = concurrent_client
+    inside, peak = 0, 0
+    original = Mutation._transact
+
+    async def counting(self, *args):  # noqa: ANN001, ANN202
+        nonlocal inside, peak
+        inside += 1
+        peak = max(peak, inside)
+        try:
+            return await original(self, *args)
+        finally:
+            inside -= 1
+
+    monkeypatch.setattr(Mutation, "_transact", counting)
+    body = load_body("storm", demo["demo-short"])
+    answers = await asyncio.gather(*(client.post("/v1/load_lora_adapter", json=body, headers=admin())
+                                     for _ in range(20)))
+    assert [a.status_code for a in answers] == [200] * 20, [a.text for a in answers if a.status_code != 200]
+    assert {a.json()["version"] for a in answers} == {1}
+    assert sum(a.json()["created"] for a in answers) == 1
+    assert len(await versions(settings.database_url)) == 1
+    page = (await client.get("/v1/lora_adapters", headers=reader())).json()
+    assert page["total"] == 1 and page["data"][0]["active_version"] == 1
+    assert len(await audit(settings.database_url)) == 20
+    assert peak > 1  # the calls really overlapped
+
+
+BROKEN = ["no-weights", "truncated", "garbage-header", "not-lora", "dora", "rank-mismatch", "fewer-targets",
+          "bad-json"]
+
+
+@pytest.mark.parametrize("kind", BROKEN)
+async def test_a_bad_adapter_is_refused_and_nothing_is_recorded(client: AsyncTestClient, demo: dict,
+                                                                settings, kind: str) -> None:
+    path = broken_copy(demo["demo-pirate"], demo["root"], kind)
+    r = await client.post("/v1/load_lora_adapter", json=load_body("bad", path), headers=admin())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert (await client.get("/v1/lora_adapters", headers=reader())).json()["total"] == 0
+    assert await versions(settings.database_url) == []
+    assert await audit(settings.database_url) == [("load_lora_adapter", "bad", "400 invalid_request_error")]
+
+
+async def test_paths_outside_the_roots_are_refused_without_saying_whether_they_exist(
+        client: AsyncTestClient, tmp_path: Path) -> None:
+    for path in (tmp_path, tmp_path / "missing", "/etc"):
+        r = await client.post("/v1/load_lora_adapter", json=load_body("x", path), headers=admin())
+        assert r.status_code == 400 and "outside the allowed adapter roots" in r.json()["error"]["message"]
+
+
+async def test_restart_on_the_same_sqlite_file_loses_nothing(demo: dict, tmp_path: Path) -> None:
+    settings = ControlPlaneSettings(database_url=f"sqlite:///{tmp_path / 'cp.db'}", admin_tokens=("adm1n-tok",),
+                                    adapter_roots=(str(demo["root"]),))
+    headers = {"Authorization": "Bearer adm1n-tok"}
+    async with AsyncTestClient(app=create_app(settings)) as first:
+        for name, path in (("a", demo["demo-pirate"]), ("a", demo["demo-poet"]), ("b", demo["demo-short"])):
+            assert (await first.post("/v1/load_lora_adapter", json=load_body(name, path), headers=headers)).is_success
+        await first.post("/v1/lora_adapters/a/activate", json={"version": 1}, headers=headers)
+        before = (await first.get("/v1/lora_adapters/a", headers=headers)).json()
+    async with AsyncTestClient(app=create_app(settings)) as second:
+        assert (await second.get("/v1/lora_adapters/a", headers=headers)).json() == before
+        assert (await second.get("/v1/lora_adapters", headers=headers)).json()["total"] == 2
+    assert before["active_version"] == 1 and len(before["versions"]) == 2

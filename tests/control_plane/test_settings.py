@@ -1,0 +1,45 @@
+from pathlib import Path
+
+import pytest
+
+from control_plane.settings import ControlPlaneSettings
+
+
+def test_defaults_use_a_sqlite_file_under_cwd() -> None:
+    s = ControlPlaneSettings()
+    assert (s.host, s.port) == ("127.0.0.1", 8080)
+    assert s.database_url == f"sqlite+aiosqlite:///{Path.cwd() / '.loraplane' / 'control.db'}"
+
+
+def test_env_and_overrides() -> None:
+    env = {"LORAPLANE_PORT": "9000", "LORAPLANE_ADMIN_TOKENS": "aaaa,bbbb", "LORAPLANE_READ_TOKENS": "rrrr",
+           "LORAPLANE_DATABASE_URL": "postgresql://u:secret@db/x", "LORAPLANE_ADAPTER_ROOTS": "/a:/b"}
+    s = ControlPlaneSettings.from_env(env, port=9100, host=None)
+    assert s.port == 9100 and s.host == "127.0.0.1"  # a flag beats the env; None means "not given"
+    assert s.admin_tokens == ("aaaa", "bbbb") and s.read_tokens == ("rrrr",)
+    assert s.database_url == "postgresql+asyncpg://u:secret@db/x"
+    assert s.adapter_roots == ("/a", "/b")
+
+
+def test_repr_hides_tokens_and_password() -> None:
+    s = ControlPlaneSettings(admin_tokens=("s3cr3t-admin",), read_tokens=("s3cr3t-read",),
+                             database_url="postgresql+asyncpg://u:hunter2@db/x")
+    for text in (repr(s), str(s)):
+        assert "s3cr3t" not in text and "hunter2" not in text
+        assert "<1 hidden>" in text
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"port": 0}, {"admin_tokens": ("has space",)}, {"admin_tokens": ("",)},
+    {"admin_tokens": ("same",), "read_tokens": ("same",)}, {"database_url": "mysql://x/y"},
+    {"reconcile_interval_s": 0}, {"database_url": "not a url"},
+])
+def test_invalid_settings_are_refused(kwargs: dict) -> None:
+    with pytest.raises(ValueError) as info:
+        ControlPlaneSettings(**kwargs)
+    assert "same" not in str(info.value) and "has space" not in str(info.value)  # never echo a token
+
+
+def test_bad_env_number_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="LORAPLANE_PORT"):
+        ControlPlaneSettings.from_env({"LORAPLANE_PORT": "eighty"})
