@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--num-threads", type=int, help="torch intra-op threads on CPU")
     p.add_argument(
+        "--tensor-parallel-size", type=int, default=1,
+        help="ranks to shard the model over (gloo on CPU, nccl on CUDA, hccl on NPU); also works under torchrun",
+    )
+    p.add_argument(
+        "--lora-fused-row-allreduce", action="store_true",
+        help="row-parallel LoRA adds each rank's partial delta before the base all-reduce (one all-reduce, not two)",
+    )
+    p.add_argument(
         "--admin-token",
         default=os.environ.get("LORAPLANE_ADMIN_TOKEN"),
         help="bearer token for the admin endpoints (default: $LORAPLANE_ADMIN_TOKEN)",
@@ -110,6 +118,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         admin_token=args.admin_token,
         num_threads=args.num_threads,
+        tensor_parallel_size=args.tensor_parallel_size,
+        lora_fused_row_allreduce=args.lora_fused_row_allreduce,
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
@@ -155,6 +165,10 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def torchrun_rank() -> int:
+    return int(os.environ.get("RANK", "0")) if "WORLD_SIZE" in os.environ else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -167,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = config_from_args(args)
+        if torchrun_rank() > 0:  # under torchrun every rank runs this command; only rank 0 serves
+            from data_plane.distributed.group import worker_main
+
+            worker_main(torchrun_rank(), config, "env://")
+            return 0
         logger.info("loading %s", config.model)
         engine = AsyncLLMEngine.from_config(config)  # slow: reads the checkpoint, sizes the KV cache
         sock = _bind(config.host, config.port)

@@ -24,6 +24,7 @@ from data_plane.distributed.parallel_state import (
     free_tcp_init_method,
     init_group,
     launched_by_torchrun,
+    set_cpu_threads,
 )
 from data_plane.engine.step_input import StepInput
 from data_plane.lora.weights import LoRAAdapterWeights
@@ -93,8 +94,8 @@ def worker_main(rank: int, config: EngineConfig, init_method: str) -> None:
     device = resolve_device(config.device)
     if device.type != "cpu":
         device = torch.device(device.type, rank)
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
+    if device.type == "cpu":
+        set_cpu_threads(config.num_threads, config.tensor_parallel_size)
     model, model_config = load_model(
         Path(config.model), dtype=config.dtype, device=device, tp_rank=rank, tp_size=config.tensor_parallel_size
     )

@@ -13,6 +13,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from data_plane.distributed.comm_stats import timed_collective
+
 # a rank that stops answering fails collectives after this long instead of hanging the engine forever
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -39,6 +41,15 @@ def init_group(rank: int, world_size: int, device: torch.device, init_method: st
     )
 
 
+def set_cpu_threads(num_threads: int | None, tp_size: int) -> None:
+    """Intra-op threads of this rank: as configured, else the cores split among the ranks on CPU, so
+    that N ranks do not each start one thread per core and thrash (oversubscription costs 10x here)."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    elif tp_size > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp_size))
+
+
 def destroy_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -47,5 +58,6 @@ def destroy_group() -> None:
 def broadcast_from_rank0(message: object = None) -> object:
     """Rank 0 sends `message` (any picklable object, tensors included); every rank returns it."""
     box = [message]
-    dist.broadcast_object_list(box, src=0)
+    with timed_collective():
+        dist.broadcast_object_list(box, src=0)
     return box[0]

@@ -16,6 +16,7 @@ import torch
 from data_plane.config import EngineConfig
 from data_plane.device import resolve_device
 from data_plane.distributed.group import TensorParallelGroup
+from data_plane.distributed.parallel_state import set_cpu_threads
 from data_plane.engine.batch_builder import BatchBuilder
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
@@ -87,8 +88,8 @@ class LLMEngine:
         tp_group = TensorParallelGroup(config, device) if tp > 1 else None  # workers start loading now
         model, model_config = load_model(Path(config.model), dtype=config.dtype, device=device, tp_size=tp)
         config.finalize(model_config.max_position_embeddings)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        if device.type == "cpu":
+            set_cpu_threads(config.num_threads, tp)
         tokenizer = Tokenizer.from_pretrained(config.tokenizer)
         dtype = next(model.parameters()).dtype
         lora_slots = None

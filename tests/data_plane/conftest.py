@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from data_plane.demo.model_builder import write_demo_model
 from data_plane.demo.tokenizer_builder import write_tokenizer
 from tests.data_plane.checkpoints import FAMILIES, write_tiny_checkpoint
 
@@ -26,3 +27,11 @@ def engine_checkpoints(tiny_checkpoints: dict[str, Path]) -> dict[str, Path]:
             vocab = json.loads((path / "config.json").read_text())["vocab_size"]
             write_tokenizer(path, vocab_size=vocab)
     return tiny_checkpoints
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model `loraplane demo-model` writes (seed 0), with its tokenizer: what real servers run."""
+    path = tmp_path_factory.mktemp("demo_model") / "demo"
+    write_demo_model(path, seed=0)
+    return path

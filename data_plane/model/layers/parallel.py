@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from data_plane.distributed.comm_stats import timed_collective
+
 
 def divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator:
@@ -44,7 +46,8 @@ def tensor_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     embedding). Uses the default process group; data_plane/distributed owns its creation."""
     import torch.distributed as dist
 
-    dist.all_reduce(x)
+    with timed_collective():
+        dist.all_reduce(x)
     return x
 
 
@@ -53,5 +56,6 @@ def tensor_parallel_all_gather(x: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
+    with timed_collective():
+        dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=-1)

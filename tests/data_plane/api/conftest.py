@@ -21,8 +21,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from data_plane.demo.model_builder import write_demo_model
-
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVED_NAME = "demo"
 STARTUP_TIMEOUT_S = 180
@@ -106,13 +104,6 @@ def _wait_until_serving(server: EngineServer) -> str:
                     return url
         time.sleep(0.2)
     pytest.fail(f"engine not healthy after {STARTUP_TIMEOUT_S}s:\n{server.log_tail()}")
-
-
-@pytest.fixture(scope="session")
-def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("api_demo_model") / "demo"
-    write_demo_model(path, seed=0)
-    return path
 
 
 @pytest.fixture(scope="session")
