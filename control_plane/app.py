@@ -14,7 +14,7 @@ from litestar import Litestar, Response, get
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
@@ -57,6 +57,8 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "settings": settings,
         "metrics": app_metrics,
         "write_gate": WriteGate(serialize=settings.is_sqlite),
+        # Sessions outside a handler's own (the plugin's is per request and only handlers get it).
+        "audit_sessions": async_sessionmaker(engine, expire_on_commit=False),
     }
     return Litestar(
         route_handlers=[health, metrics, AdapterController],

@@ -15,6 +15,7 @@ from typing import Literal
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
+from control_plane import audit
 from control_plane.settings import ControlPlaneSettings
 from shared.errors import AuthenticationError, PermissionDeniedError
 
@@ -60,10 +61,18 @@ def read_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     principal_of(connection)
 
 
-def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """An admin token; a read token gets 403."""
-    if principal_of(connection).kind != "admin":
-        raise PermissionDeniedError("This call changes state and needs an admin token; this is a read token.")
+async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """An admin token; a read token gets 403, and the attempt is audited (anonymous 401s are not: they
+    would let anyone fill the table)."""
+    principal = principal_of(connection)
+    if principal.kind == "admin":
+        return
+    state = connection.app.state
+    action = handler.opt.get("audit_action", handler.operation_id or connection.url.path)
+    async with state.audit_sessions() as session:
+        row = audit.event(principal.token_id, action, connection.url.path, "403 permission_error")
+        await audit.record_alone(session, state.write_gate, row)
+    raise PermissionDeniedError("This call changes state and needs an admin token; this is a read token.")
 
 
 async def provide_principal(request: ASGIConnection) -> Principal:

@@ -19,8 +19,8 @@ from typing import TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from control_plane import audit
 from control_plane.auth import Principal
-from control_plane.db.models import AuditEvent
 from control_plane.db.session import WriteGate
 from control_plane.metrics import ControlPlaneMetrics
 from shared.errors import ConflictError, LoraplaneError
@@ -60,8 +60,7 @@ class Mutation:
             async with self.gate.hold():
                 try:
                     result = await work(self.session, prepared)
-                    self.session.add(AuditEvent(actor=actor.token_id, action=action, target=target[:256],
-                                                outcome="ok"))
+                    self.session.add(audit.event(actor.token_id, action, target, "ok"))
                     await self.session.commit()
                     return result
                 except IntegrityError:
@@ -78,11 +77,4 @@ class Mutation:
 
     async def _record_refusal(self, actor: Principal, action: str, target: str, outcome: str) -> None:
         self.metrics.mutations.labels(action, outcome).inc()
-        try:
-            async with self.gate.hold():
-                self.session.add(AuditEvent(actor=actor.token_id, action=action, target=target[:256],
-                                            outcome=outcome))
-                await self.session.commit()
-        except Exception:  # the refusal itself is what the caller must see
-            await self.session.rollback()
-            logger.exception("could not record the audit event of a refused %s", action)
+        await audit.record_alone(self.session, self.gate, audit.event(actor.token_id, action, target, outcome))

@@ -1,12 +1,19 @@
 """Alembic, driven from Python: upgrade/downgrade/current on an async engine, inside the caller's loop.
 
-The app calls `upgrade(engine)` at start; `loraplane control db …` calls the same functions. On
-PostgreSQL an advisory lock serialises replicas that start at the same moment, so only one of them
-migrates and the others find the schema already at head.
+The app calls `upgrade(engine)` at start; `loraplane control db …` calls the same functions. Migrations
+never run twice at once:
+- within a process, a lock per event loop (Alembic's `context` is a module-global proxy, so two
+  interleaved runs would trample each other);
+- across PostgreSQL replicas, an advisory lock; across processes on one SQLite file, a lock file next to
+  it. The losers wait, then find the schema already at head.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from alembic import command
@@ -14,11 +21,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 # An arbitrary constant: the key of the PostgreSQL advisory lock held while migrating.
-_MIGRATION_LOCK_KEY = 0x10_7A_91_A5
+_PG_LOCK_KEY = 0x107A91A5
+_loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -42,16 +50,38 @@ async def current(engine: AsyncEngine) -> str | None:
         return await conn.run_sync(lambda c: MigrationContext.configure(c).get_current_revision())
 
 
-async def _run(engine: AsyncEngine, fn) -> None:  # noqa: ANN001
-    async with engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
-            await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
-            await conn.commit()
+async def _run(engine: AsyncEngine, fn: Callable[[Config], None]) -> None:
+    lock = _loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+    async with lock, engine.connect() as conn, _database_lock(conn):
+        await conn.run_sync(lambda c: fn(alembic_config(c)))
+        await conn.commit()
+
+
+@contextlib.asynccontextmanager
+async def _database_lock(conn: AsyncConnection) -> AsyncIterator[None]:
+    if conn.dialect.name == "postgresql":
+        # Session-level lock, taken and committed before the migration's own transaction begins.
+        await conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_LOCK_KEY})
+        await conn.commit()
         try:
-            await conn.run_sync(lambda c: fn(alembic_config(c)))
-            await conn.commit()
+            yield
         finally:
-            if conn.dialect.name == "postgresql":
-                await conn.rollback()
-                await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _MIGRATION_LOCK_KEY})
-                await conn.commit()
+            await conn.rollback()
+            await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_LOCK_KEY})
+            await conn.commit()
+        return
+    database = conn.engine.url.database
+    if conn.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the in-process lock is all there is
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a") as fh:
+        await asyncio.to_thread(fcntl.flock, fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -36,6 +36,7 @@ def create_engine(settings: ControlPlaneSettings) -> AsyncEngine:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
         cursor.execute("PRAGMA foreign_keys=ON")  # SQLite leaves them off unless asked, per connection
+        cursor.execute("PRAGMA case_sensitive_like=ON")  # name-prefix filters behave as on PostgreSQL
         cursor.close()
 
     return engine

@@ -7,6 +7,7 @@ from litestar.testing import AsyncTestClient
 
 from control_plane.auth import token_id
 from tests.control_plane.conftest import ADMIN, READ, admin, reader
+from tests.control_plane.domain.adapters.helpers import audit
 
 
 async def test_health_and_metrics_need_no_token(client: AsyncTestClient) -> None:
@@ -35,7 +36,7 @@ READS = [("GET", "/v1/lora_adapters", None), ("GET", "/v1/lora_adapters/x", None
 
 
 @pytest.mark.parametrize(("method", "path", "body"), MUTATIONS + READS)
-async def test_auth_matrix(client: AsyncTestClient, method: str, path: str, body: dict | None) -> None:
+async def test_auth_matrix(client: AsyncTestClient, settings, method: str, path: str, body: dict | None) -> None:
     async def call(headers: dict[str, str]) -> int:
         r = await client.request(method, path, json=body, headers=headers)
         if r.status_code in (401, 403):
@@ -50,6 +51,10 @@ async def test_auth_matrix(client: AsyncTestClient, method: str, path: str, body
     assert await call({"Authorization": f"Basic {ADMIN}"}) == 401
     assert await call(reader()) == (403 if mutating else (200 if path == "/v1/lora_adapters" else 404))
     assert await call(admin()) not in (401, 403)  # past auth: the call's own outcome (400/404)
+    outcomes = [outcome for _, _, outcome in await audit(settings.database_url)]
+    # anonymous and unknown tokens leave no row; a read token's attempt at a mutation does, as does the
+    # admin's (refused by the service: no such adapter, or no such path)
+    assert outcomes == (["403 permission_error", outcomes[-1]] if mutating else [])
 
 
 async def test_errors_are_openai_shaped(client: AsyncTestClient) -> None:

@@ -36,7 +36,8 @@ class AdapterController(Controller):
     guards = [read_guard]
     dependencies = {"service": Provide(provide_adapter_service), "principal": Provide(provide_principal)}
 
-    @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter")
+    @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
+          opt={"audit_action": "load_lora_adapter"})
     async def load(self, service: AdapterService, principal: Principal,
                    data: schemas.AdapterCreate) -> schemas.AdapterLoaded:
         """Register an adapter folder and pin it as the active version (idempotent).
@@ -48,7 +49,8 @@ class AdapterController(Controller):
         """
         return await service.load(data, principal)
 
-    @post("/unload_lora_adapter", status_code=200, guards=[admin_guard], operation_id="unloadLoraAdapter")
+    @post("/unload_lora_adapter", status_code=200, guards=[admin_guard], operation_id="unloadLoraAdapter",
+          opt={"audit_action": "unload_lora_adapter"})
     async def unload(self, service: AdapterService, principal: Principal,
                      data: schemas.AdapterUnload) -> schemas.AdapterUnloaded:
         """Desire the adapter absent on every engine; the registry keeps its versions."""
@@ -73,7 +75,8 @@ class AdapterController(Controller):
         """One adapter with all its versions and its placements on engines."""
         return await service.get(name.lstrip("/"))
 
-    @post("/lora_adapters/{target:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter")
+    @post("/lora_adapters/{target:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter",
+          opt={"audit_action": "activate_lora_adapter"})
     async def activate(self, service: AdapterService, principal: Principal, target: str,
                        data: schemas.AdapterActivate) -> schemas.AdapterDetail:
         """Make an existing version the pin (`/v1/lora_adapters/{name}/activate`): roll back or forward."""
@@ -82,7 +85,8 @@ class AdapterController(Controller):
             raise NotFoundError(f"No route for POST /v1/lora_adapters/{target}; did you mean …/{target}/activate?")
         return await service.activate(target.removesuffix(_ACTIVATE), data, principal)
 
-    @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapter")
+    @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapter",
+            opt={"audit_action": "delete_lora_adapter"})
     async def delete_adapter(self, service: AdapterService, principal: Principal,
                              name: str) -> schemas.AdapterDeleted:
         """Remove an adapter and all its versions; refused (409) while any engine should still hold it."""

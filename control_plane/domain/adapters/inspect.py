@@ -44,6 +44,14 @@ class InspectedAdapter:
 
 
 def inspect_adapter(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
+    try:
+        return _inspect(path, roots)
+    except OSError as exc:  # unreadable (permissions), vanished mid-read, a directory named like a file
+        raise AdapterFilesError(f"the adapter files in {path!r} cannot be read ({exc.strerror or type(exc).__name__})",
+                                param="lora_path") from None
+
+
+def _inspect(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
     folder = _inside_roots(path, roots)
     config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
     if not folder.is_dir():

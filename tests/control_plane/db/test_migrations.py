@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -67,3 +68,14 @@ def test_cli_refuses_to_serve_without_admin_tokens(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("LORAPLANE_ADMIN_TOKENS", raising=False)
     assert cli.main(["--port", "1"]) == 2
     assert "LORAPLANE_ADMIN_TOKENS" in capsys.readouterr().err
+
+
+async def test_replicas_migrating_at_once_do_not_collide(empty_db: str) -> None:
+    # PostgreSQL: the advisory lock lets one replica migrate while the others wait and then find head.
+    engines = [create_async_engine(empty_db) for _ in range(3)]
+    try:
+        await asyncio.gather(*(migrate.upgrade(e) for e in engines))
+        assert [await migrate.current(e) for e in engines] == ["0001"] * 3
+    finally:
+        for e in engines:
+            await e.dispose()

@@ -86,6 +86,18 @@ async def test_twenty_concurrent_identical_loads_make_one_version(
     assert peak > 1  # the calls really overlapped
 
 
+async def test_concurrent_loads_of_different_files_number_versions_without_gaps(
+        concurrent_client: httpx.AsyncClient, demo: dict, settings) -> None:
+    files = [demo["demo-pirate"], demo["demo-poet"], demo["demo-short"]] * 3
+    answers = await asyncio.gather(*(concurrent_client.post(
+        "/v1/load_lora_adapter", json=load_body("mixed", f), headers=admin()) for f in files))
+    assert [a.status_code for a in answers] == [200] * 9, [a.text for a in answers if a.status_code != 200]
+    stored = await versions(settings.database_url)
+    assert sorted(v.number for v in stored) == [1, 2, 3] and len({v.sha256 for v in stored}) == 3
+    by_sha = {v.sha256: v.number for v in stored}
+    assert all(by_sha[a.json()["sha256"]] == a.json()["version"] for a in answers)
+
+
 BROKEN = ["no-weights", "truncated", "garbage-header", "not-lora", "dora", "rank-mismatch", "fewer-targets",
           "bad-json"]
 

@@ -32,6 +32,7 @@ async def test_list_pages_and_filters(client: AsyncTestClient, demo: dict) -> No
     assert await names(base_model="other") == (["solo"], 1)
     assert await names(name_prefix="team-1/") == (["team-1/a1", "team-1/a3", "team-1/a5"], 3)
     assert await names(name_prefix="team_") == ([], 0)  # `_` is literal, not a LIKE wildcard
+    assert await names(name_prefix="TEAM") == ([], 0)  # case-sensitive on SQLite as on PostgreSQL
     assert await names(label="tier=gold") == (["team-0/a0", "team-0/a2", "team-1/a1"], 3)
     assert await names(label=["tier=gold", "tier=free"]) == ([], 0)
     assert (await names(label="tier"))[1] == 7

@@ -1,0 +1,28 @@
+"""Writing audit_events rows that stand on their own: refusals, whose main transaction was rolled back
+(or never began, as for a read token on a mutating call)."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import AuditEvent
+from control_plane.db.session import WriteGate
+
+logger = logging.getLogger(__name__)
+
+
+def event(actor: str, action: str, target: str, outcome: str) -> AuditEvent:
+    return AuditEvent(actor=actor, action=action[:64], target=target[:256], outcome=outcome[:64])
+
+
+async def record_alone(session: AsyncSession, gate: WriteGate, row: AuditEvent) -> None:
+    """Commit just this row; a failure is logged, never raised — the caller's own error is what matters."""
+    try:
+        async with gate.hold():
+            session.add(row)
+            await session.commit()
+    except Exception:
+        await session.rollback()
+        logger.exception("could not record the audit event of a refused %s", row.action)
