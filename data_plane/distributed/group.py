@@ -96,6 +96,7 @@ def worker_main(rank: int, config: EngineConfig, init_method: str) -> None:
         device = torch.device(device.type, rank)
     if device.type == "cpu":
         set_cpu_threads(config.num_threads, config.tensor_parallel_size)
+    init_group(rank, config.tensor_parallel_size, device, init_method)  # first, so all ranks load at once
     model, model_config = load_model(
         Path(config.model), dtype=config.dtype, device=device, tp_rank=rank, tp_size=config.tensor_parallel_size
     )
@@ -104,7 +105,6 @@ def worker_main(rank: int, config: EngineConfig, init_method: str) -> None:
         if config.enable_lora
         else None
     )
-    init_group(rank, config.tensor_parallel_size, device, init_method)
     kind, num_kv_blocks = broadcast_from_rank0()
     assert kind == "init"
     config = replace(config, num_kv_blocks=num_kv_blocks)
