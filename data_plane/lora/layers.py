@@ -25,6 +25,7 @@ from torch import nn
 
 from data_plane.lora.batch import LoRABatch
 from data_plane.lora.ops import lora_expand, lora_shrink, lora_shrink_expand
+from data_plane.lora.weights import LoRAModuleWeights
 from data_plane.model.layers.parallel import tensor_parallel_all_reduce
 
 
@@ -88,21 +89,21 @@ class LinearWithLoRA(nn.Module):
         return [lane.module for lane in self.lanes]
 
     @torch.no_grad()
-    def set_slot(
-        self, slot: int, module: str, lora_a: torch.Tensor | None, lora_b: torch.Tensor | None, scaling: float = 1.0
-    ) -> None:
-        """Write one lane of one slot from PEFT's full A [r, in] and B [out, r]; None clears the lane."""
+    def set_slot(self, slot: int, module: str, weights: LoRAModuleWeights | None, previous_rank: int) -> None:
+        """Write one lane of one slot (None clears it); `previous_rank`: what the slot held before, so only
+        the rows it left past the new rank are cleared."""
         index = self.lane_modules().index(module)
         lane = self.lanes[index]
         slot_a = self.lora_a[slot, :, index * self.max_rank : (index + 1) * self.max_rank]  # [in, R]
         slot_b = self.lora_b[slot, :, lane.offset : lane.offset + lane.size]  # [R, out_l]
-        rank = 0 if lora_a is None or lora_b is None else lora_a.shape[0]
-        if rank:
+        rank = 0 if weights is None else weights.rank
+        if weights is not None:
+            a_t = weights.a_t  # [in_full, r]
             if self.row_shard is not None:
-                lora_a = lora_a[:, self.row_shard.start : self.row_shard.start + self.row_shard.size]
-            slot_a[:, :rank].copy_(lora_a.T)
-            slot_b[:rank].copy_(lora_b[lane.source_offset : lane.source_offset + lane.size].T)
-            slot_b[:rank].mul_(scaling)
-        # only the padding past this adapter's rank needs clearing: the rest was just overwritten
-        slot_a[:, rank:].zero_()
-        slot_b[rank:].zero_()
+                a_t = a_t[self.row_shard.start : self.row_shard.start + self.row_shard.size]
+            slot_a[:, :rank].copy_(a_t)
+            b_t = weights.b_t[:, lane.source_offset : lane.source_offset + lane.size]  # [r, out_l]
+            torch.mul(b_t, weights.scaling, out=slot_b[:rank])
+        if previous_rank > rank:
+            slot_a[:, rank:previous_rank].zero_()
+            slot_b[rank:previous_rank].zero_()

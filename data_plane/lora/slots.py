@@ -85,7 +85,6 @@ class LoRASlotManager:
         if slot is not None:
             self.write_slot(slot, None)
             self.slot_owner[slot] = None
-            self.slot_rank[slot] = 0
         self.last_used.pop(adapter_id, None)
         self.stats.pop(adapter_id, None)
 
@@ -121,7 +120,6 @@ class LoRASlotManager:
         start = time.perf_counter()
         self.write_slot(slot, weights)
         self.slot_owner[slot] = adapter_id
-        self.slot_rank[slot] = weights.rank
         self.slot_of[adapter_id] = slot
         self.last_used[adapter_id] = time.monotonic()
         stats = self._stats(adapter_id)
@@ -134,12 +132,10 @@ class LoRASlotManager:
         """Copy an adapter (None: zeros) into one slot of every LoRA layer, on every rank."""
         if self.mirror is not None:
             self.mirror(slot, weights)
+        previous_rank = self.slot_rank[slot]  # rows past it are zero already
         for index, linears in enumerate(self.layers):
             modules = weights.layers.get(index, {}) if weights is not None else {}
             for linear in linears:
                 for name in linear.lane_modules():
-                    m = modules.get(name)
-                    if m is None:
-                        linear.set_slot(slot, name, None, None)
-                    else:
-                        linear.set_slot(slot, name, m.lora_a, m.lora_b, m.scaling)
+                    linear.set_slot(slot, name, modules.get(name), previous_rank)
+        self.slot_rank[slot] = weights.rank if weights is not None else 0

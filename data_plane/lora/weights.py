@@ -12,9 +12,17 @@ TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 
 @dataclass
 class LoRAModuleWeights:
-    lora_a: torch.Tensor  # [r, in_features]
+    lora_a: torch.Tensor  # [r, in_features], as PEFT stores it
     lora_b: torch.Tensor  # [out_features, r]
     scaling: float  # alpha / r, or alpha / sqrt(r) with rsLoRA; folded into B when copied into a slot
+
+    def __post_init__(self) -> None:
+        # The slots' input-major layout, made here, where the adapter is read (off the engine loop), so
+        # that copying into a slot is a plain copy per tensor. These are transposed views made contiguous:
+        # lora_a / lora_b become views of them, so the host copy is not held twice.
+        self.a_t = self.lora_a.T.contiguous()  # [in, r]
+        self.b_t = self.lora_b.T.contiguous()  # [r, out]
+        self.lora_a, self.lora_b = self.a_t.T, self.b_t.T
 
     @property
     def rank(self) -> int:
