@@ -59,17 +59,19 @@ def lora_expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, lanes: L
     if batch.decode_index is not None:
         idx, slots = batch.decode_index, batch.decode_slots
         b = lora_b[:, :rank].index_select(0, slots)  # [Nd, rank, out]
-        if batch.decode_contiguous:  # the usual case: accumulate straight into the decode rows of y
-            y_rows, v_rows = y[: len(slots)].unsqueeze(1), v[: len(slots)].unsqueeze(1)  # [Nd, 1, *]
-            for lane, (offset, width) in enumerate(lanes):
-                cols = slice(offset, offset + width)
-                y_rows[:, :, cols].baddbmm_(v_rows[:, :, lane * rank : (lane + 1) * rank], b[:, :, cols])
+        v_rows = (v[: len(slots)] if batch.decode_contiguous else v.index_select(0, idx)).unsqueeze(1)  # [Nd, 1, L*rank]
+        # each bmm into a fresh tensor, then one add: bmm or baddbmm_ writing into a strided view of y
+        # falls back to one small matmul per token on CPU
+        if len(lanes) == 1:
+            delta = torch.bmm(v_rows, b).squeeze(1)  # [Nd, out]
         else:
-            v_rows = v.index_select(0, idx).unsqueeze(1)
             delta = y.new_empty(len(slots), y.shape[1])
             for lane, (offset, width) in enumerate(lanes):
                 cols = slice(offset, offset + width)
                 delta[:, cols] = torch.bmm(v_rows[:, :, lane * rank : (lane + 1) * rank], b[:, :, cols]).squeeze(1)
+        if batch.decode_contiguous:  # the usual case: every decode token uses an adapter
+            y[: len(slots)] += delta
+        else:
             y.index_add_(0, idx, delta)
     for s, start, end in batch.prefill_segments:
         _expand_one(y[start:end], v[start:end], lora_b[s, :rank], lanes, rank)
