@@ -19,10 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
 from control_plane.domain.adapters.controller import AdapterController
-from control_plane.errors import exception_handlers
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
 from shared.errors import OverloadedError
+from shared.http_errors import exception_handlers
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"

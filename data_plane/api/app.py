@@ -19,7 +19,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
 from data_plane.api import lora_routes
-from data_plane.api.errors import ClientDisconnected, exception_handlers
+from data_plane.api.errors import ClientDisconnected
 from data_plane.api.models import ModelResolver
 from data_plane.api.protocol import ChatCompletionRequest, CompletionRequest, decode_request
 from data_plane.api.serving_chat import ChatService
@@ -31,6 +31,7 @@ from data_plane.lora.registry import Loader, LoRARegistry, loader_for
 from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
 from shared.errors import EngineDeadError, LoraplaneError
+from shared.http_errors import exception_handlers
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
-"""Exception → HTTP response for the whole control plane, always in the OpenAI error shape.
+"""Exception → HTTP response for a Litestar app, always in the OpenAI error shape; both services use it.
 
-LoraplaneError carries its own status and body; Litestar's HTTP exceptions (unknown route, wrong method,
-a body that fails schema validation) are rewrapped; anything else is a 500 that is logged here and tells
-the client nothing about the server.
+LoraplaneError carries its own status and body. Litestar's HTTP exceptions (unknown route, wrong
+method, a body over the size limit or failing schema validation) are rewrapped; anything else is a
+500 that is logged here and tells the client nothing about the server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 
-from shared.errors import LoraplaneError, NotFoundError
+from shared.errors import LoraplaneError, NotFoundError, PayloadTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +23,9 @@ def error_response(exc: LoraplaneError) -> Response[dict[str, Any]]:
     return Response(exc.to_body(), status_code=exc.status_code)
 
 
-def _body(status: int, message: str, error_type: str = "invalid_request_error") -> Response[dict[str, Any]]:
-    return Response({"error": {"message": message, "type": error_type, "param": None, "code": status}},
-                    status_code=status)
+def error_body(status: int, message: str, param: str | None = None) -> Response[dict[str, Any]]:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": status}}
+    return Response(body, status_code=status)
 
 
 def handle_loraplane_error(request: Request, exc: LoraplaneError) -> Response[dict[str, Any]]:
@@ -38,17 +38,18 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response[dict
     status = exc.status_code
     if status == 404 and not isinstance(exc, ValidationException):
         return error_response(NotFoundError(f"No route for {request.method} {request.url.path}."))
+    if status == 413:
+        limit = request.app.request_max_body_size
+        return error_response(PayloadTooLargeError(f"The request body exceeds the limit of {limit} bytes."))
     if status == 405:
-        return _body(status, f"Method {request.method} is not allowed for {request.url.path}.")
+        return error_body(status, f"Method {request.method} is not allowed for {request.url.path}.")
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
-        # msgspec names the offending field; pass it on as the OpenAI `param`.
+        # msgspec names the offending field: pass it on as the OpenAI `param`
         first = exc.extra[0] if isinstance(exc.extra[0], dict) else {}
         message = f"{exc.detail}: {first.get('message', '')}".rstrip(": ")
-        body = _body(status, message)
-        body.content["error"]["param"] = first.get("key")
-        return body
+        return error_body(status, message, param=first.get("key"))
     if status < 500:
-        return _body(status, str(exc.detail))
+        return error_body(status, str(exc.detail))
     return handle_internal_error(request, exc)
 
 
@@ -58,5 +59,8 @@ def handle_internal_error(request: Request, exc: Exception) -> Response[dict[str
 
 
 def exception_handlers() -> ExceptionHandlersMap:
-    return {LoraplaneError: handle_loraplane_error, HTTPException: handle_http_exception,
-            Exception: handle_internal_error}
+    return {
+        LoraplaneError: handle_loraplane_error,
+        HTTPException: handle_http_exception,
+        Exception: handle_internal_error,
+    }
