@@ -19,7 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
 from control_plane.domain.adapters.controller import AdapterController
+from control_plane.domain.engines.controller import EngineController
+from control_plane.domain.stats.controller import StatsController
+from control_plane.domain.stats.service import StatsCache
+from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
+from control_plane.reconciler import Reconciler
 from control_plane.settings import ControlPlaneSettings
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
@@ -48,22 +53,35 @@ async def metrics(state: State) -> Response[bytes]:
 def create_app(settings: ControlPlaneSettings) -> Litestar:
     engine = create_engine(settings)
     app_metrics = ControlPlaneMetrics()
+    engine_client = EngineClient(settings.engine_token, settings.engine_timeout_s)
+    gate = WriteGate(serialize=settings.is_sqlite)
+    # Sessions outside a handler's own (the plugin's is per request and only handlers get it).
+    sessions = async_sessionmaker(engine, expire_on_commit=False)
+    reconciler = Reconciler(sessions, gate, engine_client, settings)
 
     async def apply_migrations(_: Litestar) -> None:
         if settings.migrate_on_start:
             await migrate.upgrade(engine)
+        await reconciler.start()
+
+    async def stop_background(_: Litestar) -> None:
+        await reconciler.stop()
+        await engine_client.aclose()
 
     state: dict[str, Any] = {
         "settings": settings,
         "metrics": app_metrics,
-        "write_gate": WriteGate(serialize=settings.is_sqlite),
-        # Sessions outside a handler's own (the plugin's is per request and only handlers get it).
-        "audit_sessions": async_sessionmaker(engine, expire_on_commit=False),
+        "write_gate": gate,
+        "engine_client": engine_client,  # httpx pool for pushes to engines
+        "reconciler": reconciler,
+        "stats_cache": StatsCache(),  # each engine's last figures for GET /v1/lora_stats
+        "audit_sessions": sessions,
     }
     return Litestar(
-        route_handlers=[health, metrics, AdapterController],
+        route_handlers=[health, metrics, AdapterController, EngineController, StatsController],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
+        on_shutdown=[stop_background],
         state=State(state),
         exception_handlers=exception_handlers(),
         middleware=[app_metrics.middleware],

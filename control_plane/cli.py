@@ -3,8 +3,10 @@
     loraplane control [--host H] [--port P] [--database-url URL] [--adapter-root DIR ...]
     loraplane control db upgrade [REVISION] | downgrade REVISION | current
 
-Tokens come only from the environment (LORAPLANE_ADMIN_TOKENS, LORAPLANE_READ_TOKENS, comma-separated):
-a flag would leave them in the process list and shell history.
+Tokens come only from the environment (LORAPLANE_ADMIN_TOKENS, LORAPLANE_READ_TOKENS, comma-separated;
+LORAPLANE_ENGINE_TOKEN, the engines' --admin-token, sent on pushes): a flag would leave them in the
+process list and shell history. LORAPLANE_ENGINE_STALE_AFTER_S (30): heartbeats missed for this long
+make an engine unhealthy.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ class ControlPlaneSettings:
     adapter_roots: tuple[str, ...] = ()
     reconcile_interval_s: float = 30.0
     engine_timeout_s: float = 10.0
+    # An engine whose last heartbeat is older than this reads as unhealthy (and gets no new placements).
+    engine_stale_after_s: float = 30.0
+    # Bearer token of the engines' admin endpoints (their --admin-token); sent on pushes, never logged.
+    engine_token: str | None = None
     # Apply Alembic migrations when the app starts (the CLI's `db` commands set this off).
     migrate_on_start: bool = True
     log_level: str = "info"
@@ -53,8 +57,10 @@ class ControlPlaneSettings:
                     raise ValueError(f"{kind} token #{i + 1} is empty or contains whitespace")
         if set(self.admin_tokens) & set(self.read_tokens):
             raise ValueError("a token is listed both as admin and as read token; give each token one kind")
-        if self.reconcile_interval_s <= 0 or self.engine_timeout_s <= 0:
-            raise ValueError("reconcile_interval_s and engine_timeout_s must be positive")
+        if self.reconcile_interval_s <= 0 or self.engine_timeout_s <= 0 or self.engine_stale_after_s <= 0:
+            raise ValueError("reconcile_interval_s, engine_timeout_s and engine_stale_after_s must be positive")
+        if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
+            raise ValueError("the engine token is empty or contains whitespace")
         self.database_url = normalize_database_url(self.database_url)
         if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug", "trace"):
             raise ValueError(f"unknown log level {self.log_level!r}")
@@ -65,6 +71,8 @@ class ControlPlaneSettings:
             f"database_url={self.safe_database_url!r}, admin_tokens=<{len(self.admin_tokens)} hidden>, "
             f"read_tokens=<{len(self.read_tokens)} hidden>, adapter_roots={self.adapter_roots!r}, "
             f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
+            f"engine_stale_after_s={self.engine_stale_after_s}, "
+            f"engine_token={'<hidden>' if self.engine_token else None}, "
             f"migrate_on_start={self.migrate_on_start}, log_level={self.log_level!r})"
         )
 
@@ -85,7 +93,8 @@ class ControlPlaneSettings:
         values: dict[str, object] = {}
         scalars = {"HOST": ("host", str), "PORT": ("port", int), "DATABASE_URL": ("database_url", str),
                    "RECONCILE_INTERVAL_S": ("reconcile_interval_s", float),
-                   "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str)}
+                   "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str),
+                   "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str)}
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)
             if raw:

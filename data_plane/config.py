@@ -47,6 +47,10 @@ class EngineConfig:
     lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded at start
     max_adapter_labels: int = 100  # Prometheus `adapter` label values; past this they fold into "other"
     default_drain_timeout_s: float = 30.0
+    # Control plane: register there at start, heartbeat, and resolve unknown `model` names through it
+    control_plane_url: str | None = None
+    control_plane_token: str | None = None  # an admin token of the control plane
+    engine_name: str | None = None  # the name registered there; defaults to host:port
 
     def __post_init__(self) -> None:
         if not Path(self.model, "config.json").is_file():
@@ -77,6 +81,12 @@ class EngineConfig:
                 self.lora_roots = [str(Path(p).resolve().parent) for p in self.lora_modules.values()]
         elif self.lora_modules:
             raise ConfigError("--lora-modules needs --enable-lora")
+        if self.control_plane_url is not None:
+            if not self.control_plane_url.startswith(("http://", "https://")):
+                raise ConfigError(f"--control-plane {self.control_plane_url!r}: expected an http(s):// URL")
+            if not self.enable_lora:
+                raise ConfigError("--control-plane needs --enable-lora (the control plane places adapters)")
+            self.control_plane_url = self.control_plane_url.rstrip("/")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
 

@@ -2,19 +2,27 @@
 
 The base model's served name → adapter id 0 (a no-op lease); a loaded adapter's name → a lease
 that counts the request in flight until it is released (Generation.aclose); any other name → 404,
-never a silent fallback to the base model.
+never a silent fallback to the base model. With a control plane (`remote`), an unknown name is first
+resolved there and, if registered, loaded through the registry like POST /v1/load_lora_adapter.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from data_plane.lora.entry import BASE_ADAPTER_ID, Lease
+from data_plane.lora.errors import LoRANotFoundError
 from data_plane.lora.registry import LoRARegistry
-from shared.errors import NotFoundError
+from shared.errors import LoraplaneError, NotFoundError
 
-__all__ = ["BASE_ADAPTER_ID", "ModelResolver"]
+__all__ = ["BASE_ADAPTER_ID", "ModelResolver", "Remote"]
+logger = logging.getLogger(__name__)
+
+# name -> the adapter folder to load for it, or None when nobody registered it
+Remote = Callable[[str], Awaitable[str | None]]
 
 
 class ModelResolver:
@@ -24,11 +32,13 @@ class ModelResolver:
         model_path: str,
         max_model_len: int,
         registry: LoRARegistry | None = None,  # None: LoRA is off, only the base model is served
+        remote: Remote | None = None,  # the control plane's resolve; None: unknown names are 404
     ) -> None:
         self.served_model_name = served_model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.registry = registry
+        self.remote = remote
         self.created = int(time.time())
 
     async def acquire(self, name: str) -> Lease:
@@ -37,7 +47,27 @@ class ModelResolver:
             return Lease.base(name)
         if self.registry is None:
             raise _not_found(name)
+        try:
+            return await self.registry.acquire(name)
+        except LoRANotFoundError:
+            if self.remote is None or not await self._pull(name):
+                raise
         return await self.registry.acquire(name)
+
+    async def _pull(self, name: str) -> bool:
+        """Load `name` from where the control plane says its active version lies; False if it does not know it."""
+        assert self.registry is not None and self.remote is not None
+        path = await self.remote(name)
+        if path is None:
+            return False
+        try:
+            await self.registry.load(name, path, load_inplace=True)
+        except LoraplaneError as exc:
+            logger.warning("adapter %s resolved by the control plane cannot be loaded from %s: %s", name, path,
+                           exc.message)
+            raise
+        logger.info("loaded adapter %s on demand from %s (resolved by the control plane)", name, path)
+        return True
 
     async def acquire_many(self, name: str, count: int) -> list[Lease]:
         """One lease per engine request of a batched prompt; all or none."""

@@ -90,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="how long an unload waits for in-flight requests before aborting them",
     )
+    cp = p.add_argument_group("control plane")
+    cp.add_argument("--control-plane", metavar="URL", help="register with this control plane, heartbeat, and "
+                    "resolve unknown `model` names through it (needs --enable-lora)")
+    cp.add_argument(
+        "--control-plane-token",
+        default=os.environ.get("LORAPLANE_CONTROL_PLANE_TOKEN"),
+        help="admin token of the control plane (default: $LORAPLANE_CONTROL_PLANE_TOKEN)",
+    )
+    cp.add_argument("--engine-name", help="name to register under (default: host:port)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -128,6 +137,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         lora_modules=parse_lora_modules(args.lora_modules),
         max_adapter_labels=args.max_adapter_labels,
         default_drain_timeout_s=args.default_drain_timeout_s,
+        control_plane_url=args.control_plane,
+        control_plane_token=args.control_plane_token,
+        engine_name=args.engine_name,
     )
 
 
@@ -195,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(engine, config)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    if config.control_plane_url:
+        from data_plane.control_client import attach_control_plane
+
+        # a wildcard bind address is no address for others to call: advertise the host name instead
+        advertised = f"http://{socket.gethostname()}:{port}" if host in ("0.0.0.0", "::") else url
+        attach_control_plane(app, engine, config, advertised, f"{socket.gethostname()}:{port}")
     print(f"loraplane engine: serving {config.served_model_name!r} on {url}", flush=True)
     server = uvicorn.Server(
         uvicorn.Config(

@@ -19,11 +19,13 @@ def test_env_and_overrides() -> None:
     assert s.admin_tokens == ("aaaa", "bbbb") and s.read_tokens == ("rrrr",)
     assert s.database_url == "postgresql+asyncpg://u:secret@db/x"
     assert s.adapter_roots == ("/a", "/b")
+    s = ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "eng", "LORAPLANE_ENGINE_STALE_AFTER_S": "5"})
+    assert (s.engine_token, s.engine_stale_after_s) == ("eng", 5.0)
 
 
 def test_repr_hides_tokens_and_password() -> None:
     s = ControlPlaneSettings(admin_tokens=("s3cr3t-admin",), read_tokens=("s3cr3t-read",),
-                             database_url="postgresql+asyncpg://u:hunter2@db/x")
+                             database_url="postgresql+asyncpg://u:hunter2@db/x", engine_token="s3cr3t-engine")
     for text in (repr(s), str(s)):
         assert "s3cr3t" not in text and "hunter2" not in text
         assert "<1 hidden>" in text
@@ -32,7 +34,8 @@ def test_repr_hides_tokens_and_password() -> None:
 @pytest.mark.parametrize("kwargs", [
     {"port": 0}, {"admin_tokens": ("has space",)}, {"admin_tokens": ("",)},
     {"admin_tokens": ("same",), "read_tokens": ("same",)}, {"database_url": "mysql://x/y"},
-    {"reconcile_interval_s": 0}, {"database_url": "not a url"},
+    {"reconcile_interval_s": 0}, {"database_url": "not a url"}, {"engine_stale_after_s": 0},
+    {"engine_token": "has space"},
 ])
 def test_invalid_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError) as info:

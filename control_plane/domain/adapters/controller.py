@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, delete, get, post
+from litestar import Controller, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.auth import Principal, admin_guard, provide_principal, read_guard
 from control_plane.domain.adapters import schemas
 from control_plane.domain.adapters.placement import PlacementPlanner
+from control_plane.domain.adapters.push import Pusher
 from control_plane.domain.adapters.queries import MAX_PAGE, AdapterQuery
 from control_plane.domain.adapters.service import AdapterService
 from control_plane.uow import Mutation
@@ -27,7 +28,9 @@ _ACTIVATE = "/activate"
 
 async def provide_adapter_service(db_session: AsyncSession, state: State) -> AdapterService:
     mutation = Mutation(db_session, state.write_gate, state.metrics)
-    return AdapterService(db_session, state.settings, mutation, PlacementPlanner())
+    planner = PlacementPlanner(state.settings.engine_stale_after_s)
+    pusher = Pusher(state.engine_client, db_session, state.write_gate)
+    return AdapterService(db_session, state.settings, mutation, planner, pusher)
 
 
 class AdapterController(Controller):
@@ -39,22 +42,27 @@ class AdapterController(Controller):
     @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
           opt={"audit_action": "load_lora_adapter"})
     async def load(self, service: AdapterService, principal: Principal,
-                   data: schemas.AdapterCreate) -> schemas.AdapterLoaded:
-        """Register an adapter folder and pin it as the active version (idempotent).
+                   data: schemas.AdapterCreate) -> Response[schemas.AdapterLoaded]:
+        """Register an adapter folder and pin it as the active version (idempotent), then push it.
 
         The files are validated (config, rank, targets, safetensors header, location under the adapter
         roots) before anything is recorded. Identical files return the existing version (`created`
         false); new files become the next version. The version is desired on every healthy engine of
-        the adapter's base model, or on the named `engines`.
+        the adapter's base model, or on the named `engines`, and pushed to them concurrently; `engines`
+        in the answer says how each did. Status: 200 all engines loaded it (or none was involved), 207
+        some failed, 502 all failed — the version is recorded and pinned in every case.
         """
-        return await service.load(data, principal)
+        loaded = await service.load(data, principal)
+        return Response(loaded, status_code=schemas.push_status(loaded.engines))
 
     @post("/unload_lora_adapter", status_code=200, guards=[admin_guard], operation_id="unloadLoraAdapter",
           opt={"audit_action": "unload_lora_adapter"})
     async def unload(self, service: AdapterService, principal: Principal,
-                     data: schemas.AdapterUnload) -> schemas.AdapterUnloaded:
-        """Desire the adapter absent on every engine; the registry keeps its versions."""
-        return await service.unload(data, principal)
+                     data: schemas.AdapterUnload) -> Response[schemas.AdapterUnloaded]:
+        """Desire the adapter absent on every engine and tell them (they drain in-flight requests); the
+        registry keeps its versions. Status as for loads: 200, 207 (some engines failed), 502 (all)."""
+        unloaded = await service.unload(data, principal)
+        return Response(unloaded, status_code=schemas.push_status(unloaded.engines))
 
     @get("/lora_adapters", operation_id="listLoraAdapters")
     async def list_adapters(
@@ -75,15 +83,28 @@ class AdapterController(Controller):
         """One adapter with all its versions and its placements on engines."""
         return await service.get(name.lstrip("/"))
 
+    @get("/resolve/{name:path}", operation_id="resolveLoraAdapter")
+    async def resolve(self, service: AdapterService, principal: Principal, name: str,
+                      base_model: str | None = None, engine: str | None = None) -> schemas.AdapterResolved:
+        """What an engine should load to serve `model` = `name`: the active version's folder and sha256
+        (404 when no such adapter is registered for `base_model`, or it was unloaded). Engines call it for
+        an unknown `model`, naming themselves in `engine`: with an admin token that records the placement."""
+        return await service.resolve(name.lstrip("/"), base_model, engine, principal)
+
     @post("/lora_adapters/{target:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter",
           opt={"audit_action": "activate_lora_adapter"})
     async def activate(self, service: AdapterService, principal: Principal, target: str,
-                       data: schemas.AdapterActivate) -> schemas.AdapterDetail:
-        """Make an existing version the pin (`/v1/lora_adapters/{name}/activate`): roll back or forward."""
+                       data: schemas.AdapterActivate) -> Response[schemas.AdapterActivated]:
+        """Make an existing version the pin (`/v1/lora_adapters/{name}/activate`): roll back or forward.
+
+        Engines holding the adapter load the version in place: new requests get it at once, in-flight
+        ones finish on the old. Status as for loads: 200, 207 (some engines failed), 502 (all).
+        """
         target = target.lstrip("/")
         if not target.endswith(_ACTIVATE) or len(target) == len(_ACTIVATE):
             raise NotFoundError(f"No route for POST /v1/lora_adapters/{target}; did you mean …/{target}/activate?")
-        return await service.activate(target.removesuffix(_ACTIVATE), data, principal)
+        activated = await service.activate(target.removesuffix(_ACTIVATE), data, principal)
+        return Response(activated, status_code=schemas.push_status(activated.engines))
 
     @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapter",
             opt={"audit_action": "delete_lora_adapter"})

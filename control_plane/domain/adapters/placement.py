@@ -1,32 +1,54 @@
 """PlacementPlanner: the seam between the registry and the engines — which engine should hold what.
 
-It only records desired state on `placements` rows, inside the caller's transaction. Pushing to the
-engines (httpx) and the reconciler that reads `desired` vs `observed` come later and start from here.
+It records desired state on `placements` rows, inside the caller's transaction, and returns one
+PushOrder per engine; after the commit, control_plane.domain.adapters.push carries them out. The
+reconciler that reads `desired` vs `observed` later starts from the same rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, EngineState, Placement
-from control_plane.domain.adapters.schemas import EngineOutcome
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
+from control_plane.domain.engines.health import healthy_clause
 from shared.errors import InvalidRequestError
 
 _HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
 
 
+@dataclass(frozen=True)
+class PushOrder:
+    """What one engine is to be told about one adapter, and which placement rows record its answer."""
+
+    engine_id: int
+    engine: str
+    url: str
+    adapter: str
+    action: Literal["load", "unload"]
+    desired: str
+    placement_ids: tuple[int, ...]
+    path: str | None = None  # load: the version's folder
+    adapter_id: int | None = None  # load: the other versions on the engine are then observed absent
+
+
 class PlacementPlanner:
+    def __init__(self, stale_after_s: float = 30.0) -> None:
+        self.stale_after_s = stale_after_s
+
     async def place(
         self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, desired: DesiredState,
         engine_names: list[str] | None,
-    ) -> list[EngineOutcome]:
+    ) -> list[PushOrder]:
         """Desire `version` on every healthy engine of the adapter's base model (or the named ones);
         the adapter's other versions on those engines are desired absent (the switch)."""
         engines = await self._engines(session, adapter.base_model, engine_names)
         return [await self._set(session, adapter, version, engine, desired) for engine in engines]
 
-    async def switch(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion) -> list[EngineOutcome]:
+    async def switch(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion) -> list[PushOrder]:
         """After activation: every engine holding some version of the adapter is to hold `version`,
         with the same desired state (loaded or pinned) it had."""
         rows = (await session.execute(
@@ -41,22 +63,42 @@ class PlacementPlanner:
         return [await self._set(session, adapter, version, engine, DesiredState(desired))
                 for engine, desired in best.values()]
 
-    async def withdraw(self, session: AsyncSession, adapter: Adapter) -> list[EngineOutcome]:
-        """Desire every version of the adapter absent everywhere (unload)."""
+    async def withdraw(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
+        """Desire every version of the adapter absent everywhere (unload); one order per engine."""
         rows = (await session.execute(
-            select(Placement, Engine.name).join(Engine, Engine.id == Placement.engine_id)
+            select(Placement, Engine).join(Engine, Engine.id == Placement.engine_id)
             .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
             .where(AdapterVersion.adapter_id == adapter.id, Placement.desired.in_(_HOLDING))
+            .order_by(Engine.name)
         )).all()
-        for placement, _ in rows:
+        by_engine: dict[int, tuple[Engine, list[int]]] = {}
+        for placement, engine in rows:
             placement.desired = DesiredState.ABSENT.value
+            by_engine.setdefault(engine.id, (engine, []))[1].append(placement.id)
         await session.flush()
-        return [EngineOutcome(engine=name, desired=p.desired, observed=p.observed, error=p.last_error)
-                for p, name in rows]
+        return [PushOrder(engine_id=e.id, engine=e.name, url=e.url, adapter=adapter.name, action="unload",
+                          desired=DesiredState.ABSENT.value, placement_ids=tuple(ids))
+                for e, ids in by_engine.values()]
+
+    async def adopt(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, engine_name: str) -> None:
+        """An engine pulls `version` on demand: desire it there (loaded, unless already held), observed
+        `loading` until the reconciler reads the engine. Unknown engines or another base model: nothing."""
+        engine = await session.scalar(select(Engine).where(Engine.name == engine_name,
+                                                           Engine.base_model == adapter.base_model))
+        if engine is None:
+            return
+        held = await session.scalar(select(Placement).where(
+            Placement.engine_id == engine.id, Placement.adapter_version_id == version.id,
+            Placement.desired.in_(_HOLDING)))
+        if held is None:
+            await self._set(session, adapter, version, engine, DesiredState.LOADED)
+            await session.execute(update(Placement).where(
+                Placement.engine_id == engine.id, Placement.adapter_version_id == version.id,
+            ).values(observed=ObservedState.LOADING.value, last_error=None))
 
     async def _engines(self, session: AsyncSession, base_model: str, names: list[str] | None) -> list[Engine]:
         if names is None:
-            stmt = select(Engine).where(Engine.base_model == base_model, Engine.state == EngineState.HEALTHY.value)
+            stmt = select(Engine).where(Engine.base_model == base_model, healthy_clause(self.stale_after_s))
             return list((await session.scalars(stmt.order_by(Engine.name))).all())
         engines = list((await session.scalars(select(Engine).where(Engine.name.in_(names)))).all())
         unknown = sorted(set(names) - {e.name for e in engines})
@@ -69,7 +111,7 @@ class PlacementPlanner:
         return sorted(engines, key=lambda e: e.name)
 
     async def _set(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, engine: Engine,
-                   desired: DesiredState) -> EngineOutcome:
+                   desired: DesiredState) -> PushOrder:
         await session.execute(
             update(Placement).where(
                 Placement.engine_id == engine.id, Placement.adapter_version_id != version.id,
@@ -83,5 +125,6 @@ class PlacementPlanner:
             session.add(placement)
         placement.desired = desired.value
         await session.flush()
-        return EngineOutcome(engine=engine.name, desired=placement.desired, observed=placement.observed,
-                             error=placement.last_error)
+        return PushOrder(engine_id=engine.id, engine=engine.name, url=engine.url, adapter=adapter.name,
+                         action="load", desired=placement.desired, placement_ids=(placement.id,), path=version.uri,
+                         adapter_id=adapter.id)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Adapter, AdapterVersion, Engine, Placement
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, Placement
 from control_plane.domain.adapters import schemas
 from shared.errors import InvalidRequestError, NotFoundError
 
@@ -91,3 +91,23 @@ def _fields(adapter: Adapter, active: int | None) -> dict:
 
 def _adapter(adapter: Adapter, active: int | None) -> schemas.Adapter:
     return schemas.Adapter(**_fields(adapter, active))
+
+
+async def active_version(session: AsyncSession, name: str, base_model: str | None) -> tuple[Adapter, AdapterVersion]:
+    """The adapter `name` (for `base_model`, when given) and its active version; NotFoundError otherwise, and
+    also for an adapter that was unloaded (placements exist, none holding it): engines must not pull it back."""
+    stmt = (select(Adapter, AdapterVersion).join(AdapterVersion, AdapterVersion.id == Adapter.active_version_id)
+            .where(Adapter.name == name))
+    if base_model is not None:
+        stmt = stmt.where(Adapter.base_model == base_model)
+    row = (await session.execute(stmt)).first()
+    if row is None:
+        raise NotFoundError(f"no active adapter named {name!r}" + (f" for base model {base_model!r}" if base_model
+                                                                   else ""), param="name")
+    adapter, version = row
+    placed = select(Placement.desired).join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id).where(
+        AdapterVersion.adapter_id == adapter.id)
+    desired = set((await session.scalars(placed)).all())
+    if desired and not desired & {DesiredState.LOADED.value, DesiredState.PINNED.value}:
+        raise NotFoundError(f"adapter {name!r} was unloaded; load it again to serve it", param="name")
+    return adapter, version

@@ -7,7 +7,7 @@ vLLM can register adapters here unchanged.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -42,12 +42,21 @@ class AdapterActivate(msgspec.Struct, kw_only=True):
 
 
 class EngineOutcome(msgspec.Struct, kw_only=True):
-    """What one engine was asked to do and, once pushed, what it answered."""
+    """What one engine was asked to hold (`desired`) and how the push went: `loaded` / `unloaded`, or
+    `failed` with the engine's (or the connection's) `error`; the reconciler retries failed ones."""
 
     engine: str
     desired: str
-    observed: str
+    outcome: Literal["loaded", "unloaded", "failed"]
     error: str | None = None
+
+
+def push_status(engines: list[EngineOutcome]) -> int:
+    """200 when every engine succeeded (or none was involved), 207 when some failed, 502 when all did."""
+    failed = sum(e.outcome == "failed" for e in engines)
+    if not failed:
+        return 200
+    return 502 if failed == len(engines) else 207
 
 
 class AdapterLoaded(msgspec.Struct, kw_only=True):
@@ -99,6 +108,19 @@ class Adapter(msgspec.Struct, kw_only=True):
 class AdapterDetail(Adapter, kw_only=True):
     versions: list[AdapterVersion]
     placements: list[Placement]
+
+
+class AdapterActivated(AdapterDetail, kw_only=True):
+    engines: list[EngineOutcome]
+
+
+class AdapterResolved(msgspec.Struct, kw_only=True):
+    """GET /v1/resolve/{name}: what an engine loads to serve `name` (the active version)."""
+
+    name: str
+    version: int
+    uri: str
+    sha256: str
 
 
 class AdapterPage(msgspec.Struct, kw_only=True):

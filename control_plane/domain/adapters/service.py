@@ -13,7 +13,8 @@ from control_plane.auth import Principal
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Placement
 from control_plane.domain.adapters import queries, schemas
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
-from control_plane.domain.adapters.placement import PlacementPlanner
+from control_plane.domain.adapters.placement import PlacementPlanner, PushOrder
+from control_plane.domain.adapters.push import Pusher
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -23,20 +24,22 @@ _HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
 
 class AdapterService:
     def __init__(self, session: AsyncSession, settings: ControlPlaneSettings, mutation: Mutation,
-                 planner: PlacementPlanner) -> None:
+                 planner: PlacementPlanner, pusher: Pusher) -> None:
         self.session = session
         self.settings = settings
         self.mutation = mutation
         self.planner = planner
+        self.pusher = pusher
 
     async def load(self, req: schemas.AdapterCreate, actor: Principal) -> schemas.AdapterLoaded:
-        """Validate the files, create or reuse the version, pin it, record where it should be placed."""
+        """Validate the files, create or reuse the version, pin it, record where it should be placed;
+        after the commit, push it to those engines and answer with each one's outcome."""
 
         async def prepare() -> InspectedAdapter:
             # Reading and hashing the files happens before the transaction and off the event loop.
             return await asyncio.to_thread(inspect_adapter, req.lora_path, self.settings.adapter_roots)
 
-        async def work(session: AsyncSession, found: InspectedAdapter) -> schemas.AdapterLoaded:
+        async def work(session: AsyncSession, found: InspectedAdapter) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
             adapter = await self._adapter_for_load(session, req, found)
             version = await session.scalar(select(AdapterVersion).where(
                 AdapterVersion.adapter_id == adapter.id, AdapterVersion.sha256 == found.sha256))
@@ -52,12 +55,15 @@ class AdapterService:
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
             adapter.active_version_id = version.id
             desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
-            engines = await self.planner.place(session, adapter, version, desired, req.engines)
+            orders = await self.planner.place(session, adapter, version, desired, req.engines)
             return schemas.AdapterLoaded(
                 name=adapter.name, version=version.number, sha256=version.sha256, rank=version.rank,
-                alpha=version.alpha, target_modules=list(version.target_modules), created=created, engines=engines)
+                alpha=version.alpha, target_modules=list(version.target_modules), created=created,
+                engines=[]), orders
 
-        return await self.mutation.run(actor, "load_lora_adapter", req.lora_name, work, prepare)
+        loaded, orders = await self.mutation.run(actor, "load_lora_adapter", req.lora_name, work, prepare)
+        loaded.engines = await self.pusher.push(orders)
+        return loaded
 
     async def _adapter_for_load(self, session: AsyncSession, req: schemas.AdapterCreate,
                                 found: InspectedAdapter) -> Adapter:
@@ -83,24 +89,27 @@ class AdapterService:
         return adapter
 
     async def unload(self, req: schemas.AdapterUnload, actor: Principal) -> schemas.AdapterUnloaded:
-        async def work(session: AsyncSession, _: Any) -> schemas.AdapterUnloaded:
+        async def work(session: AsyncSession, _: Any) -> list[PushOrder]:
             adapter = await queries.require_adapter(session, req.lora_name)
-            return schemas.AdapterUnloaded(name=adapter.name, engines=await self.planner.withdraw(session, adapter))
+            return await self.planner.withdraw(session, adapter)
 
-        return await self.mutation.run(actor, "unload_lora_adapter", req.lora_name, work)
+        orders = await self.mutation.run(actor, "unload_lora_adapter", req.lora_name, work)
+        return schemas.AdapterUnloaded(name=req.lora_name, engines=await self.pusher.push(orders))
 
-    async def activate(self, name: str, req: schemas.AdapterActivate, actor: Principal) -> schemas.AdapterDetail:
-        async def work(session: AsyncSession, _: Any) -> None:
+    async def activate(self, name: str, req: schemas.AdapterActivate, actor: Principal) -> schemas.AdapterActivated:
+        async def work(session: AsyncSession, _: Any) -> list[PushOrder]:
             adapter = await queries.require_adapter(session, name, for_update=True)
             version = await session.scalar(select(AdapterVersion).where(
                 AdapterVersion.adapter_id == adapter.id, AdapterVersion.number == req.version))
             if version is None:
                 raise NotFoundError(f"adapter {name!r} has no version {req.version}", param="version")
             adapter.active_version_id = version.id
-            await self.planner.switch(session, adapter, version)
+            return await self.planner.switch(session, adapter, version)
 
-        await self.mutation.run(actor, "activate_lora_adapter", f"{name}@{req.version}", work)
-        return await self.get(name)
+        orders = await self.mutation.run(actor, "activate_lora_adapter", f"{name}@{req.version}", work)
+        engines = await self.pusher.push(orders)
+        detail = await self.get(name)
+        return schemas.AdapterActivated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines)
 
     async def delete(self, name: str, actor: Principal) -> schemas.AdapterDeleted:
         async def work(session: AsyncSession, _: Any) -> schemas.AdapterDeleted:
@@ -125,3 +134,22 @@ class AdapterService:
 
     async def get(self, name: str) -> schemas.AdapterDetail:
         return await queries.adapter_detail(self.session, name)
+
+    async def resolve(self, name: str, base_model: str | None, engine: str | None,
+                      actor: Principal) -> schemas.AdapterResolved:
+        """The active version to load for `name`. When an engine asks for itself (`engine`, with an admin
+        token), it is recorded as placed there, so later unloads and activations reach it too; like a
+        heartbeat this is the engine's own bookkeeping, not an audited admin call."""
+        if engine is None or actor.kind != "admin":
+            adapter, version = await queries.active_version(self.session, name, base_model)
+        else:
+            async with self.mutation.gate.hold():
+                try:
+                    adapter, version = await queries.active_version(self.session, name, base_model)
+                    await self.planner.adopt(self.session, adapter, version, engine)
+                    await self.session.commit()
+                except BaseException:
+                    await self.session.rollback()
+                    raise
+        return schemas.AdapterResolved(name=adapter.name, version=version.number, uri=version.uri,
+                                       sha256=version.sha256)

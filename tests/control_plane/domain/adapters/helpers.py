@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 import uuid
@@ -34,12 +35,19 @@ async def placements(url: str) -> list[Placement]:
     return await fetch_all(url, Placement)
 
 
+# Nothing listens on port 1 of loopback: a push there is refused at once (the tests that need engines
+# that answer start real ones: tests/control_plane/domain/adapters/test_push.py, tests/e2e/).
+UNREACHABLE = "http://127.0.0.1:1"
+
+
 async def add_engines(url: str, *specs: tuple[str, str, str]) -> None:
-    """(name, base_model, state) rows, as engine registration will write them."""
+    """(name, base_model, state) rows, as engine registration writes them, at an address nobody answers."""
     engine = create_async_engine(url)
+    now = dt.datetime.now(dt.UTC)
     try:
         async with async_sessionmaker(engine)() as session:
-            session.add_all([Engine(name=n, url=f"http://{n}:8000", base_model=b, state=s) for n, b, s in specs])
+            session.add_all([Engine(name=n, url=UNREACHABLE, base_model=b, state=s, last_heartbeat=now)
+                             for n, b, s in specs])
             await session.commit()
     finally:
         await engine.dispose()

@@ -10,10 +10,10 @@ from tests.control_plane.domain.adapters.helpers import add_engines, audit, plac
 ADAPTERS = "/v1/lora_adapters"
 
 
-async def load(client: AsyncTestClient, name: str, path, **extra: object) -> dict:
+async def load(client: AsyncTestClient, name: str, path, status: int = 200, **extra: object) -> dict:
     r = await client.post("/v1/load_lora_adapter", headers=admin(),
                           json={"lora_name": name, "lora_path": str(path), "base_model": "demo", **extra})
-    assert r.status_code == 200, r.text
+    assert r.status_code == status, r.text
     return r.json()
 
 
@@ -71,9 +71,13 @@ async def test_planner_records_desired_placements_on_matching_engines(client: As
                                                                       settings) -> None:
     await add_engines(settings.database_url, ("e1", "demo", "healthy"), ("e2", "demo", "unhealthy"),
                       ("e3", "other", "healthy"))
-    v1 = await load(client, "p", demo["demo-pirate"], pinned=True)
-    assert v1["engines"] == [{"engine": "e1", "desired": "pinned", "observed": "absent", "error": None}]
-    v2 = await load(client, "p", demo["demo-poet"])
+    # e1 does not answer (see add_engines): the desired state is recorded all the same, and the answer is
+    # 502 naming the failure
+    v1 = await load(client, "p", demo["demo-pirate"], status=502, pinned=True)
+    [outcome] = v1["engines"]
+    assert (outcome["engine"], outcome["desired"], outcome["outcome"]) == ("e1", "pinned", "failed")
+    assert "127.0.0.1:1" in outcome["error"]
+    v2 = await load(client, "p", demo["demo-poet"], status=502)
     assert [(e["engine"], e["desired"]) for e in v2["engines"]] == [("e1", "loaded")]
 
     async def desired() -> list[tuple[str, int, str]]:
@@ -81,12 +85,16 @@ async def test_planner_records_desired_placements_on_matching_engines(client: As
         return [(p["engine"], p["version"], p["desired"]) for p in detail["placements"]]
 
     assert await desired() == [("e1", 1, "absent"), ("e1", 2, "loaded")]  # the switch to v2
-    await client.post(f"{ADAPTERS}/p/activate", json={"version": 1}, headers=admin())
+    detail = (await client.get(f"{ADAPTERS}/p", headers=reader())).json()
+    assert {p["observed"] for p in detail["placements"]} == {"failed"}
+    r = await client.post(f"{ADAPTERS}/p/activate", json={"version": 1}, headers=admin())
+    assert r.status_code == 502 and r.json()["active_version"] == 1
     assert await desired() == [("e1", 1, "loaded"), ("e1", 2, "absent")]
     r = await client.delete(f"{ADAPTERS}/p", headers=admin())
     assert r.status_code == 409 and r.json()["error"]["type"] == "conflict_error"
     r = await client.post("/v1/unload_lora_adapter", json={"lora_name": "p"}, headers=admin())
-    assert [(e["engine"], e["desired"]) for e in r.json()["engines"]] == [("e1", "absent")]
+    assert r.status_code == 502
+    assert [(e["engine"], e["desired"], e["outcome"]) for e in r.json()["engines"]] == [("e1", "absent", "failed")]
     assert (await client.delete(f"{ADAPTERS}/p", headers=admin())).status_code == 200
     assert await placements(settings.database_url) == []
 
@@ -101,3 +109,42 @@ async def test_named_engines_must_exist_and_serve_the_base_model(client: AsyncTe
     assert (await client.get(ADAPTERS, headers=reader())).json()["total"] == 0  # refused: nothing recorded
     r = await client.post("/v1/load_lora_adapter", json={**body, "engines": ["e1"]}, headers=admin())
     assert [e["engine"] for e in r.json()["engines"]] == ["e1"]  # named explicitly: health is not checked
+
+
+async def test_resolve_names_the_active_version(client: AsyncTestClient, demo: dict) -> None:
+    await load(client, "org/r", demo["demo-pirate"])
+    v2 = await load(client, "org/r", demo["demo-poet"])
+    r = await client.get("/v1/resolve/org/r", params={"base_model": "demo"}, headers=reader())
+    assert r.status_code == 200, r.text
+    assert r.json() == {"name": "org/r", "version": 2, "uri": str(demo["demo-poet"]), "sha256": v2["sha256"]}
+    await client.post(f"{ADAPTERS}/org/r/activate", json={"version": 1}, headers=admin())
+    assert (await client.get("/v1/resolve/org/r", headers=reader())).json()["version"] == 1
+    for path, params in (("/v1/resolve/org/r", {"base_model": "other"}), ("/v1/resolve/nobody", {})):
+        r = await client.get(path, params=params, headers=reader())
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert (await client.get("/v1/resolve/org/r")).status_code == 401
+
+
+async def test_an_unloaded_adapter_does_not_resolve(client: AsyncTestClient, demo: dict, settings) -> None:
+    await add_engines(settings.database_url, ("e1", "demo", "healthy"))
+    await load(client, "u", demo["demo-short"], status=502)  # placed on e1 (which does not answer)
+    assert (await client.get("/v1/resolve/u", headers=reader())).status_code == 200
+    await client.post("/v1/unload_lora_adapter", json={"lora_name": "u"}, headers=admin())
+    r = await client.get("/v1/resolve/u", headers=reader())
+    assert r.status_code == 404 and "unloaded" in r.json()["error"]["message"]
+
+
+async def test_an_engine_resolving_for_itself_is_recorded_as_placed(client: AsyncTestClient, demo: dict,
+                                                                    settings) -> None:
+    await add_engines(settings.database_url, ("e1", "demo", "healthy"), ("e3", "other", "healthy"))
+    await load(client, "pull", demo["demo-short"], engines=[])
+    r = await client.get("/v1/resolve/pull", params={"base_model": "demo", "engine": "e1"}, headers=reader())
+    assert r.status_code == 200  # a read token may resolve, but records nothing
+    assert (await client.get(f"{ADAPTERS}/pull", headers=reader())).json()["placements"] == []
+    for engine in ("e1", "e3", "nobody"):  # e3 serves another base model; nobody is not registered
+        r = await client.get("/v1/resolve/pull", params={"base_model": "demo", "engine": engine}, headers=admin())
+        assert r.status_code == 200 and r.json()["version"] == 1
+    placed = (await client.get(f"{ADAPTERS}/pull", headers=reader())).json()["placements"]
+    assert [(p["engine"], p["desired"], p["observed"]) for p in placed] == [("e1", "loaded", "loading")]
+    r = await client.post("/v1/unload_lora_adapter", json={"lora_name": "pull"}, headers=admin())
+    assert [e["engine"] for e in r.json()["engines"]] == ["e1"]  # the unload now reaches the puller

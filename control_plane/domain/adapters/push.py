@@ -1,0 +1,77 @@
+"""Pusher: carry out the planner's PushOrders after the desired state has committed, and record answers.
+
+All engines are called at once (asyncio.gather). Each answer lands on its placement rows: a load that
+succeeded is observed `loaded` (the adapter's other versions on that engine `absent`, since the engine
+replaced them in place), an unload `absent`, a failure `failed` with the error in `last_error`. Loads
+are sent with `load_inplace`, so an engine switching versions lets in-flight requests finish on the old.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import AdapterVersion, DesiredState, ObservedState, Placement
+from control_plane.db.session import WriteGate
+from control_plane.domain.adapters.placement import PushOrder
+from control_plane.domain.adapters.schemas import EngineOutcome
+from control_plane.engine_client import EngineCallError, EngineClient
+
+logger = logging.getLogger(__name__)
+
+
+class Pusher:
+    def __init__(self, client: EngineClient, session: AsyncSession, gate: WriteGate) -> None:
+        self.client = client
+        self.session = session
+        self.gate = gate
+
+    async def push(self, orders: list[PushOrder]) -> list[EngineOutcome]:
+        if not orders:
+            return []
+        outcomes = list(await asyncio.gather(*(self._one(o) for o in orders)))
+        await self._record(orders, outcomes)
+        return outcomes
+
+    async def _one(self, order: PushOrder) -> EngineOutcome:
+        try:
+            if order.action == "load":
+                assert order.path is not None
+                await self.client.load(order.url, order.adapter, order.path,
+                                       pinned=order.desired == DesiredState.PINNED.value, load_inplace=True)
+                done = "loaded"
+            else:
+                await self.client.unload(order.url, order.adapter)
+                done = "unloaded"
+        except EngineCallError as exc:
+            logger.warning("push %s %s to engine %s failed: %s", order.action, order.adapter, order.engine,
+                           exc.message)
+            return EngineOutcome(engine=order.engine, desired=order.desired, outcome="failed", error=exc.message)
+        return EngineOutcome(engine=order.engine, desired=order.desired, outcome=done)
+
+    async def _record(self, orders: list[PushOrder], outcomes: list[EngineOutcome]) -> None:
+        async with self.gate.hold():
+            try:
+                for order, outcome in zip(orders, outcomes, strict=True):
+                    await self._record_one(order, outcome)
+                await self.session.commit()
+            except Exception:
+                # The engines' answers are already in the reply; the reconciler re-reads them later.
+                await self.session.rollback()
+                logger.exception("could not record the engines' answers to a push")
+
+    async def _record_one(self, order: PushOrder, outcome: EngineOutcome) -> None:
+        observed = {"loaded": ObservedState.LOADED, "unloaded": ObservedState.ABSENT}.get(
+            outcome.outcome, ObservedState.FAILED).value
+        await self.session.execute(update(Placement).where(Placement.id.in_(order.placement_ids))
+                                   .values(observed=observed, last_error=outcome.error))
+        if outcome.outcome == "loaded" and order.adapter_id is not None:
+            # load_inplace replaced whatever version of the adapter the engine held before
+            others = select(AdapterVersion.id).where(AdapterVersion.adapter_id == order.adapter_id)
+            await self.session.execute(update(Placement).where(
+                Placement.engine_id == order.engine_id, Placement.id.not_in(order.placement_ids),
+                Placement.adapter_version_id.in_(others), Placement.desired == DesiredState.ABSENT.value,
+            ).values(observed=ObservedState.ABSENT.value, last_error=None))

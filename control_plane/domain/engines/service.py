@@ -1,0 +1,98 @@
+"""EngineService: registration (idempotent by name), heartbeats, listing and removal of engines.
+
+Registration and removal are audited mutations (control_plane.uow.Mutation). Heartbeats arrive every
+few seconds from every engine, so they are a plain update under the write gate, not an audit row each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.auth import Principal
+from control_plane.db.models import Engine, EngineState, Placement
+from control_plane.db.session import WriteGate
+from control_plane.domain.engines import schemas
+from control_plane.domain.engines.health import effective_state, now
+from control_plane.reconciler import Reconciler
+from control_plane.settings import ControlPlaneSettings
+from control_plane.uow import Mutation
+from shared.errors import NotFoundError
+
+
+class EngineService:
+    def __init__(self, session: AsyncSession, settings: ControlPlaneSettings, mutation: Mutation,
+                 gate: WriteGate, reconciler: Reconciler) -> None:
+        self.session = session
+        self.reconciler = reconciler
+        self.settings = settings
+        self.mutation = mutation
+        self.gate = gate
+
+    async def register(self, req: schemas.EngineCreate, actor: Principal) -> schemas.Engine:
+        async def work(session: AsyncSession, _: Any) -> Engine:
+            engine = await session.scalar(select(Engine).where(Engine.name == req.name).with_for_update())
+            if engine is None:
+                engine = Engine(name=req.name)
+                session.add(engine)
+            engine.url = req.url.rstrip("/")
+            engine.base_model = req.base_model
+            engine.slots_total = req.slots_total
+            engine.state = EngineState.HEALTHY.value
+            engine.last_heartbeat = now()
+            await session.flush()  # a concurrent first registration of the name fails here; Mutation retries
+            return engine
+
+        engine = await self.mutation.run(actor, "register_engine", req.name, work)
+        self.reconciler.kick(engine.name)  # a re-registration may be a restart that lost its adapters
+        return self._engine(engine)
+
+    async def heartbeat(self, name: str, req: schemas.EngineHeartbeat) -> schemas.Engine:
+        async with self.gate.hold():
+            try:
+                engine = await self._require(name)
+                engine.last_heartbeat = now()
+                if engine.state == EngineState.UNHEALTHY.value:
+                    engine.state = EngineState.HEALTHY.value  # draining stays draining
+                if req.slots_used is not None:
+                    engine.slots_used = req.slots_used
+                if req.slots_total is not None:
+                    engine.slots_total = req.slots_total
+                await self.session.commit()
+            except BaseException:
+                await self.session.rollback()
+                raise
+        return self._engine(engine)
+
+    async def reconcile(self, actor: Principal) -> schemas.ReconcileReport:
+        rounds = await self.reconciler.reconcile_all()
+        return schemas.ReconcileReport(engines=[schemas.EngineReconciled(
+            engine=r.engine, loaded=r.loaded, unloaded=r.unloaded, failed=r.failed, skipped=r.skipped) for r in rounds])
+
+    async def list(self) -> schemas.EngineList:
+        engines = (await self.session.scalars(select(Engine).order_by(Engine.name))).all()
+        return schemas.EngineList(data=[self._engine(e) for e in engines])
+
+    async def delete(self, name: str, actor: Principal) -> schemas.EngineDeleted:
+        async def work(session: AsyncSession, _: Any) -> schemas.EngineDeleted:
+            engine = await self._require(name, session)
+            # Explicit, as for adapters: SQLite enforces ON DELETE CASCADE only where the pragma is on.
+            await session.execute(delete(Placement).where(Placement.engine_id == engine.id))
+            await session.execute(delete(Engine).where(Engine.id == engine.id))
+            return schemas.EngineDeleted(name=name)
+
+        return await self.mutation.run(actor, "delete_engine", name, work)
+
+    async def _require(self, name: str, session: AsyncSession | None = None) -> Engine:
+        engine = await (session or self.session).scalar(select(Engine).where(Engine.name == name))
+        if engine is None:
+            raise NotFoundError(f"no engine named {name!r} is registered", param="name")
+        return engine
+
+    def _engine(self, e: Engine) -> schemas.Engine:
+        return schemas.Engine(name=e.name, url=e.url, base_model=e.base_model,
+                              state=effective_state(e, self.settings.engine_stale_after_s),
+                              last_heartbeat=e.last_heartbeat, slots_total=e.slots_total, slots_used=e.slots_used,
+                              created_at=e.created_at, updated_at=e.updated_at)

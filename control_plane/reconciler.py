@@ -1,0 +1,152 @@
+"""Reconciler: make every healthy engine hold what its placements desire, on a timer and after a
+(re-)registration, so that an engine that was down or restarted catches up.
+
+Per engine: read its GET /v1/lora_adapters, then
+- a placement desired loaded/pinned whose version (by sha256) the engine does not serve → load it
+  (load_inplace, so another version of the name is replaced with in-flight requests finishing on it);
+- an adapter the engine serves that the control plane placed there but desires nowhere on it → unload;
+- record observed state and the engine's error on the placements.
+Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
+
+Several replicas on one PostgreSQL never reconcile one engine at once: each engine is taken with
+`SELECT … FOR UPDATE SKIP LOCKED` and held until its answers are recorded; a replica that finds the row
+locked skips that engine this round. SQLite (a single replica) ends its read before calling the engine
+and writes under the write gate afterwards, as every SQLite writer here does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
+from control_plane.db.session import WriteGate
+from control_plane.domain.engines.health import healthy_clause
+from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.settings import ControlPlaneSettings
+
+logger = logging.getLogger(__name__)
+_HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
+
+
+@dataclass
+class EngineRound:
+    """What one reconcile of one engine did (for tests and logs)."""
+
+    engine: str
+    loaded: list[str]
+    unloaded: list[str]
+    failed: list[str]
+    skipped: bool = False  # locked by another replica, or unreachable
+
+
+class Reconciler:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], gate: WriteGate, client: EngineClient,
+                 settings: ControlPlaneSettings) -> None:
+        self.sessions = sessions
+        self.gate = gate
+        self.client = client
+        self.settings = settings
+        self._task: asyncio.Task[None] | None = None
+        self._kicks: set[asyncio.Task[EngineRound]] = set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="reconciler")
+
+    async def stop(self) -> None:
+        for task in [self._task, *self._kicks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def kick(self, engine_name: str) -> None:
+        """Reconcile one engine soon (it just registered: maybe a restart that lost its adapters)."""
+        task = asyncio.create_task(self.reconcile_engine(engine_name))
+        self._kicks.add(task)
+        task.add_done_callback(self._kicks.discard)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reconcile_interval_s)
+            try:
+                await self.reconcile_all()
+            except Exception:
+                logger.exception("reconcile round failed")
+
+    async def reconcile_all(self) -> list[EngineRound]:
+        async with self.sessions() as session:
+            names = list((await session.scalars(
+                select(Engine.name).where(healthy_clause(self.settings.engine_stale_after_s)))).all())
+        return list(await asyncio.gather(*(self.reconcile_engine(n) for n in names)))
+
+    async def reconcile_engine(self, name: str) -> EngineRound:
+        async with self.sessions() as session:
+            engine = await session.scalar(select(Engine).where(Engine.name == name)
+                                          .with_for_update(skip_locked=True))
+            if engine is None:  # deleted, or another replica holds it right now
+                return EngineRound(name, [], [], [], skipped=True)
+            rows = (await session.execute(
+                select(Placement, AdapterVersion, Adapter.name)
+                .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
+                .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
+                .where(Placement.engine_id == engine.id)
+            )).all()
+            url = engine.url
+            if self.settings.is_sqlite:
+                await session.commit()  # end the read: SQLite's writer lock is taken only under the gate
+            try:
+                listing = await self.client.list_adapters(url)
+            except EngineCallError as exc:
+                logger.info("reconcile: engine %s unreachable: %s", name, exc.message)
+                return EngineRound(name, [], [], [], skipped=True)
+            held = {a["name"]: a for a in listing.get("adapters", []) if a.get("state") != "draining"}
+            done = await self._converge(session, url, rows, held)
+            async with self.gate.hold():
+                await session.commit()
+            done.engine = name
+            return done
+
+    async def _converge(self, session: AsyncSession, url: str, rows: list, held: dict[str, dict]) -> EngineRound:
+        result = EngineRound("", [], [], [])
+        wanted = {adapter for p, _, adapter in rows if p.desired in _HOLDING}
+        for placement, version, adapter in rows:
+            if placement.desired in _HOLDING:
+                have = held.get(adapter)
+                if have is not None and have.get("sha256") == version.sha256 and \
+                        bool(have.get("pinned")) == (placement.desired == DesiredState.PINNED.value):
+                    self._observe(placement, ObservedState.LOADED, None)
+                    continue
+                try:
+                    await self.client.load(url, adapter, version.uri, load_inplace=True,
+                                           pinned=placement.desired == DesiredState.PINNED.value)
+                except EngineCallError as exc:
+                    self._observe(placement, ObservedState.FAILED, exc.message)
+                    result.failed.append(adapter)
+                else:
+                    self._observe(placement, ObservedState.LOADED, None)
+                    result.loaded.append(adapter)
+            elif adapter not in wanted:
+                if adapter in held and adapter not in result.unloaded:
+                    try:
+                        await self.client.unload(url, adapter)
+                    except EngineCallError as exc:
+                        self._observe(placement, ObservedState.FAILED, exc.message)
+                        result.failed.append(adapter)
+                        continue
+                    result.unloaded.append(adapter)
+                self._observe(placement, ObservedState.ABSENT, None)
+            else:  # an older version of an adapter the engine should hold: replaced in place
+                self._observe(placement, ObservedState.ABSENT, None)
+        return result
+
+    @staticmethod
+    def _observe(placement: Placement, observed: ObservedState, error: str | None) -> None:
+        if placement.observed != observed.value or placement.last_error != error:
+            placement.observed = observed.value
+            placement.last_error = error

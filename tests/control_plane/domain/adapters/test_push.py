@@ -1,0 +1,180 @@
+"""Pushing to real engines after a load / activate / unload commits, and recording what each answered."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+from litestar.testing import AsyncTestClient
+
+from control_plane.app import create_app
+from tests.control_plane.conftest import _dsn, admin, reader
+from tests.control_plane.domain.adapters.helpers import UNREACHABLE
+from tests.control_plane.engines import ENGINE_TOKEN, engine_adapters, lora_engine
+from tests.data_plane.api.conftest import EngineServer
+
+
+@pytest.fixture(scope="module")
+def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineServer]]:
+    """Two real engines shared by this module's tests (each test uses adapter names of its own)."""
+    logs = tmp_path_factory.mktemp("push_engines")
+    with lora_engine(demo["base"], demo["root"], logs / "a.log") as a, \
+            lora_engine(demo["base"], demo["root"], logs / "b.log") as b:
+        yield [a, b]
+
+
+@pytest.fixture
+async def cp(settings, engines: list[EngineServer]) -> AsyncIterator[AsyncTestClient]:
+    """The control plane with the engine token, both engines registered."""
+    async with AsyncTestClient(app=create_app(dataclasses.replace(settings, engine_token=ENGINE_TOKEN))) as c:
+        for name, server in zip(("ea", "eb"), engines, strict=True):
+            body = {"name": name, "url": server.url, "base_model": "demo", "slots_total": 4}
+            assert (await c.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
+        yield c
+
+
+def unique(request: pytest.FixtureRequest, stem: str) -> str:
+    return f"{stem}-{request.node.callspec.id}"
+
+
+async def test_load_activate_unload_reach_every_engine(cp: AsyncTestClient, engines: list[EngineServer],
+                                                       demo: dict, request: pytest.FixtureRequest) -> None:
+    name = unique(request, "push")
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(),
+                      json={"lora_name": name, "lora_path": str(demo["demo-pirate"]), "base_model": "demo"})
+    assert r.status_code == 200, r.text
+    assert [(e["engine"], e["outcome"], e["error"]) for e in r.json()["engines"]] == [
+        ("ea", "loaded", None), ("eb", "loaded", None)]
+    v1_sha = r.json()["sha256"]
+    for server in engines:
+        assert engine_adapters(server)[name]["sha256"] == v1_sha
+
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(), json={
+        "lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo", "pinned": True})
+    assert r.status_code == 200 and r.json()["version"] == 2, r.text  # replaced in place on the engines
+    v2_sha = r.json()["sha256"]
+    for server in engines:
+        held = engine_adapters(server)[name]
+        assert (held["sha256"], held["pinned"]) == (v2_sha, True)
+
+    r = await cp.post(f"/v1/lora_adapters/{name}/activate", json={"version": 1}, headers=admin())
+    assert r.status_code == 200, r.text
+    assert [e["outcome"] for e in r.json()["engines"]] == ["loaded", "loaded"]
+    assert {(p["engine"], p["version"], p["desired"], p["observed"]) for p in r.json()["placements"]} == {
+        ("ea", 1, "pinned", "loaded"), ("eb", 1, "pinned", "loaded"),
+        ("ea", 2, "absent", "absent"), ("eb", 2, "absent", "absent")}
+    for server in engines:
+        assert engine_adapters(server)[name]["sha256"] == v1_sha
+
+    r = await cp.post("/v1/unload_lora_adapter", json={"lora_name": name}, headers=admin())
+    assert r.status_code == 200, r.text
+    assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [("ea", "unloaded"), ("eb", "unloaded")]
+    for server in engines:
+        assert name not in engine_adapters(server)
+    detail = (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()
+    assert {p["observed"] for p in detail["placements"]} == {"absent"}
+
+
+async def test_partial_failure_is_207_and_total_failure_502(cp: AsyncTestClient, engines: list[EngineServer],
+                                                           demo: dict, request: pytest.FixtureRequest) -> None:
+    name = unique(request, "partial")
+    body = {"name": "down", "url": UNREACHABLE, "base_model": "demo"}
+    assert (await cp.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(),
+                      json={"lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo"})
+    assert r.status_code == 207, r.text
+    outcomes = {e["engine"]: e for e in r.json()["engines"]}
+    assert {n: e["outcome"] for n, e in outcomes.items()} == {"down": "failed", "ea": "loaded", "eb": "loaded"}
+    assert "ConnectError" in outcomes["down"]["error"]
+    detail = (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()
+    failed = [p for p in detail["placements"] if p["observed"] == "failed"]
+    assert [(p["engine"], p["desired"]) for p in failed] == [("down", "loaded")] and failed[0]["last_error"]
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(), json={
+        "lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo", "engines": ["down"]})
+    assert r.status_code == 502 and r.json()["engines"][0]["outcome"] == "failed"
+    r = await cp.post("/v1/unload_lora_adapter", json={"lora_name": name}, headers=admin())
+    assert r.status_code == 207  # ea and eb unload; down stays failed
+
+
+async def test_an_engine_refusal_is_reported_not_retried(settings, engines: list[EngineServer], demo: dict,
+                                                         request: pytest.FixtureRequest) -> None:
+    name = unique(request, "refused")
+    async with AsyncTestClient(app=create_app(dataclasses.replace(settings, engine_token="wrong-token"))) as c:
+        body = {"name": "ea", "url": engines[0].url, "base_model": "demo"}
+        await c.post("/v1/engines/register", json=body, headers=admin())
+        r = await c.post("/v1/load_lora_adapter", headers=admin(),
+                         json={"lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo"})
+    assert r.status_code == 502
+    [outcome] = r.json()["engines"]
+    assert outcome["outcome"] == "failed" and "403" in outcome["error"] and "wrong-token" not in r.text
+    assert name not in engine_adapters(engines[0])
+
+
+async def test_reconcile_restores_what_an_engine_lost_and_removes_what_it_should_not_hold(
+        cp: AsyncTestClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
+    keep, drop = unique(request, "keep"), unique(request, "drop")
+    for name, path in ((keep, demo["demo-pirate"]), (drop, demo["demo-short"])):
+        r = await cp.post("/v1/load_lora_adapter", headers=admin(),
+                          json={"lora_name": name, "lora_path": str(path), "base_model": "demo"})
+        assert r.status_code == 200, r.text
+    # engine a loses `keep` (as after a restart); engine b missed the unload of `drop` (it was down)
+    auth = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+    httpx.post(engines[0].api + "/unload_lora_adapter", json={"lora_name": keep}, headers=auth, timeout=30)
+    r = await cp.post("/v1/unload_lora_adapter", json={"lora_name": drop}, headers=admin())
+    assert r.status_code == 200
+    httpx.post(engines[1].api + "/load_lora_adapter", headers=auth, timeout=30,
+               json={"lora_name": drop, "lora_path": str(demo["demo-short"])})
+    assert keep not in engine_adapters(engines[0]) and drop in engine_adapters(engines[1])
+
+    r = await cp.post("/v1/engines/reconcile", headers=admin())
+    assert r.status_code == 200, r.text
+    report = {e["engine"]: e for e in r.json()["engines"]}
+    assert report["ea"]["loaded"] == [keep] and report["eb"]["unloaded"] == [drop]
+    assert not report["ea"]["failed"] and not report["eb"]["failed"]
+    assert keep in engine_adapters(engines[0]) and drop not in engine_adapters(engines[1])
+    again = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
+    assert all(not (e["loaded"] or e["unloaded"] or e["failed"]) for e in again)  # converged
+    assert (await cp.post("/v1/engines/reconcile", headers=reader())).status_code == 403
+
+
+async def test_an_engine_locked_by_another_replica_is_skipped(cp: AsyncTestClient, settings) -> None:
+    if settings.is_sqlite:
+        pytest.skip("row locks: PostgreSQL only (SQLite runs a single replica)")
+    conn = await asyncpg.connect(_dsn(settings.database_url), timeout=5)
+    try:
+        async with conn.transaction():  # another replica, in the middle of reconciling ea
+            await conn.execute("SELECT id FROM engines WHERE name = 'ea' FOR UPDATE")
+            report = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
+            assert {e["engine"]: e["skipped"] for e in report} == {"ea": True, "eb": False}
+    finally:
+        await conn.close()
+    report = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
+    assert {e["engine"]: e["skipped"] for e in report} == {"ea": False, "eb": False}
+
+
+async def test_lora_stats_combine_the_engines(cp: AsyncTestClient, engines: list[EngineServer], demo: dict,
+                                              request: pytest.FixtureRequest) -> None:
+    name = unique(request, "stats")
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(),
+                      json={"lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo"})
+    assert r.status_code == 200, r.text
+    for server, n in ((engines[0], 2), (engines[1], 1)):
+        for _ in range(n):
+            r2 = httpx.post(server.api + "/completions", timeout=60,
+                            json={"model": name, "prompt": "hi", "max_tokens": 3, "temperature": 0})
+            assert r2.status_code == 200, r2.text
+    r = await cp.get("/v1/lora_stats", headers=reader())
+    assert r.status_code == 200, r.text
+    [row] = [a for a in r.json()["adapters"] if a["name"] == name]
+    assert sum(row["requests"].values()) == 3 and row["generated_tokens"] == 9
+    assert row["ttft_seconds"]["samples"] == 3 and row["ttft_seconds"]["p50"] is not None
+    assert row["e2e_seconds"]["p99"] >= row["e2e_seconds"]["p50"] > 0
+    per_engine = {e["engine"]: e for e in row["engines"]}
+    assert {n: sum(e["requests"].values()) for n, e in per_engine.items()} == {"ea": 2, "eb": 1}
+    assert all(e["residency"] in ("device", "host", "disk") and e["age_s"] < 5 for e in per_engine.values())
+    assert [(e["engine"], e["error"]) for e in r.json()["engines"]] == [("ea", None), ("eb", None)]
+    assert (await cp.get("/v1/lora_stats")).status_code == 401

@@ -1,0 +1,89 @@
+"""Engines API: registration (idempotent by name), heartbeats, health from missed heartbeats, removal, auth."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from litestar.testing import AsyncTestClient
+
+from control_plane.app import create_app
+from tests.control_plane.conftest import admin, reader
+from tests.control_plane.domain.adapters.helpers import audit
+
+ENGINES = "/v1/engines"
+
+
+def spec(name: str = "e1", **extra: object) -> dict:
+    return {"name": name, "url": f"http://10.0.0.1:8000/{name}", "base_model": "demo", "slots_total": 4, **extra}
+
+
+async def listed(client: AsyncTestClient) -> dict[str, dict]:
+    r = await client.get(ENGINES, headers=reader())
+    assert r.status_code == 200, r.text
+    return {e["name"]: e for e in r.json()["data"]}
+
+
+async def test_register_is_idempotent_by_name_and_heartbeats_update(client: AsyncTestClient, settings) -> None:
+    r = await client.post(f"{ENGINES}/register", json=spec(), headers=admin())
+    assert r.status_code == 200, r.text
+    first = r.json()
+    assert (first["name"], first["state"], first["slots_total"], first["slots_used"]) == ("e1", "healthy", 4, 0)
+    assert first["last_heartbeat"] is not None
+    again = await client.post(f"{ENGINES}/register", json=spec(url="http://10.0.0.2:8000/", slots_total=8),
+                              headers=admin())
+    assert again.status_code == 200 and again.json()["url"] == "http://10.0.0.2:8000"
+    assert list(await listed(client)) == ["e1"]
+    r = await client.post(f"{ENGINES}/e1/heartbeat", json={"slots_used": 3}, headers=admin())
+    assert r.status_code == 200 and r.json()["slots_used"] == 3 and r.json()["slots_total"] == 8
+    assert r.json()["last_heartbeat"] >= first["last_heartbeat"]
+    r = await client.post(f"{ENGINES}/nope/heartbeat", json={}, headers=admin())
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert (await client.post(f"{ENGINES}/e1", json={}, headers=admin())).status_code == 404
+    # registrations are audited; heartbeats (every few seconds per engine) are not
+    assert await audit(settings.database_url) == [("register_engine", "e1", "ok")] * 2
+
+
+async def test_missed_heartbeats_read_as_unhealthy_and_get_no_placements(settings, demo: dict) -> None:
+    quick = dataclasses.replace(settings, engine_stale_after_s=0.5)
+    async with AsyncTestClient(app=create_app(quick)) as client:
+        await client.post(f"{ENGINES}/register", json=spec("old"), headers=admin())
+        await asyncio.sleep(0.7)
+        await client.post(f"{ENGINES}/register", json=spec("new", url="http://127.0.0.1:1"), headers=admin())
+        states = {n: e["state"] for n, e in (await listed(client)).items()}
+        assert states == {"new": "healthy", "old": "unhealthy"}
+        r = await client.post("/v1/load_lora_adapter", headers=admin(), json={
+            "lora_name": "a", "lora_path": str(demo["demo-short"]), "base_model": "demo"})
+        assert [e["engine"] for e in r.json()["engines"]] == ["new"]  # the stale one is left out
+        await client.post(f"{ENGINES}/old/heartbeat", json={}, headers=admin())
+        assert (await listed(client))["old"]["state"] == "healthy"
+
+
+async def test_delete_forgets_the_engine_and_its_placements(client: AsyncTestClient, demo: dict) -> None:
+    await client.post(f"{ENGINES}/register", json=spec("gone", url="http://127.0.0.1:1"), headers=admin())
+    await client.post("/v1/load_lora_adapter", headers=admin(), json={
+        "lora_name": "a", "lora_path": str(demo["demo-short"]), "base_model": "demo"})
+    r = await client.delete(f"{ENGINES}/gone", headers=admin())
+    assert r.status_code == 200 and r.json() == {"name": "gone", "deleted": True}
+    assert await listed(client) == {}
+    assert (await client.get("/v1/lora_adapters/a", headers=reader())).json()["placements"] == []
+    assert (await client.delete(f"{ENGINES}/gone", headers=admin())).status_code == 404
+
+
+async def test_engines_auth_and_validation(client: AsyncTestClient) -> None:
+    for method, path, body in (("POST", f"{ENGINES}/register", spec()), ("POST", f"{ENGINES}/e1/heartbeat", {}),
+                               ("DELETE", f"{ENGINES}/e1", None)):
+        assert (await client.request(method, path, json=body)).status_code == 401
+        assert (await client.request(method, path, json=body, headers=reader())).status_code == 403
+    assert (await client.get(ENGINES)).status_code == 401
+    r = await client.post(f"{ENGINES}/register", json=spec(url="not-a-url"), headers=admin())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "url"
+    r = await client.post(f"{ENGINES}/register", json=spec(slots_total=-1), headers=admin())
+    assert r.status_code == 400
+
+
+async def test_openapi_documents_the_engine_handlers(client: AsyncTestClient) -> None:
+    doc = (await client.get("/schema/openapi.json")).json()
+    ops = {op["operationId"]: op for path in doc["paths"].values() for op in path.values()}
+    for op_id in ("registerEngine", "engineHeartbeat", "listEngines", "deleteEngine"):
+        assert ops[op_id].get("description") or ops[op_id].get("summary")

@@ -1,0 +1,171 @@
+"""End to end over loopback: the control plane (`loraplane control`, SQLite) and real engines
+(`loraplane engine --enable-lora --control-plane …`) that register and heartbeat themselves.
+
+load → both engines serve the adapter to the `openai` client; a new version and activate → answers
+change; unload → 404 at the engines; an adapter registered but placed nowhere is pulled by an engine on
+its first request; one engine stopped → a load answers 207 naming it; that engine restarted → the
+reconciler gives it what it missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.lora.demo_adapters import write_demo_adapters
+from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
+
+openai = pytest.importorskip("openai")
+
+ADMIN, READ, ENGINE_TOKEN = "e2e-admin-token", "e2e-read-token", "e2e-engine-token"
+PROMPT = "The quick brown fox"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def control_plane(tmp: Path, adapter_root: Path) -> Iterator[str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
+           "LORAPLANE_ENGINE_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_TIMEOUT_S": "5",
+           "LORAPLANE_RECONCILE_INTERVAL_S": "2"}
+    cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(port), "--adapter-root", str(adapter_root),
+           "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning"]
+    log = tmp / "control.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"control plane did not start:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def wait_for(predicate, what: str, timeout_s: float = 30) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def complete(api: str, model: str) -> str:
+    client = openai.OpenAI(base_url=api, api_key="unused", max_retries=0, timeout=60)
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
+    return r.choices[0].text
+
+
+def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "models" / "demo"
+    write_demo_model(base, seed=0)
+    root = tmp_path / "adapters"
+    paths = write_demo_adapters(base, root)
+    admin = httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+    reader = httpx.Client(headers={"Authorization": f"Bearer {READ}"}, timeout=30)
+
+    with contextlib.ExitStack() as stack:
+        cp = stack.enter_context(control_plane(tmp_path, root))
+        engine_flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN,
+                        "--control-plane", cp, *SHARED_FLAGS)
+        monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", ADMIN)  # --control-plane-token's default
+        e1 = stack.enter_context(run_engine(base, tmp_path / "e1.log", *engine_flags, "--engine-name", "e1"))
+        e2 = stack.enter_context(run_engine(base, tmp_path / "e2.log", *engine_flags, "--engine-name", "e2"))
+        engines = {"e1": e1, "e2": e2}
+
+        def registered() -> dict[str, str]:
+            return {e["name"]: e["state"] for e in reader.get(cp + "/v1/engines").json()["data"]}
+
+        wait_for(lambda: registered() == {"e1": "healthy", "e2": "healthy"}, "both engines to register")
+        assert {e["name"]: e["url"] for e in reader.get(cp + "/v1/engines").json()["data"]} == {
+            "e1": e1.url, "e2": e2.url}
+        base_text = {n: complete(s.api, "demo") for n, s in engines.items()}
+
+        # load through the control plane → both engines hold it and serve it
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(paths["demo-pirate"]),
+                                                            "base_model": "demo"})
+        assert r.status_code == 200, r.text
+        assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [("e1", "loaded"), ("e2", "loaded")]
+        v1_text = {}
+        for n, s in engines.items():
+            listed = httpx.get(s.api + "/lora_adapters", timeout=10).json()["adapters"]
+            assert [a["name"] for a in listed] == ["pirate"]
+            v1_text[n] = complete(s.api, "pirate")
+            assert v1_text[n] != base_text[n]
+
+        # new files → version 2, active at once; roll back to 1 and forward to 2 again
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(paths["demo-poet"])})
+        assert r.status_code == 200 and r.json()["version"] == 2, r.text
+        v2_text = {n: complete(s.api, "pirate") for n, s in engines.items()}
+        assert all(v2_text[n] != v1_text[n] for n in engines)
+        r = admin.post(cp + "/v1/lora_adapters/pirate/activate", json={"version": 1})
+        assert r.status_code == 200 and r.json()["active_version"] == 1, r.text
+        assert {n: complete(s.api, "pirate") for n, s in engines.items()} == v1_text
+        r = admin.post(cp + "/v1/lora_adapters/pirate/activate", json={"version": 2})
+        assert r.status_code == 200 and [e["outcome"] for e in r.json()["engines"]] == ["loaded", "loaded"]
+        assert {n: complete(s.api, "pirate") for n, s in engines.items()} == v2_text
+
+        # unload → 404 at both engines (and they do not pull it back through the control plane)
+        r = admin.post(cp + "/v1/unload_lora_adapter", json={"lora_name": "pirate"})
+        assert r.status_code == 200 and [e["outcome"] for e in r.json()["engines"]] == ["unloaded", "unloaded"]
+        for s in engines.values():
+            with pytest.raises(openai.NotFoundError):
+                complete(s.api, "pirate")
+
+        # pull: registered but placed on no engine → an engine loads it on its first request
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "poet", "lora_path": str(paths["demo-poet"]),
+                                                            "base_model": "demo", "engines": []})
+        assert r.status_code == 200 and r.json()["engines"] == [], r.text
+        assert complete(e1.api, "poet") == v2_text["e1"]  # the same files as pirate v2
+        assert "poet" in [a["name"] for a in httpx.get(e1.api + "/lora_adapters", timeout=10).json()["adapters"]]
+        with pytest.raises(openai.NotFoundError):
+            complete(e1.api, "nobody-registered-this")
+        placed = reader.get(cp + "/v1/lora_adapters/poet").json()["placements"]
+        assert [(p["engine"], p["desired"]) for p in placed] == [("e1", "loaded")]  # the pull is recorded
+        r = admin.post(cp + "/v1/unload_lora_adapter", json={"lora_name": "poet"})
+        assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [("e1", "unloaded")]
+        with pytest.raises(openai.NotFoundError):
+            complete(e1.api, "poet")
+
+        # one engine stopped → the next load answers 207 and names it
+        e2.process.terminate()
+        e2.process.wait(timeout=30)
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "short", "lora_path": str(paths["demo-short"]),
+                                                            "base_model": "demo"})
+        assert r.status_code == 207, r.text
+        outcomes = {e["engine"]: e for e in r.json()["engines"]}
+        assert outcomes["e1"]["outcome"] == "loaded" and outcomes["e2"]["outcome"] == "failed"
+        assert outcomes["e2"]["error"]
+        detail = reader.get(cp + "/v1/lora_adapters/short").json()
+        assert {(p["engine"], p["observed"]) for p in detail["placements"]} == {("e1", "loaded"), ("e2", "failed")}
+
+        # the stopped engine comes back (new process, new port, same name) → the reconciler restores it
+        e2 = stack.enter_context(run_engine(base, tmp_path / "e2-again.log", *engine_flags, "--engine-name", "e2"))
+        wait_for(lambda: "short" in [a["name"] for a in httpx.get(e2.api + "/lora_adapters", timeout=10)
+                                     .json()["adapters"] if a["state"] == "ready"], "the reconciler to restore e2")
+        assert complete(e2.api, "short") == complete(e1.api, "short")
+        wait_for(lambda: {(p["engine"], p["observed"]) for p in
+                          reader.get(cp + "/v1/lora_adapters/short").json()["placements"]}
+                 == {("e1", "loaded"), ("e2", "loaded")}, "e2's placement to be observed loaded")
