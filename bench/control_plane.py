@@ -30,8 +30,6 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from tqdm import tqdm
 
-from control_plane.db.models.adapter import Adapter
-from control_plane.db.models.adapter_version import AdapterVersion
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
 
@@ -90,6 +88,9 @@ def engine(tmp: Path, base: Path, root: Path, cp: str, name: str) -> contextlib.
 
 async def seed(database_url: str, count: int) -> None:
     """`count` adapters with one active version each, inserted in bulk."""
+    from control_plane.db.models.adapter import Adapter
+    from control_plane.db.models.adapter_version import AdapterVersion
+
     db = create_async_engine(database_url)
     async with db.begin() as conn:
         await conn.execute(insert(Adapter), [
@@ -170,6 +171,10 @@ async def _create_database(admin_url: str, name: str, drop: bool = False) -> Non
 
 
 def main() -> int:
+    # run as `python bench/control_plane.py`, this folder is first on sys.path and this file's name
+    # would shadow the control_plane package
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--adapters", type=int, default=10_000)
     parser.add_argument("--engines", type=int, default=4)
