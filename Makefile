@@ -1,4 +1,4 @@
-# `make run`: set up .venv, generate the demo model once, start the engine on it.
+# `make run`: set up .venv, generate the demo model once, start the control plane and an engine on it.
 # `make test`: set up .venv, lint, run the tests.
 PY ?= python3.11
 VENV := .venv
@@ -8,7 +8,7 @@ DEMO_DIR ?= .demo/model
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint venv bench clean
+.PHONY: run run-engine test lint venv bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,16 +22,17 @@ venv: $(STAMP)
 $(DEMO_DIR)/config.json: $(STAMP)
 	$(BIN)/loraplane demo-model $(DEMO_DIR)
 
-DEMO_ADAPTERS := demo-pirate demo-poet demo-short
+CONTROL_PORT ?= 8080
 
-# `loraplane demo-model` also writes the demo adapters (DIR/adapters/<name>) when they are missing
-$(DEMO_DIR)/adapters/demo-short/adapter_config.json: $(STAMP)
-	$(BIN)/loraplane demo-model $(DEMO_DIR)
+# the whole stack: the control plane (SQLite under .loraplane/) on CONTROL_PORT, one engine on PORT
+# registered with it, the demo model and its 3 adapters (written on first run) loaded through it
+run: $(STAMP)
+	$(BIN)/loraplane up --demo-dir $(DEMO_DIR) --host $(HOST) --port $(CONTROL_PORT) --engine-port $(PORT)
 
-# serves the base as `demo` and each demo adapter under its own name (choose it with `model`)
-run: $(STAMP) $(DEMO_DIR)/config.json $(DEMO_DIR)/adapters/demo-short/adapter_config.json
+# just the engine, serving the demo model and its adapters without a control plane
+run-engine: $(STAMP) $(DEMO_DIR)/config.json
 	$(BIN)/loraplane engine --model $(DEMO_DIR) --served-model-name demo --host $(HOST) --port $(PORT) \
-		--enable-lora --lora-modules $(foreach a,$(DEMO_ADAPTERS),$(a)=$(DEMO_DIR)/adapters/$(a))
+		--enable-lora --lora-modules $(foreach a,demo-pirate demo-poet demo-short,$(a)=$(DEMO_DIR)/adapters/$(a))
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -44,4 +45,4 @@ bench: $(STAMP) $(DEMO_DIR)/config.json
 	$(BIN)/python bench/throughput.py --model $(DEMO_DIR)
 
 clean:
-	rm -rf $(VENV) .demo
+	rm -rf $(VENV) .demo .loraplane
