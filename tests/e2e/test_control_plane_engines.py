@@ -169,3 +169,17 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
         wait_for(lambda: {(p["engine"], p["observed"]) for p in
                           reader.get(cp + "/v1/lora_adapters/short").json()["placements"]}
                  == {("e1", "loaded"), ("e2", "loaded")}, "e2's placement to be observed loaded")
+        registry_before = reader.get(cp + "/v1/lora_adapters").json()
+        details_before = {name: reader.get(cp + f"/v1/lora_adapters/{name}").json() for name in ("pirate", "short")}
+        engines_before = {e["name"]: e["url"] for e in reader.get(cp + "/v1/engines").json()["data"]}
+
+    # the control plane restarts on the same database (every process above is stopped): nothing is lost
+    with control_plane(tmp_path, root) as cp:
+        assert reader.get(cp + "/v1/lora_adapters").json() == registry_before
+        for name, before in details_before.items():
+            after = reader.get(cp + f"/v1/lora_adapters/{name}").json()
+            assert after["active_version"] == before["active_version"]
+            assert after["versions"] == before["versions"]
+            assert [(p["engine"], p["desired"]) for p in after["placements"]] == \
+                [(p["engine"], p["desired"]) for p in before["placements"]]
+        assert {e["name"]: e["url"] for e in reader.get(cp + "/v1/engines").json()["data"]} == engines_before
