@@ -45,7 +45,7 @@ class BatchBuilder:
 
         attn = build_attention_metadata(decode_entries, prefill_entries, self.block_size, self.device)
         lora = None
-        if self.lora_slots is not None:
+        if self.lora_slots is not None and any(s.adapter_id for s in seqs):  # base-only steps skip LoRA entirely
             token_slots: list[int] = []
             for seq in sched.decodes:
                 token_slots.append(self._slot(seq))
