@@ -80,7 +80,6 @@ def build_attention_metadata(
         decode_context_len=decode_len,
         decode_mask=dev(decode_mask),
         num_prefill_seqs=len(prefill),
-        prefill_query_lens=[p.num_new for p in prefill],
         prefill_block_tables=dev(prefill_tables),
         prefill_context_len=prefill_len,
         prefill_mask=dev(prefill_mask),

@@ -58,7 +58,6 @@ class BatchBuilder:
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
             attn=attn,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
-            seq_ids=[s.seq_id for s in seqs],
             adapter_ids=[s.adapter_id for s in seqs],
             lora=lora,
         ), seqs

@@ -158,10 +158,3 @@ class BlockManager:
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
         return block_id
-
-    def reset_prefix_cache(self) -> None:
-        for block_id in list(self.free):
-            block = self.blocks[block_id]
-            if block.hash is not None:
-                del self.cached[block.hash]
-                block.hash, block.token_ids = None, ()

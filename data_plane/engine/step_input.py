@@ -26,16 +26,12 @@ class AttentionMetadata:
     decode_context_len: int  # Ld: the longest decode context
     decode_mask: torch.Tensor | None  # [Bd, 1, 1, Ld] bool: True = attend; None when every key is visible
     num_prefill_seqs: int
-    prefill_query_lens: list[int]  # new tokens per prefill sequence
     prefill_block_tables: torch.Tensor | None  # [Bp, max_blocks] int64
     prefill_context_len: int  # Lp: the longest cached prefix + new tokens
     prefill_mask: torch.Tensor | None  # [Bp, 1, Qp, Lp] bool: causal with cached-prefix offset; None = plain causal
     prefill_query_index: torch.Tensor | None  # [Bp, Qp] int64: flat prefill-token index (0-based), pads -> 0
     prefill_query_valid: torch.Tensor | None  # [Bp, Qp] bool
 
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(self.prefill_query_lens)
 
 
 @dataclass
@@ -46,6 +42,5 @@ class StepInput:
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [S] int64: flat index of the token whose logits are sampled, per sequence
-    seq_ids: list[int]  # [S] in the order of logits_indices
     adapter_ids: list[int]  # [S] per sequence; 0 = base model
     lora: LoRABatch | None = None  # which slot each token uses; None when no token uses an adapter
