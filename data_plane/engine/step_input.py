@@ -33,7 +33,6 @@ class AttentionMetadata:
     prefill_query_valid: torch.Tensor | None  # [Bp, Qp] bool
 
 
-
 @dataclass
 class StepInput:
     """One forward pass: flat tokens of every scheduled sequence and their metadata."""
