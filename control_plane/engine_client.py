@@ -1,28 +1,46 @@
 """EngineClient: the control plane's HTTP calls to engines' LoRA admin endpoints.
 
-One httpx.AsyncClient per app (connection pooling), with a timeout per call and bounded retries with
-exponential backoff on what may pass (connection errors, timeouts, 5xx); a 4xx is the engine's answer
-and is returned at once. The engine admin token (LORAPLANE_ENGINE_TOKEN) goes in the Authorization
-header only: it is never logged, and error messages name the engine URL and status, not headers.
+One httpx.AsyncClient per app (connection pooling). Every call is bounded, because one slow or broken
+engine must cost one failed call, never a stalled fleet:
+- a total deadline (`deadline_s`, retries included): an engine that answers a byte every few seconds
+  never resets it, as a per-read timeout would;
+- a body-size cap: the reply is streamed and the call fails once it passes `max_body_bytes`;
+- the reply is decoded into the typed schemas of shared.engine_admin: `[1,2,3]` is a failed call;
+- only 2xx is success; redirects are never followed (a 3xx is a failure: it could point anywhere).
+Connection errors, timeouts and 5xx are retried with exponential backoff within the deadline; any other
+answer is final.
+
+What the engine said is never passed on verbatim (the URL may not even be an engine): an error is the
+status plus a short reason, control characters stripped. The engine admin token goes in the
+Authorization header only and is never logged; URLs in messages carry no userinfo.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any
+import time
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import msgspec
+
+from shared import engine_admin
 
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 BACKOFF_S = 0.2  # 0.2 s, then 0.4 s, …
+MAX_BODY_BYTES = 8 << 20  # a fleet-size /metrics or adapter listing stays far below this
+MAX_REASON = 200
+
+T = TypeVar("T")
 
 
 class EngineCallError(Exception):
-    """An engine call failed for good: unreachable after the retries, or an error answer."""
+    """An engine call failed for good: unreachable or too slow after the retries, an error answer, or a
+    reply that is not what the endpoint returns. `message` is safe to show and store."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -30,73 +48,147 @@ class EngineCallError(Exception):
         self.status = status
 
 
-@dataclass(frozen=True)
-class EngineReply:
-    status: int
-    body: Any
+def sanitize(text: str, limit: int = MAX_REASON) -> str:
+    """Printable characters only, at most `limit` of them: safe in logs, JSON answers and the database."""
+    clean = "".join(c if c.isprintable() else " " for c in text[: limit * 2])
+    clean = " ".join(clean.split())
+    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
+
+
+def safe_url(url: str) -> str:
+    """`url` without userinfo (a password in a URL must not reach logs or `last_error`)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return "<invalid url>"
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host + (f":{port}" if port is not None else "")
+    return sanitize(urlunsplit((parts.scheme, netloc, parts.path, "", "")), 300)
 
 
 class EngineClient:
-    def __init__(self, token: str | None, timeout_s: float, *, max_attempts: int = MAX_ATTEMPTS,
-                 backoff_s: float = BACKOFF_S, transport: httpx.AsyncBaseTransport | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-                                       transport=transport)
+    def __init__(self, token: str | None, deadline_s: float, *, max_attempts: int = MAX_ATTEMPTS,
+                 backoff_s: float = BACKOFF_S, max_body_bytes: int = MAX_BODY_BYTES,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"Accept-Encoding": "identity"}  # the cap counts what is read, so nothing to inflate
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(deadline_s, connect=min(deadline_s, 5.0)),
+                                       transport=transport, follow_redirects=False, trust_env=False)
+        self.deadline_s = deadline_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self.max_body_bytes = max_body_bytes
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def load(self, url: str, name: str, path: str, *, pinned: bool, load_inplace: bool) -> Any:
-        body = {"lora_name": name, "lora_path": path, "pinned": pinned, "load_inplace": load_inplace}
-        return (await self._call("POST", url, "/v1/load_lora_adapter", body)).body
+    async def load(self, url: str, name: str, path: str, *, pinned: bool, load_inplace: bool,
+                   **extra: Any) -> engine_admin.LoadedAdapter:
+        """`extra` fields go into the body as they are (e.g. `expected_sha256`)."""
+        body = {"lora_name": name, "lora_path": path, "pinned": pinned, "load_inplace": load_inplace, **extra}
+        return await self._typed("POST", url, "/v1/load_lora_adapter", engine_admin.LoadedAdapter, body)
 
-    async def unload(self, url: str, name: str) -> Any:
-        """Unload `name`; an engine that does not hold it (404) counts as done."""
-        reply = await self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": name}, ok_404=True)
-        return reply.body
+    async def unload(self, url: str, name: str) -> engine_admin.UnloadedAdapter | None:
+        """Unload `name`; an engine that does not hold it (404, answered None) counts as done."""
+        status, raw = await self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": name}, ok_404=True)
+        if status == 404:
+            return None
+        return self._decode("POST", url, "/v1/unload_lora_adapter", raw, engine_admin.UnloadedAdapter)
 
-    async def list_adapters(self, url: str) -> Any:
-        return (await self._call("GET", url, "/v1/lora_adapters")).body
+    async def list_adapters(self, url: str) -> engine_admin.AdapterList:
+        return await self._typed("GET", url, "/v1/lora_adapters", engine_admin.AdapterList)
 
-    async def stats(self, url: str) -> Any:
-        return (await self._call("GET", url, "/v1/lora_stats")).body
+    async def stats(self, url: str) -> engine_admin.LoraStats:
+        return await self._typed("GET", url, "/v1/lora_stats", engine_admin.LoraStats)
 
     async def metrics(self, url: str) -> str:
-        """The engine's Prometheus exposition (text)."""
-        return (await self._call("GET", url, "/metrics", raw=True)).body
+        """The engine's Prometheus exposition (text; undecodable bytes replaced)."""
+        return (await self._call("GET", url, "/metrics"))[1].decode("utf-8", errors="replace")
 
-    async def _call(self, method: str, url: str, path: str, body: Any = None, *, ok_404: bool = False,
-                    raw: bool = False) -> EngineReply:
+    async def _typed(self, method: str, url: str, path: str, kind: type[T], body: Any = None) -> T:
+        return self._decode(method, url, path, (await self._call(method, url, path, body))[1], kind)
+
+    @staticmethod
+    def _decode(method: str, url: str, path: str, raw: bytes, kind: type[T]) -> T:
+        try:
+            return msgspec.json.decode(raw, type=kind)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise EngineCallError(f"{method} {safe_url(url)}{path}: not a valid reply ({sanitize(str(exc), 120)})") \
+                from None
+
+    async def _call(self, method: str, url: str, path: str, body: Any = None, *,
+                    ok_404: bool = False) -> tuple[int, bytes]:
+        where = f"{method} {safe_url(url)}{path}"
         target = url.rstrip("/") + path
+        end = time.monotonic() + self.deadline_s
+        failure = EngineCallError(f"{where}: no attempt made")
         for attempt in range(1, self.max_attempts + 1):
+            left = end - time.monotonic()
+            if left <= 0:
+                break
             try:
-                r = await self._http.request(method, target, json=body)
-            except httpx.TransportError as exc:  # connect/read errors and timeouts
-                failure = EngineCallError(f"{method} {target}: {type(exc).__name__}")
+                async with asyncio.timeout(left):
+                    status, raw = await self._attempt(method, target, body, where)
+            except TimeoutError:
+                failure = EngineCallError(f"{where}: no complete answer within {self.deadline_s:g} s")
+                break
+            except httpx.TransportError as exc:  # connect/read errors and per-read timeouts
+                failure = EngineCallError(f"{where}: {type(exc).__name__}")
+            except httpx.InvalidURL:
+                raise EngineCallError(f"{where}: invalid URL") from None
             else:
-                if r.status_code < 400 or (ok_404 and r.status_code == 404):
-                    return EngineReply(r.status_code, r.text if raw else _json(r))
-                failure = EngineCallError(f"{method} {target}: {r.status_code} {_message(r)}", r.status_code)
-                if r.status_code < 500:
-                    raise failure  # the engine's answer: retrying would not change it
+                if 200 <= status < 300 or (ok_404 and status == 404):
+                    return status, raw
+                failure = EngineCallError(f"{where}: {_reason(status, raw)}", status)
+                if status < 500:
+                    raise failure  # the engine's answer (or a redirect): retrying would not change it
             if attempt < self.max_attempts:
                 logger.debug("%s (attempt %d), retrying", failure.message, attempt)
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), max(0.0, end - time.monotonic())))
         raise failure
 
+    async def _attempt(self, method: str, target: str, body: Any, where: str) -> tuple[int, bytes]:
+        """One request; the body streamed up to the cap."""
+        too_large = EngineCallError(f"{where}: reply larger than {self.max_body_bytes} bytes")
+        async with self._http.stream(method, target, json=body) as r:
+            if r.headers.get("content-encoding", "identity").lower() != "identity":
+                # asked for identity: a compressed reply could inflate far past the cap in one chunk
+                raise EngineCallError(f"{where}: compressed reply ({sanitize(r.headers['content-encoding'], 20)})")
+            declared = r.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise too_large
+            chunks, size = [], 0
+            async for chunk in r.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+            return r.status_code, b"".join(chunks)
 
-def _json(r: httpx.Response) -> Any:
+
+def _reason(status: int, raw: bytes) -> str:
+    """Status plus a short reason: the engine's OpenAI-style error message, bounded and sanitized, or the
+    standard phrase of the status. Never the body itself."""
+    phrase = httpx.codes.get_reason_phrase(status) or "error"
+    if 300 <= status < 400:
+        return f"{status} {phrase} (redirects are not followed)"
     try:
-        return r.json()
-    except ValueError:
-        return None
+        message = msgspec.json.decode(raw, type=_ErrorBody).error.message
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return f"{status} {phrase}"
+    return f"{status} {sanitize(message)}" if message else f"{status} {phrase}"
 
 
-def _message(r: httpx.Response) -> str:
-    """The engine's OpenAI-style error message, or the start of its body."""
-    body = _json(r)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message", ""))[:500]
-    return r.text[:200]
+class _ErrorDetail(msgspec.Struct):
+    message: str = ""
+
+
+class _ErrorBody(msgspec.Struct):
+    error: _ErrorDetail

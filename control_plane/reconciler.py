@@ -12,6 +12,10 @@ Several replicas on one PostgreSQL never reconcile one engine at once: each engi
 `SELECT … FOR UPDATE SKIP LOCKED` and held until its answers are recorded; a replica that finds the row
 locked skips that engine this round. SQLite (a single replica) ends its read before calling the engine
 and writes under the write gate afterwards, as every SQLite writer here does.
+
+Engines are reconciled independently and concurrently: each engine call is bounded by the client's
+deadline, and one engine's failure (slow, unreachable, a malformed reply, even a bug) is that engine's
+round, skipped or failed, never the others'.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from control_plane.db.session import WriteGate
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
+from shared.engine_admin import AdapterListing
 
 logger = logging.getLogger(__name__)
 _HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
+ROUND_CALLS = 4  # one engine's round may take as long as this many engine calls at their deadline
 
 
 @dataclass
@@ -86,6 +92,19 @@ class Reconciler:
         return list(await asyncio.gather(*(self.reconcile_engine(n) for n in names)))
 
     async def reconcile_engine(self, name: str) -> EngineRound:
+        try:
+            # Every call is bounded already; this bounds an engine that answers each just in time.
+            async with asyncio.timeout(ROUND_CALLS * self.settings.engine_timeout_s):
+                return await self._reconcile_engine(name)
+        except TimeoutError:
+            logger.warning("reconcile of engine %s took longer than %d engine calls; left for the next round",
+                           name, ROUND_CALLS)
+            return EngineRound(name, [], [], [], skipped=True)
+        except Exception:
+            logger.exception("reconcile of engine %s failed", name)
+            return EngineRound(name, [], [], [], skipped=True)
+
+    async def _reconcile_engine(self, name: str) -> EngineRound:
         async with self.sessions() as session:
             engine = await session.scalar(select(Engine).where(Engine.name == name)
                                           .with_for_update(skip_locked=True))
@@ -105,21 +124,22 @@ class Reconciler:
             except EngineCallError as exc:
                 logger.info("reconcile: engine %s unreachable: %s", name, exc.message)
                 return EngineRound(name, [], [], [], skipped=True)
-            held = {a["name"]: a for a in listing.get("adapters", []) if a.get("state") != "draining"}
+            held = {a.name: a for a in listing.adapters if a.state != "draining"}
             done = await self._converge(session, url, rows, held)
             async with self.gate.hold():
                 await session.commit()
             done.engine = name
             return done
 
-    async def _converge(self, session: AsyncSession, url: str, rows: list, held: dict[str, dict]) -> EngineRound:
+    async def _converge(self, session: AsyncSession, url: str, rows: list,
+                        held: dict[str, AdapterListing]) -> EngineRound:
         result = EngineRound("", [], [], [])
         wanted = {adapter for p, _, adapter in rows if p.desired in _HOLDING}
         for placement, version, adapter in rows:
             if placement.desired in _HOLDING:
                 have = held.get(adapter)
-                if have is not None and have.get("sha256") == version.sha256 and \
-                        bool(have.get("pinned")) == (placement.desired == DesiredState.PINNED.value):
+                if have is not None and have.sha256 == version.sha256 and \
+                        have.pinned == (placement.desired == DesiredState.PINNED.value):
                     self._observe(placement, ObservedState.LOADED, None)
                     continue
                 try:

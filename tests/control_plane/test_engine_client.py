@@ -1,15 +1,22 @@
-"""EngineClient's retry policy: connection errors and 5xx are retried with backoff, a 4xx is final.
+"""EngineClient: retries, and every call bounded (deadline, body cap, typed replies, no redirects, no echo).
 
-The policy is checked with httpx's in-process MockTransport (it scripts a 5xx, which a healthy real
-engine does not give on demand); calls to real engines are in domain/adapters/test_push.py and e2e.
+The retry policy is checked with httpx's in-process MockTransport (it scripts a 5xx, which a healthy real
+engine does not give on demand). Misbehaviour is checked against real misbehaving servers on loopback
+(tests/control_plane/domain/engines/peers.py); calls to real engines are in domain/adapters/test_push.py,
+domain/stats/test_bad_engines.py and e2e.
 """
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
-from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.engine_client import EngineCallError, EngineClient, safe_url, sanitize
+from tests.control_plane.domain.engines.peers import Reply, always, json_reply, serve
+
+LOADED = {"name": "a", "id": 1, "version": 1, "sha256": "ab" * 32}
 
 
 def scripted(*answers: int | type[Exception]) -> tuple[httpx.MockTransport, list[httpx.Request]]:
@@ -20,7 +27,7 @@ def scripted(*answers: int | type[Exception]) -> tuple[httpx.MockTransport, list
         answer = answers[min(len(seen), len(answers)) - 1]
         if isinstance(answer, type):
             raise answer("scripted", request=request)
-        return httpx.Response(answer, json={"error": {"message": f"status {answer}"}} if answer >= 400 else {})
+        return httpx.Response(answer, json={"error": {"message": f"status {answer}"}} if answer >= 400 else LOADED)
 
     return httpx.MockTransport(handle), seen
 
@@ -28,8 +35,8 @@ def scripted(*answers: int | type[Exception]) -> tuple[httpx.MockTransport, list
 async def test_5xx_and_connect_errors_are_retried_then_succeed() -> None:
     transport, seen = scripted(httpx.ConnectError, 503, 200)
     client = EngineClient("tok", 5, backoff_s=0.001, transport=transport)
-    await client.load("http://e:1", "a", "/p", pinned=False, load_inplace=True)
-    assert len(seen) == 3 and seen[0].headers["authorization"] == "Bearer tok"
+    loaded = await client.load("http://e:1", "a", "/p", pinned=False, load_inplace=True)
+    assert len(seen) == 3 and seen[0].headers["authorization"] == "Bearer tok" and loaded.sha256 == "ab" * 32
 
 
 async def test_4xx_is_not_retried_and_the_message_names_status_not_token() -> None:
@@ -51,5 +58,80 @@ async def test_attempts_are_bounded() -> None:
 
 async def test_unloading_what_an_engine_does_not_hold_is_done() -> None:
     transport, seen = scripted(404)
-    assert await EngineClient(None, 5, transport=transport).unload("http://e:1", "a") is not None
+    assert await EngineClient(None, 5, transport=transport).unload("http://e:1", "a") is None
     assert len(seen) == 1
+
+
+async def test_a_dripping_engine_fails_at_the_total_deadline() -> None:
+    """A byte every 0.3 s never trips a per-read timeout of 1 s; the total deadline still ends the call."""
+    with serve(always(Reply(body=b'{"adapters": []' + b" " * 100 + b"}", drip_s=0.3))) as peer:
+        client = EngineClient(None, 1.0, backoff_s=0.001)
+        start = time.monotonic()
+        with pytest.raises(EngineCallError, match="no complete answer within 1 s"):
+            await client.list_adapters(peer.url)
+        assert time.monotonic() - start < 2.0
+        await client.aclose()
+
+
+async def test_a_body_past_the_cap_fails_without_reading_it_all() -> None:
+    with serve(always(Reply(body=b"x" * 65536, endless=True))) as endless, \
+            serve(always(Reply(body=b"[" + b"1," * 5000 + b"1]"))) as announced:
+        client = EngineClient(None, 5.0, max_body_bytes=4096)
+        start = time.monotonic()
+        for peer in (endless, announced):
+            with pytest.raises(EngineCallError, match="reply larger than 4096 bytes"):
+                await client.metrics(peer.url)
+        assert time.monotonic() - start < 2.0
+        await client.aclose()
+
+
+@pytest.mark.parametrize("body", [[1, 2, 3], {"adapters": "x"}, {"adapters": [{"name": 1}]}, "garbage"])
+async def test_replies_of_the_wrong_shape_are_a_failed_call(body: object) -> None:
+    def reply(_method: str, _path: str) -> Reply:
+        return Reply(body=b"\x00garbage{") if body == "garbage" else json_reply(body)
+
+    with serve(reply) as peer:
+        client = EngineClient(None, 5.0)
+        for call in (client.list_adapters(peer.url), client.stats(peer.url), client.unload(peer.url, "a"),
+                     client.load(peer.url, "a", "/p", pinned=False, load_inplace=False)):
+            with pytest.raises(EngineCallError, match="not a valid reply"):
+                await call
+        await client.aclose()
+
+
+async def test_redirects_are_failures_and_are_not_followed() -> None:
+    with serve(always(json_reply({"adapters": []}))) as elsewhere:
+        location = {"location": elsewhere.url + "/v1/lora_adapters"}
+        with serve(always(Reply(302, b"", location))) as redirecting:
+            client = EngineClient("engine-admin-token", 5.0)
+            with pytest.raises(EngineCallError, match="302 Found .redirects are not followed") as info:
+                await client.list_adapters(redirecting.url)
+            assert info.value.status == 302 and len(redirecting.seen) == 1  # final: not retried
+            await client.aclose()
+        assert elsewhere.seen == []  # the token never went where the redirect pointed
+
+
+async def test_error_bodies_are_never_echoed_only_a_short_sanitized_reason() -> None:
+    internal = b"<html>internal admin page: db password hunter2</html>"
+    shouting = {"error": {"message": "bad\x1b[31m\r\nthing " + "y" * 5000}}
+
+    def reply(_method: str, path: str) -> Reply:
+        return Reply(403, internal, {"content-type": "text/html"}) if "stats" in path else json_reply(shouting, 400)
+
+    with serve(reply) as peer:
+        client = EngineClient(None, 5.0)
+        with pytest.raises(EngineCallError) as html:
+            await client.stats(peer.url)
+        assert html.value.message.endswith(": 403 Forbidden") and "hunter2" not in html.value.message
+        with pytest.raises(EngineCallError) as long:
+            await client.list_adapters(peer.url)
+        reason = long.value.message.split(": ", 1)[1]
+        assert reason.startswith("400 bad [31m thing yyy") and len(reason) <= 210
+        assert all(c.isprintable() for c in long.value.message)
+        await client.aclose()
+
+
+def test_urls_in_messages_carry_no_userinfo() -> None:
+    assert safe_url("http://user:pw@10.0.0.1:8000/") == "http://10.0.0.1:8000/"
+    assert safe_url("https://u@[::1]:9/x?q=1#f") == "https://[::1]:9/x"
+    assert sanitize("a\x00b\nc" + "z" * 300, 10) == "a b czzzz…"

@@ -15,8 +15,13 @@ E2E = "loraplane_e2e_request_latency_seconds"
 Buckets = dict[str, dict[str, dict[float, float]]]
 
 
+def empty(metrics: tuple[str, ...] = (TTFT, E2E)) -> Buckets:
+    return {m: defaultdict(dict) for m in metrics}
+
+
 def parse_buckets(text: str, metrics: tuple[str, ...] = (TTFT, E2E)) -> Buckets:
-    out: Buckets = {m: defaultdict(dict) for m in metrics}
+    """The adapters' buckets of `metrics`; raises (ValueError or others of the parser) on malformed text."""
+    out = empty(metrics)
     for family in text_string_to_metric_families(text):
         if family.name not in out:
             continue

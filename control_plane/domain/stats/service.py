@@ -3,15 +3,20 @@
 Each engine is asked for /v1/lora_stats (counters, loads, evictions), /v1/lora_adapters (residency) and
 /metrics (the latency histograms). The last figures each engine gave are kept in memory, so an engine
 that stops answering still contributes them, with their age and the error of the failed fetch.
+
+Engines are fetched independently: each call is bounded by the client's deadline and body cap, and
+replies are typed (shared.engine_admin), so a slow, broken or hostile engine is one row with an
+`error`, never a slow or failed answer for the fleet. Unparseable /metrics text costs that engine its
+latency figures only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -21,12 +26,15 @@ from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.stats import histogram, schemas
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
+from shared import engine_admin
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class EngineSnapshot:
     fetched_at: float  # time.monotonic()
-    stats: dict[str, Any]
+    stats: engine_admin.LoraStats
     residency: dict[str, str]
     buckets: histogram.Buckets
 
@@ -51,7 +59,11 @@ class StatsService:
         engines = list((await self.session.execute(
             select(Engine.name, Engine.url).where(healthy_clause(self.settings.engine_stale_after_s))
             .order_by(Engine.name))).all())
-        await asyncio.gather(*(self._fetch(name, url) for name, url in engines))
+        outcomes = await asyncio.gather(*(self._fetch(name, url) for name, url in engines), return_exceptions=True)
+        for (name, _), outcome in zip(engines, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # a bug here must cost this engine's row, not the answer
+                logger.error("fetching the figures of engine %s failed", name, exc_info=outcome)
+                self.cache.errors[name] = "internal error while fetching this engine's figures"
         now = time.monotonic()
         names = [name for name, _ in engines]
         snapshots = {n: self.cache.snapshots[n] for n in names if n in self.cache.snapshots}
@@ -67,11 +79,18 @@ class StatsService:
         except EngineCallError as exc:
             self.cache.errors[name] = exc.message
             return
-        residency = {a["name"]: a.get("residency") for a in listing.get("adapters", [])
-                     if a.get("state") == "ready"}
-        self.cache.snapshots[name] = EngineSnapshot(time.monotonic(), stats, residency,
-                                                    histogram.parse_buckets(metrics))
-        self.cache.errors.pop(name, None)
+        residency = {a.name: a.residency for a in listing.adapters if a.state == "ready"}
+        try:
+            buckets = histogram.parse_buckets(metrics)
+            error = None
+        except Exception as exc:  # a third-party parser on an engine's text: anything may come out of it
+            logger.info("engine %s: unparseable /metrics (%s)", name, type(exc).__name__)
+            buckets, error = histogram.empty(), "/metrics: not valid Prometheus text; latency figures left out"
+        self.cache.snapshots[name] = EngineSnapshot(time.monotonic(), stats, residency, buckets)
+        if error is None:
+            self.cache.errors.pop(name, None)
+        else:
+            self.cache.errors[name] = error
 
 
 def _latency(buckets: dict[float, float]) -> schemas.Latency:
@@ -81,10 +100,10 @@ def _latency(buckets: dict[float, float]) -> schemas.Latency:
 
 
 def _combine(snapshots: dict[str, EngineSnapshot], now: float) -> list[schemas.AdapterStats]:
-    per_adapter: dict[str, list[tuple[str, EngineSnapshot, dict[str, Any]]]] = {}
+    per_adapter: dict[str, list[tuple[str, EngineSnapshot, engine_admin.AdapterFigures]]] = {}
     for engine, snap in snapshots.items():
-        for row in snap.stats.get("adapters", []):
-            per_adapter.setdefault(row["name"], []).append((engine, snap, row))
+        for row in snap.stats.adapters:
+            per_adapter.setdefault(row.name, []).append((engine, snap, row))
     out = []
     for name in sorted(per_adapter):
         requests: Counter[str] = Counter()
@@ -92,21 +111,21 @@ def _combine(snapshots: dict[str, EngineSnapshot], now: float) -> list[schemas.A
         e2e: dict[float, float] = {}
         rows = []
         for engine, snap, row in per_adapter[name]:
-            requests.update(row.get("requests", {}))
+            requests.update(row.requests)
             mine_ttft = snap.buckets[histogram.TTFT].get(name, {})
             mine_e2e = snap.buckets[histogram.E2E].get(name, {})
             histogram.add(ttft, mine_ttft)
             histogram.add(e2e, mine_e2e)
             rows.append(schemas.EngineAdapterStats(
-                engine=engine, residency=snap.residency.get(name), requests=dict(row.get("requests", {})),
-                generated_tokens=row.get("generated_tokens", 0), ttft_seconds=_latency(mine_ttft),
+                engine=engine, residency=snap.residency.get(name), requests=dict(row.requests),
+                generated_tokens=row.generated_tokens, ttft_seconds=_latency(mine_ttft),
                 e2e_seconds=_latency(mine_e2e), age_s=round(now - snap.fetched_at, 3)))
         entries = [row for _, _, row in per_adapter[name]]
         out.append(schemas.AdapterStats(
             name=name, requests=dict(requests),
-            prompt_tokens=sum(r.get("prompt_tokens", 0) for r in entries),
-            generated_tokens=sum(r.get("generated_tokens", 0) for r in entries),
-            generated_tokens_per_second_1m=round(sum(r.get("generated_tokens_per_second_1m", 0.0) for r in entries), 3),
-            loads=sum(r.get("loads", 0) for r in entries), evictions=sum(r.get("evictions", 0) for r in entries),
+            prompt_tokens=sum(r.prompt_tokens for r in entries),
+            generated_tokens=sum(r.generated_tokens for r in entries),
+            generated_tokens_per_second_1m=round(sum(r.generated_tokens_per_second_1m for r in entries), 3),
+            loads=sum(r.loads for r in entries), evictions=sum(r.evictions for r in entries),
             ttft_seconds=_latency(ttft), e2e_seconds=_latency(e2e), engines=rows))
     return out

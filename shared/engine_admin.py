@@ -1,0 +1,156 @@
+"""Wire shapes between engines and the control plane, defined once for both sides (msgspec, torch-free).
+
+- The engine's LoRA admin replies (`POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter`,
+  `GET /v1/lora_adapters`, `GET /v1/lora_stats`): the engine builds them, the control plane decodes
+  every reply with them, so that an engine answering `[1,2,3]` or garbage is one failed engine call
+  (EngineCallError), never an exception deep in the control plane's own code.
+- What an engine sends the control plane: its registration and heartbeat bodies, and what it reads
+  back from `GET /v1/resolve/{name}`.
+
+Unknown fields are ignored on decode (msgspec's default), so either side may add fields without
+breaking the other; a field one side relies on is required, everything else has a default. Extend
+additively.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
+
+Name = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Slots = Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
+Sha256 = Annotated[str, msgspec.Meta(max_length=64)]
+Text = Annotated[str, msgspec.Meta(max_length=4096)]
+# A reason for an unhealthy engine: short, shown in listings and logs.
+Reason = Annotated[str, msgspec.Meta(max_length=512)]
+
+
+# ---- engine replies (engine → control plane) ---------------------------------------------------
+class LoadedAdapter(msgspec.Struct, kw_only=True):
+    """Reply of POST /v1/load_lora_adapter: the version now active under `name`."""
+
+    name: Text
+    id: Count
+    version: Count
+    sha256: Sha256
+    rank: Count = 0
+    alpha: float = 0.0
+    target_modules: list[Text] = msgspec.field(default_factory=list)
+    size_bytes: Count = 0
+    residency: Text | None = None  # device | host | disk
+
+
+class UnloadedAdapter(msgspec.Struct, kw_only=True):
+    """Reply of POST /v1/unload_lora_adapter."""
+
+    name: Text
+    drained: bool = True  # False: in-flight requests were aborted after the drain timeout
+    aborted: Count = 0
+
+
+class AdapterListing(msgspec.Struct, kw_only=True):
+    """One row of GET /v1/lora_adapters. A first load still reading its files has only name, path and
+    state (`loading`); the other fields are None then."""
+
+    name: Text
+    state: Text  # loading | ready | draining
+    id: Count | None = None
+    version: Count | None = None
+    sha256: Sha256 | None = None
+    path: Text | None = None  # may be left out of unauthenticated listings
+    rank: Count | None = None
+    alpha: float | None = None
+    target_modules: list[Text] | None = None
+    size_bytes: Count | None = None
+    residency: Text | None = None
+    pinned: bool = False
+    in_flight: Count = 0
+    running: Count = 0
+    waiting: Count = 0
+    loaded_at: float | None = None
+    last_used_at: float | None = None
+
+
+class SlotUsage(msgspec.Struct, kw_only=True):
+    used: Count = 0
+    total: Count = 0
+
+
+class AdapterList(msgspec.Struct, kw_only=True):
+    """Reply of GET /v1/lora_adapters."""
+
+    adapters: list[AdapterListing]
+    slots: SlotUsage = msgspec.field(default_factory=SlotUsage)
+
+
+class Percentiles(msgspec.Struct, kw_only=True):
+    p50: float | None = None
+    p99: float | None = None
+    samples: Count = 0
+
+
+class LoadSeconds(msgspec.Struct, kw_only=True):
+    total: float = 0.0
+    mean: float | None = None
+    last: float | None = None
+
+
+class RequestFigures(msgspec.Struct, kw_only=True):
+    """Request statistics of one served model (an adapter or the base model)."""
+
+    name: Text
+    id: Count
+    requests: dict[Text, Count] = msgspec.field(default_factory=dict)  # by outcome
+    prompt_tokens: Count = 0
+    generated_tokens: Count = 0
+    ttft_seconds: Percentiles = msgspec.field(default_factory=Percentiles)
+    e2e_seconds: Percentiles = msgspec.field(default_factory=Percentiles)
+    generated_tokens_per_second_1m: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
+class AdapterFigures(RequestFigures, kw_only=True):
+    loads: Count = 0
+    evictions: Count = 0
+    load_seconds: LoadSeconds = msgspec.field(default_factory=LoadSeconds)
+
+
+class LoraStats(msgspec.Struct, kw_only=True):
+    """Reply of GET /v1/lora_stats."""
+
+    base: RequestFigures
+    adapters: list[AdapterFigures]
+
+
+# ---- engine → control plane requests -----------------------------------------------------------
+class EngineRegistration(msgspec.Struct, kw_only=True):
+    """POST /v1/engines/register: idempotent by name (a re-registration updates url, base model, slots).
+    The control plane checks `url` further (scheme, host, no userinfo/query/fragment/path, networks)."""
+
+    name: Name
+    url: Annotated[str, msgspec.Meta(pattern=r"^https?://\S+$", max_length=1024)]
+    base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    slots_total: Slots = 0
+
+
+class EngineHeartbeat(msgspec.Struct, kw_only=True):
+    """POST /v1/engines/{name}/heartbeat. `healthy` false (its step loop died: `reason` says why) or
+    `draining` true (shutting down) makes the control plane give the engine no new placements at once."""
+
+    slots_used: Slots | None = None
+    slots_total: Slots | None = None
+    healthy: bool = True
+    draining: bool = False
+    reason: Reason | None = None
+
+
+class ResolvedAdapter(msgspec.Struct, kw_only=True):
+    """Reply of GET /v1/resolve/{name}: what the engine loads to serve `name` (its active version)."""
+
+    name: Text
+    version: Count
+    uri: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    sha256: Sha256
