@@ -7,6 +7,13 @@ from pathlib import Path
 
 from shared.errors import InvalidRequestError
 
+# A prompt of more characters than max_model_len * this cannot fit in the context, so it is refused
+# before it is tokenized (tokenizing megabytes would take seconds). Real BPE vocabularies average
+# 3-5 characters per token on text; their longest tokens are runs of spaces or repeated symbols of
+# up to ~128 characters (code indentation, "=====" lines), but a prompt made only of those is
+# pathological. 16 leaves a wide margin over real text and still bounds the work to a few MB at 128k.
+PROMPT_CHARS_PER_TOKEN = 16
+
 
 class ConfigError(InvalidRequestError):
     """A flag combination the engine cannot run with."""
@@ -29,12 +36,17 @@ class EngineConfig:
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_num_seqs: int = 128
     max_num_batched_tokens: int | None = None  # defaults to max(max_model_len, 2048)
-    max_waiting_requests: int = 1024  # past this the API answers 503
+    max_waiting_requests: int = 1024  # waiting *sequences* (n per request); past this the API answers 503
+    max_n: int | None = None  # samples per request; defaults to (and is capped by) max_num_seqs
+    max_stop_strings: int = 16
+    max_stop_string_length: int = 256  # characters
+    max_prompt_chars: int | None = None  # defaults to max_model_len * PROMPT_CHARS_PER_TOKEN
     # HTTP
     host: str = "127.0.0.1"
     port: int = 8000
     max_request_body_bytes: int = 8 * 1024 * 1024
     admin_token: str | None = None
+    api_key: str | None = None  # bearer key for the inference endpoints (vLLM's --api-key); None = open
     num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default
     tensor_parallel_size: int = 1
     lora_fused_row_allreduce: bool = False  # row-parallel LoRA: one all-reduce per layer instead of two
@@ -69,6 +81,16 @@ class EngineConfig:
             raise ConfigError("--tensor-parallel-size must be at least 1")
         if self.max_waiting_requests < 1:
             raise ConfigError("--max-waiting-requests must be at least 1")
+        # one request's samples must fit in a batch and in the waiting queue, or it could never run
+        n_cap = min(self.max_num_seqs, self.max_waiting_requests)
+        if self.max_n is None:
+            self.max_n = n_cap
+        if not 1 <= self.max_n <= n_cap:
+            raise ConfigError(f"--max-n must be between 1 and min(--max-num-seqs, --max-waiting-requests) = {n_cap}")
+        if self.max_stop_strings < 0 or self.max_stop_string_length < 1:
+            raise ConfigError("--max-stop-strings must be at least 0 and --max-stop-string-length at least 1")
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
+            raise ConfigError("--max-prompt-chars must be at least 1")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = max(self.max_loras, 16)
         if self.enable_lora:
@@ -96,6 +118,8 @@ class EngineConfig:
             self.max_model_len = model_max_len
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        if self.max_prompt_chars is None:
+            self.max_prompt_chars = self.max_model_len * PROMPT_CHARS_PER_TOKEN
         if self.max_num_batched_tokens < self.max_model_len:
             # no chunked prefill: a whole prompt must fit in one step
             raise ConfigError(

@@ -42,7 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="default: the model's max_position_embeddings")
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--max-waiting-requests", type=int, default=1024, help="past this, requests get 503")
+    p.add_argument(
+        "--max-waiting-requests", type=int, default=1024,
+        help="waiting sequences (a request counts n times) past which requests get 503",
+    )
+    p.add_argument("--max-n", type=int, help="samples per request (default and upper bound: --max-num-seqs)")
+    p.add_argument("--max-stop-strings", type=int, default=16, help="stop strings per request")
+    p.add_argument("--max-stop-string-length", type=int, default=256, help="characters per stop string")
+    p.add_argument(
+        "--max-prompt-chars", type=int,
+        help="longer prompts are refused before tokenizing (default: --max-model-len x 16)",
+    )
     p.add_argument("--max-request-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--num-threads", type=int, help="torch intra-op threads on CPU")
     p.add_argument(
@@ -57,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin-token",
         default=os.environ.get("LORAPLANE_ADMIN_TOKEN"),
         help="bearer token for the admin endpoints (default: $LORAPLANE_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("LORAPLANE_API_KEY"),
+        help="bearer key required by the inference endpoints; /health and /metrics stay open "
+        "(default: $LORAPLANE_API_KEY; prefer the variable: flags show in `ps`)",
     )
     lora = p.add_argument_group("multi-LoRA")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (chosen by `model`)")
@@ -100,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cp.add_argument("--engine-name", help="name to register under (default: host:port)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--shutdown-timeout-s", type=float, default=30.0,
+        help="on SIGTERM: admit nothing new, drain at the control plane, let in-flight requests finish "
+        "for up to this long, then stop",
+    )
     return p
 
 
@@ -122,6 +143,11 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_waiting_requests=args.max_waiting_requests,
+        max_n=args.max_n,
+        max_stop_strings=args.max_stop_strings,
+        max_stop_string_length=args.max_stop_string_length,
+        max_prompt_chars=args.max_prompt_chars,
+        api_key=args.api_key,
         host=args.host,
         port=args.port,
         max_request_body_bytes=args.max_request_body_bytes,
@@ -189,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from data_plane.api.app import create_app
+    from data_plane.api.shutdown import AdmissionGate, DrainingServer
     from data_plane.engine.async_engine import AsyncLLMEngine
 
     try:
@@ -207,17 +234,21 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(engine, config)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    on_drain = None  # awaited on SIGTERM (data_plane/api/shutdown.py)
     if config.control_plane_url:
         from data_plane.control_client import attach_control_plane
 
         # a wildcard bind address is no address for others to call: advertise the host name instead
         advertised = f"http://{socket.gethostname()}:{port}" if host in ("0.0.0.0", "::") else url
         attach_control_plane(app, engine, config, advertised, f"{socket.gethostname()}:{port}")
+        # DRAIN HOOK: once ControlPlaneClient.drain() exists, on_drain = that client's drain
     print(f"loraplane engine: serving {config.served_model_name!r} on {url}", flush=True)
-    server = uvicorn.Server(
+    gate = AdmissionGate(app)
+    server = DrainingServer(
         uvicorn.Config(
-            app, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=args.log_level == "debug"
-        )
+            gate, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=args.log_level == "debug"
+        ),
+        gate, shutdown_timeout_s=args.shutdown_timeout_s, on_drain=on_drain,
     )
     server.run(sockets=[sock])
     return 0 if server.started else 1

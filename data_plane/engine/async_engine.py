@@ -19,10 +19,11 @@ from data_plane.engine.llm_engine import EngineStats, LLMEngine
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
 from data_plane.lora.weights import LoRAAdapterWeights
-from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
+from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError, OverloadedError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+_LOOP_DIED = "the engine loop stopped unexpectedly; the engine's log has the cause"
 
 
 def _settle(future: asyncio.Future, result: object, exc: BaseException | None) -> None:
@@ -48,6 +49,9 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stats = engine.stats()
+        # sequences of requests posted to the inbox and not yet counted in the stats' num_waiting
+        self._queued_seqs = 0
+        self._queued_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
@@ -71,14 +75,20 @@ class AsyncLLMEngine:
         if not self.healthy:
             raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
         self.engine.validate(request)
-        if self._stats.num_waiting + self._inbox.qsize() >= self.config.max_waiting_requests:
+        n = request.sampling_params.n
+        limit = self.config.max_waiting_requests
+        # sequences, not requests: one request with a large n weighs as much as n small ones
+        if self._stats.num_waiting + self._queued_seqs + n > limit:
             raise OverloadedError(
-                f"The server is overloaded: {self.config.max_waiting_requests} requests are already waiting. Retry later."
+                f"The server is overloaded: the queue holds at most {limit} waiting sequences "
+                f"(n per request) and cannot take {n} more. Retry later."
             )
         if request.request_id in self._streams:
             raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
         stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._streams[request.request_id] = stream
+        with self._queued_lock:
+            self._queued_seqs += n
         self._post("add", request)
         finished = False
         try:
@@ -126,32 +136,53 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             while not self._stopping:
-                outputs = self._drain_inbox()
+                outputs, drained_seqs = self._drain_inbox()
                 if self.engine.has_work():
-                    outputs.extend(self.engine.step())
+                    outputs.extend(self._step())
                 else:
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
                 self._stats = self.engine.stats()
+                with self._queued_lock:  # those sequences now count in the stats' num_waiting instead
+                    self._queued_seqs -= drained_seqs
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as exc:  # the loop itself broke: say so loudly and fail everyone
             logger.exception("engine loop died")
+            # the exception's text may name a request or internals: /health and heartbeats get a
+            # generic reason, the log above has the detail
+            self.dead_reason = exc.message if isinstance(exc, EngineDeadError) else _LOOP_DIED
             self.healthy = False
-            self.dead_reason = f"{type(exc).__name__}: {exc}"
             self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"The engine died: {self.dead_reason}"))
 
-    def _drain_inbox(self) -> list[RequestOutput]:
+    def _step(self) -> list[RequestOutput]:
+        """One engine step. A batch's failure is handled inside step(); anything that escapes it
+        (scheduling, bookkeeping) fails every request in flight, and the loop serves on."""
+        try:
+            return self.engine.step()
+        except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
+            raise
+        except Exception as exc:
+            logger.exception("engine step failed outside a batch; failing every request in flight")
+            return self.engine.fail_all(exc)
+
+    def _drain_inbox(self) -> tuple[list[RequestOutput], int]:
+        """Outputs of the aborts, and how many sequences of added requests left the inbox."""
         outputs: list[RequestOutput] = []
+        drained_seqs = 0
         while True:
             try:
                 kind, payload = self._inbox.get_nowait()
             except queue.Empty:
-                return outputs
+                return outputs, drained_seqs
             if kind == "add":
+                drained_seqs += payload.sampling_params.n
                 try:
-                    self.engine.add_request(payload)
+                    self.engine.add_request(payload)  # all or nothing: a refusal leaves nothing queued
                 except Exception as exc:  # validated on the API side already; still never kill the loop
+                    if not isinstance(exc, LoraplaneError):
+                        logger.exception("admitting request %s failed", payload.request_id)
+                        exc = LoraplaneError("The engine failed to admit the request.")
                     self._loop.call_soon_threadsafe(self._deliver_error, payload.request_id, exc)
             elif kind == "call":
                 fn, args, future = payload

@@ -22,6 +22,7 @@ from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.output_processor import OutputProcessor
 from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.sampling_params import SamplingParams, sample_seed
 from data_plane.engine.scheduler import Scheduler
 from data_plane.engine.sequence import FinishReason, Request, Sequence
 from data_plane.lora.model_lora import enable_lora
@@ -55,6 +56,22 @@ class _RequestState:
     @property
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
+
+
+def check_limits(params: SamplingParams, config: EngineConfig) -> None:
+    """The engine's per-request limits (--max-n, --max-stop-strings, --max-stop-string-length):
+    one request may not take every slot of a step or make every step scan thousands of strings."""
+    if params.n > config.max_n:
+        raise InvalidRequestError(f"n must be at most {config.max_n} on this engine (--max-n).", param="n")
+    if len(params.stop) > config.max_stop_strings:
+        raise InvalidRequestError(
+            f"At most {config.max_stop_strings} stop strings are allowed (--max-stop-strings).", param="stop"
+        )
+    if any(len(s) > config.max_stop_string_length for s in params.stop):
+        raise InvalidRequestError(
+            f"Stop strings must be at most {config.max_stop_string_length} characters (--max-stop-string-length).",
+            param="stop",
+        )
 
 
 class LLMEngine:
@@ -109,6 +126,7 @@ class LLMEngine:
         max_len = self.config.max_model_len
         if prompt_len == 0:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
+        check_limits(request.sampling_params, self.config)
         if prompt_len + request.sampling_params.max_tokens > max_len:
             raise InvalidRequestError(
                 f"This model's maximum context length is {max_len} tokens. However, you requested "
@@ -133,15 +151,21 @@ class LLMEngine:
             )
 
     def add_request(self, request: Request) -> None:
+        """All or nothing: every sequence is built first, and only then does any reach the scheduler,
+        so a request refused here leaves no sequence behind that a later step would trip over."""
         self.validate(request)
+        if request.request_id in self.requests:
+            raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+        params = request.sampling_params
         seqs = []
-        for index in range(request.sampling_params.n):
+        for index in range(params.n):
             seq = Sequence(next(self._seq_ids), request, index)
-            if request.sampling_params.seed is not None:
-                seq.generator = torch.Generator(self.runner.device).manual_seed(request.sampling_params.seed + index)
-            self.scheduler.add(seq)
+            if params.seed is not None:
+                seq.generator = torch.Generator(self.runner.device).manual_seed(sample_seed(params.seed, index))
             seqs.append(seq)
         self.requests[request.request_id] = _RequestState(request, seqs)
+        for seq in seqs:
+            self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         state = self.requests.get(request_id)
@@ -166,9 +190,7 @@ class LLMEngine:
             raise
         except Exception as exc:  # a failing batch fails its requests, never the engine
             logger.exception("step failed; failing the %d requests of this batch", len(seqs))
-            failed = {s.request.request_id: self.requests[s.request.request_id] for s in seqs}
-            error = f"engine error: {type(exc).__name__}: {exc}"
-            return [self._fail(state, FinishReason.ERROR, error=error) for state in failed.values()]
+            return self.fail_requests({s.request.request_id for s in seqs}, exc)
 
         now = time.monotonic()
         touched: dict[str, _RequestState] = {}
@@ -183,6 +205,16 @@ class LLMEngine:
                 self.scheduler.remove(seq)
             touched[seq.request.request_id] = self.requests[seq.request.request_id]
         return [self._collect(state) for state in touched.values()]
+
+    def fail_requests(self, request_ids: set[str], exc: BaseException) -> list[RequestOutput]:
+        """Fail these requests (those still known) with an engine error; their blocks are freed."""
+        error = f"engine error: {type(exc).__name__}: {exc}"
+        states = [self.requests[r] for r in request_ids if r in self.requests]
+        return [self._fail(state, FinishReason.ERROR, error=error) for state in states]
+
+    def fail_all(self, exc: BaseException) -> list[RequestOutput]:
+        """Fail every request in flight: what the loop does when a step fails outside a batch."""
+        return self.fail_requests(set(self.requests), exc)
 
     def _collect(self, state: _RequestState) -> RequestOutput:
         deltas = [d for d in (self.outputs.take_delta(s) for s in state.seqs) if d is not None]

@@ -6,6 +6,16 @@ from dataclasses import dataclass, field
 
 from shared.errors import InvalidRequestError
 
+# vLLM's and OpenAI's seed is a signed 64-bit integer; torch generators take [-2**63, 2**64 - 1].
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a request seeded with `seed`: distinct per sample and always in
+    [0, 2**64), the range torch's generator accepts, however close `seed` is to the bounds."""
+    return (seed + index) % 2**64
+
 
 @dataclass
 class SamplingParams:
@@ -43,6 +53,11 @@ class SamplingParams:
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
             (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty", "repetition_penalty must be in (0, 2]"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be between 0 and 20"),
+            (
+                self.seed is None or SEED_MIN <= self.seed <= SEED_MAX,
+                "seed",
+                f"seed must be between {SEED_MIN} and {SEED_MAX} (a signed 64-bit integer)",
+            ),
         ]
         for ok, param, message in checks:
             if not ok:
