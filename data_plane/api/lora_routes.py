@@ -11,16 +11,16 @@ from typing import Any
 from litestar import Request, get, post
 from litestar.datastructures import State
 
-from data_plane.api.auth import admin_guard
-from data_plane.api.protocol import decode_request
-from data_plane.api.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+from data_plane.api.auth import admin_guard, check_admin
+from data_plane.api.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest, decode_admin_request
+from shared.errors import LoraplaneError
 
 
 @post("/v1/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter")
 async def load_lora_adapter(request: Request, state: State) -> dict[str, Any]:
     """Load a PEFT adapter (idempotent for the same content; `load_inplace` replaces changed content,
     the old version draining; `pinned` keeps it in a device slot)."""
-    body = decode_request(await request.body(), LoadLoRAAdapterRequest)
+    body = decode_admin_request(await request.body(), LoadLoRAAdapterRequest)
     return await state.lora.load(body)
 
 
@@ -28,14 +28,23 @@ async def load_lora_adapter(request: Request, state: State) -> dict[str, Any]:
 async def unload_lora_adapter(request: Request, state: State) -> dict[str, Any]:
     """Unload an adapter: refuse new requests, let in-flight ones finish within `drain_timeout_s`
     (then abort them), free its device slot and host copy."""
-    body = decode_request(await request.body(), UnloadLoRAAdapterRequest)
+    body = decode_admin_request(await request.body(), UnloadLoRAAdapterRequest)
     return await state.lora.unload(body)
 
 
 @get("/v1/lora_adapters", operation_id="listLoraAdapters")
-async def list_lora_adapters(state: State) -> dict[str, Any]:
-    """Loaded adapters with residency (device/host/disk), state, pin, queues; plus device slot usage."""
-    return state.lora.list()
+async def list_lora_adapters(request: Request, state: State) -> dict[str, Any]:
+    """Loaded adapters with residency (device/host/disk), state, pin, queues; plus device slot usage.
+    `path` (where the files lie on the engine) is shown to admin callers only."""
+    return state.lora.list(show_paths=_is_admin(request))
+
+
+def _is_admin(request: Request) -> bool:
+    try:
+        check_admin(request.headers.get("authorization"), request.app.state.config.admin_token)
+    except LoraplaneError:
+        return False
+    return True
 
 
 @get("/v1/lora_stats", operation_id="loraStats")

@@ -3,28 +3,50 @@ engine's per-adapter stats and the per-adapter request statistics. Field names f
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from data_plane.api.protocol import decode_request
 from data_plane.lora.entry import AdapterEntry
 from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.stats import AdapterRequestStats
 from shared.errors import InvalidRequestError
+from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 LORA_DISABLED = "LoRA is not enabled on this engine; start it with --enable-lora"
 
 
+AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
+# No NUL (the OS cannot take one) and no longer than Linux's PATH_MAX.
+AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern="^[^\\x00]*$",
+                                          description="the adapter folder, under one of --lora-roots")]
+
+
 class LoadLoRAAdapterRequest(msgspec.Struct):
-    lora_name: str
-    lora_path: str
+    lora_name: AdapterName
+    lora_path: AdapterPath
     pinned: bool = False
     load_inplace: bool = False
 
 
 class UnloadLoRAAdapterRequest(msgspec.Struct):
-    lora_name: str
-    drain_timeout_s: float | None = None
+    lora_name: AdapterName
+    drain_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] | None = None
+
+
+def decode_admin_request(body: bytes, kind: type[T]) -> T:
+    """decode_request, with the name rule spelled out when `lora_name` breaks it (msgspec would only
+    quote the pattern)."""
+    try:
+        return decode_request(body, kind)
+    except InvalidRequestError as exc:
+        if exc.param == "lora_name" and "regex" in exc.message:
+            raise InvalidRequestError(f"lora_name is not a valid adapter name: {ADAPTER_NAME_DESCRIPTION}",
+                                      param="lora_name") from None
+        raise
 
 
 class LoRAService:
@@ -50,7 +72,8 @@ class LoRAService:
     async def unload(self, body: UnloadLoRAAdapterRequest) -> dict[str, Any]:
         return await self.registry.unload(body.lora_name, body.drain_timeout_s)
 
-    def list(self) -> dict[str, Any]:
+    def list(self, *, show_paths: bool) -> dict[str, Any]:
+        """show_paths: only admin callers see where adapters lie on the engine's disk."""
         registry = self.registry
         engine_lora = self._engine_lora()
         per_id = engine_lora.adapters if engine_lora is not None else {}
@@ -59,6 +82,9 @@ class LoRAService:
             for e in sorted(registry.entries(), key=lambda e: (e.name, e.adapter_id))
         ]
         adapters += [_loading_listing(name, path) for name, path in sorted(registry.loading().items())]
+        if not show_paths:
+            for adapter in adapters:
+                del adapter["path"]
         slots = {
             "used": engine_lora.slots_used if engine_lora is not None else 0,
             "total": engine_lora.slots_total if engine_lora is not None else 0,

@@ -6,7 +6,11 @@ from shared.errors import ConflictError, InvalidRequestError, NotFoundError
 
 
 class LoRAAdapterError(InvalidRequestError):
-    """The adapter at the given path cannot be served (files, format, shape, rank, location)."""
+    """The adapter at the given path cannot be served (files, format, shape, rank, location): the
+    request's `lora_path` is what is wrong, unless the raiser names another field."""
+
+    def __init__(self, message: str, *, param: str | None = "lora_path", code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
 
 
 class LoRANotFoundError(NotFoundError):

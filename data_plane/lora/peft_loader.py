@@ -43,9 +43,16 @@ def load_peft_adapter(
     dtype: torch.dtype = torch.float32,
 ) -> LoRAAdapterWeights:
     """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale."""
-    folder = _resolve_inside_roots(path, allowed_roots)
-    config_path, weights_path = _locate_files(folder, path, allowed_roots)
-    config = _read_config(config_path)
+    if "\0" in str(path):  # the OS would raise ValueError (a 500) on it
+        raise LoRAAdapterError("lora_path contains a NUL byte; pass the adapter folder's path")
+    try:
+        folder = _resolve_inside_roots(path, allowed_roots)
+        config_path, weights_path = _locate_files(folder, path, allowed_roots)
+        config = _read_config(config_path)
+    except OSError as exc:  # a name too long for the file system, permissions, a file vanishing
+        shown = repr(str(path)[:128]) + ("…" if len(str(path)) > 128 else "")
+        raise LoRAAdapterError(f"adapter path {shown} cannot be read ({exc.strerror or type(exc).__name__}); "
+                               "pass the folder peft's save_pretrained wrote") from None
     spec = TargetSpec.from_peft_config(config)
     targets = resolve_targets(spec, model_config)  # (layer, short) -> (rank, alpha)
     rank = max(r for r, _ in targets.values())

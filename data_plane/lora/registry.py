@@ -30,11 +30,11 @@ from data_plane.lora.reader import read_off_loop
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError
+from shared.names import name_problem
 
 logger = logging.getLogger(__name__)
 
 ABORT_GRACE_S = 10.0  # after aborting, how long to wait for the aborted requests to let go
-MAX_NAME_LENGTH = 256
 
 
 class LoRAEngine(Protocol):
@@ -296,10 +296,16 @@ def _not_found(message: str) -> LoRANotFoundError:
 
 
 def _check_name(name: str, base_name: str) -> None:
-    if not name or not name.strip() or len(name) > MAX_NAME_LENGTH:
-        raise InvalidRequestError(f"lora_name must be 1 to {MAX_NAME_LENGTH} characters", param="lora_name")
+    """The shared name rule (no NUL, bidi controls, newlines or `..` segments), and not the base's name:
+    requests for that name get the base model, so such an adapter could never be served."""
+    problem = name_problem(name)
+    if problem is not None:
+        shown = repr(name[:64]) + ("…" if len(name) > 64 else "")  # repr: control characters escaped
+        raise InvalidRequestError(f"lora_name {shown} is not a valid adapter name: {problem}", param="lora_name")
     if name == base_name:
-        raise InvalidRequestError(f"lora_name {name!r} is the base model's name", param="lora_name")
+        raise InvalidRequestError(
+            f"lora_name {name!r} is the base model's name; requests for it are served by the base model, "
+            "so choose another adapter name", param="lora_name")
 
 
 def _lora_stats(engine: LoRAEngine) -> Any:

@@ -9,9 +9,10 @@ from advanced_alchemy.types import JsonB
 from sqlalchemy import BigInteger, ForeignKey, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-# Letters, digits and `._-/:`, at most 128: safe in URLs' last segment (with {name:path}), in Prometheus
-# label values and as an OpenAI `model` name.
-ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9._\-/:]{1,128}$"
+# The one name rule (shared.names), re-exported here for the schemas that import it from the model.
+from shared.names import ADAPTER_NAME_PATTERN
+
+__all__ = ["ADAPTER_NAME_PATTERN", "Adapter"]
 
 
 class Adapter(IdentityAuditBase):

@@ -44,10 +44,13 @@ class InspectedAdapter:
 
 
 def inspect_adapter(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
+    if "\0" in path:  # the schema refuses it first; the OS would raise ValueError (a 500) on it
+        raise AdapterFilesError("lora_path contains a NUL byte", param="lora_path")
     try:
         return _inspect(path, roots)
-    except OSError as exc:  # unreadable (permissions), vanished mid-read, a directory named like a file
-        raise AdapterFilesError(f"the adapter files in {path!r} cannot be read ({exc.strerror or type(exc).__name__})",
+    except OSError as exc:  # unreadable (permissions), vanished mid-read, a name too long for the file system
+        shown = repr(path[:128]) + ("…" if len(path) > 128 else "")
+        raise AdapterFilesError(f"the adapter files in {shown} cannot be read ({exc.strerror or type(exc).__name__})",
                                 param="lora_path") from None
 
 

@@ -12,16 +12,27 @@ from typing import Annotated, Literal
 import msgspec
 
 from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN
+from shared.names import ADAPTER_NAME_DESCRIPTION
 
-AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description="letters, digits, `._-/:`, ≤ 128")]
-Labels = dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=256)]]
+AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
+# Labels are bounded in number and size (the schema says so, and msgspec enforces it before any work):
+# unbounded, 20,000 labels were once accepted into one row.
+MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 63, 256
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY)]
+LabelValue = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_VALUE)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(
+    max_length=MAX_LABELS, description=f"at most {MAX_LABELS} labels; keys 1–{MAX_LABEL_KEY} characters, "
+                                       f"values at most {MAX_LABEL_VALUE}")]
+# A folder path: no NUL (the OS cannot take one; it used to be a 500) and bounded in length.
+AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern="^[^\\x00]*$",
+                                          description="the adapter folder, under the adapter roots")]
 
 
 class AdapterCreate(msgspec.Struct, kw_only=True):
     """POST /v1/load_lora_adapter."""
 
     lora_name: AdapterName
-    lora_path: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    lora_path: AdapterPath
     base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     pinned: bool = False
     engines: list[str] | None = None

@@ -10,7 +10,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.auth import Principal
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Placement
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, Placement
 from control_plane.domain.adapters import queries, schemas
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
 from control_plane.domain.adapters.placement import PlacementPlanner, PushOrder
@@ -41,6 +41,7 @@ class AdapterService:
 
         async def work(session: AsyncSession, found: InspectedAdapter) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
             adapter = await self._adapter_for_load(session, req, found)
+            await _refuse_base_model_names(session, adapter)
             version = await session.scalar(select(AdapterVersion).where(
                 AdapterVersion.adapter_id == adapter.id, AdapterVersion.sha256 == found.sha256))
             created = version is None
@@ -153,3 +154,16 @@ class AdapterService:
                     raise
         return schemas.AdapterResolved(name=adapter.name, version=version.number, uri=version.uri,
                                        sha256=version.sha256)
+
+
+async def _refuse_base_model_names(session: AsyncSession, adapter: Adapter) -> None:
+    """An adapter may not be named like its base model or like any base model an engine serves: engines
+    answer that `model` with the base itself, so such an adapter would be recorded and then fail on every
+    engine forever."""
+    served = await session.scalar(select(Engine.name).where(Engine.base_model == adapter.name).limit(1))
+    if adapter.name == adapter.base_model or served is not None:
+        raise InvalidRequestError(
+            f"lora_name {adapter.name!r} is the name of a base model"
+            + (f" (engine {served!r} serves it)" if served is not None else "")
+            + "; engines answer that model name with the base model, so choose another adapter name",
+            param="lora_name")

@@ -217,3 +217,44 @@ def test_stats_and_metrics_per_adapter_with_label_cap(engine, demo_model_dir, ad
         assert {"loads", "evictions", "load_seconds"} <= set(poet)
         client.post(UNLOAD, json={"lora_name": "demo-poet"})
         assert [a["name"] for a in client.get("/v1/lora_stats").json()["adapters"]] == ["demo-short"]
+
+
+@pytest.mark.parametrize("name", ["a\0b", "a\u202eb", "name\n", "../lora_stats", "a/../b", "a//b", "", "a" * 129])
+def test_unsafe_adapter_names_are_400_naming_lora_name(client, adapter_root, name):
+    r = client.post(LOAD, json={"lora_name": name, "lora_path": str(adapter_root / "demo-poet")})
+    error = assert_openai_error(r, 400, "invalid_request_error")
+    assert error["param"] == "lora_name" and "not a valid adapter name" in error["message"]
+    assert_openai_error(client.post(UNLOAD, json={"lora_name": name}), 400)
+    assert client.get("/v1/lora_adapters").json()["adapters"] == []
+
+
+def test_the_base_models_name_is_refused_as_an_adapter_name(client, adapter_root):
+    error = assert_openai_error(client.post(LOAD, json={"lora_name": "fake", "lora_path": str(adapter_root / "demo-poet")}),
+                                400)
+    assert error["param"] == "lora_name" and "base model's name" in error["message"]
+    assert client.get("/v1/lora_adapters").json()["adapters"] == []
+
+
+@pytest.mark.parametrize("kind", ["nul", "long", "long-component"])
+def test_nul_or_overlong_paths_are_400_not_500(client, adapter_root, kind):
+    path = {"nul": f"{adapter_root}/demo-poet\0x", "long": f"{adapter_root}/" + "a/" * 1000,
+            "long-component": f"{adapter_root}/" + "a" * 2000}[kind]
+    error = assert_openai_error(client.post(LOAD, json={"lora_name": "p", "lora_path": path}), 400)
+    assert error["param"] == "lora_path"
+    assert load(client, adapter_root, "demo-poet").status_code == 200  # and the engine is fine
+
+
+def test_listings_show_paths_to_admin_callers_only(engine, demo_model_dir, adapter_root):
+    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        assert load(client, adapter_root, "demo-poet", **{}).status_code == 401
+        r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-poet")},
+                        headers=admin)
+        assert r.status_code == 200, r.text
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            body = client.get("/v1/lora_adapters", headers=headers)
+            assert body.status_code == 200 and str(adapter_root) not in body.text
+            assert "path" not in body.json()["adapters"][0]
+            assert str(adapter_root) not in client.get("/v1/lora_stats", headers=headers).text
+        [adapter] = client.get("/v1/lora_adapters", headers=admin).json()["adapters"]
+        assert adapter["path"] == str(adapter_root / "demo-poet")

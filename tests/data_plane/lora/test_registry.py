@@ -401,3 +401,11 @@ async def test_loading_state_is_visible_and_refuses_requests(registry, adapters)
     gate.set()
     await task
     assert registry.loading() == {} and [e.name for e in registry.ready()] == ["demo-poet"]
+
+
+@pytest.mark.parametrize("name", ["a\0b", "a\u202eb", "name\n", "../lora_stats", "a/./b", "x" * 129])
+async def test_unsafe_names_are_refused_on_every_way_in(registry, adapters, name):
+    # --lora-modules and the control plane's pulls call the registry directly, past the HTTP schema
+    with pytest.raises(InvalidRequestError, match="not a valid adapter name") as err:
+        await registry.load(name, str(adapters["demo-poet"]))
+    assert err.value.param == "lora_name" and list(registry.entries()) == []

@@ -13,7 +13,7 @@ from control_plane.app import create_app
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from tests.control_plane.conftest import admin, reader
-from tests.control_plane.domain.adapters.helpers import audit, broken_copy, versions
+from tests.control_plane.domain.adapters.helpers import add_engines, audit, broken_copy, versions
 
 
 def load_body(name: str, path: Path, **extra: object) -> dict:
@@ -134,3 +134,62 @@ async def test_restart_on_the_same_sqlite_file_loses_nothing(demo: dict, tmp_pat
         assert (await second.get("/v1/lora_adapters/a", headers=headers)).json() == before
         assert (await second.get("/v1/lora_adapters", headers=headers)).json()["total"] == 2
     assert before["active_version"] == 1 and len(before["versions"]) == 2
+
+
+@pytest.mark.parametrize("name", ["name\n", "a\0b", "a\u202eb", "../lora_stats", "a/../b", "a//b", "/a", ""])
+async def test_unsafe_names_are_refused_naming_lora_name(client: AsyncTestClient, demo: dict, name: str) -> None:
+    r = await client.post("/v1/load_lora_adapter", json=load_body(name, demo["demo-short"]), headers=admin())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name", r.text
+    assert (await client.get("/v1/lora_adapters", headers=reader())).json()["total"] == 0
+
+
+async def test_a_base_models_name_is_refused_before_anything_is_recorded(client: AsyncTestClient, demo: dict,
+                                                                         settings) -> None:
+    await add_engines(settings.database_url, ("e1", "served-base", "healthy"))
+    for name in ("demo", "served-base"):  # the adapter's own base model; a base model an engine serves
+        r = await client.post("/v1/load_lora_adapter", json=load_body(name, demo["demo-short"]), headers=admin())
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "lora_name" and "base model" in r.json()["error"]["message"]
+    assert await versions(settings.database_url) == []
+    assert (await client.get("/v1/lora_adapters", headers=reader())).json()["total"] == 0
+
+
+@pytest.mark.parametrize("kind", ["nul", "2000-characters", "long-component"])
+async def test_nul_or_overlong_paths_are_400(client: AsyncTestClient, demo: dict, kind: str) -> None:
+    path = {"nul": f"{demo['demo-short']}\0x", "2000-characters": f"{demo['root']}/" + "a/" * 1000,
+            "long-component": f"{demo['root']}/" + "a" * 300}[kind]
+    r = await client.post("/v1/load_lora_adapter", json=load_body("p", path), headers=admin())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+
+
+@pytest.mark.parametrize(("labels", "ok"), [
+    ({f"k{i}": "v" for i in range(64)}, True), ({f"k{i}": "v" for i in range(65)}, False),
+    ({"k" * 63: "v" * 256}, True), ({"k" * 64: "v"}, False), ({"k": "v" * 257}, False), ({"": "v"}, False)])
+async def test_labels_are_bounded_in_number_and_size(client: AsyncTestClient, demo: dict, labels: dict,
+                                                     ok: bool) -> None:
+    r = await client.post("/v1/load_lora_adapter", json=load_body("l", demo["demo-short"], labels=labels),
+                          headers=admin())
+    assert r.status_code == (200 if ok else 400), r.text
+    if not ok:
+        assert r.json()["error"]["param"].startswith("labels")
+
+
+async def test_the_openapi_document_states_the_name_label_and_path_rules(client: AsyncTestClient) -> None:
+    from shared.names import ADAPTER_NAME_PATTERN
+
+    schemas = (await client.get("/schema/openapi.json")).json()["components"]["schemas"]
+    create = next(s for n, s in schemas.items() if n.endswith("AdapterCreate"))["properties"]
+    assert create["lora_name"]["pattern"] == ADAPTER_NAME_PATTERN
+    assert create["lora_path"]["maxLength"] == 1024 and "pattern" in create["lora_path"]
+    assert "at most 64 labels" in create["labels"]["description"]
+    # Litestar's generator keeps only the description of a dict's bounds; msgspec's own schema (what
+    # validation enforces) has them all.
+    import msgspec
+
+    from control_plane.domain.adapters.schemas import AdapterCreate
+
+    (_, defs) = msgspec.json.schema_components([AdapterCreate])
+    labels = next(s for s in defs["AdapterCreate"]["properties"]["labels"]["anyOf"] if s.get("type") == "object")
+    assert labels["maxProperties"] == 64
+    assert labels["propertyNames"] == {"minLength": 1, "maxLength": 63}
+    assert labels["additionalProperties"] == {"type": "string", "maxLength": 256}
