@@ -11,6 +11,7 @@ from typing import Any
 from data_plane.api.generation import Generation, start_generation
 from data_plane.api.logprobs import LogprobFormatter
 from data_plane.api.models import ModelResolver
+from data_plane.api.prompts import check_prompt_chars, off_loop
 from data_plane.api.protocol import ChatCompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
 from data_plane.engine.sequence import Request
@@ -41,6 +42,9 @@ class ChatService:
         arrival = time.monotonic()
         try:
             req.check()
+            conversation = req.conversation()
+            chars = sum(len(m["content"]) for m in conversation)
+            check_prompt_chars(chars, self.engine.config.max_prompt_chars, "messages")
             lease = await self.resolver.acquire(req.model)
         except LoraplaneError:
             # no adapter label here: the name may be one we do not serve (unbounded label values)
@@ -48,7 +52,7 @@ class ChatService:
             raise
         metrics = self.metrics.start_request(arrival, adapter=req.model)
         try:
-            request = self._engine_request(req, lease)
+            request = await self._engine_request(req, conversation, lease)
         except Exception as exc:
             lease.release()
             metrics.finish("rejected" if isinstance(exc, LoraplaneError) else "error")
@@ -62,9 +66,14 @@ class ChatService:
         finally:
             await generation.aclose()
 
-    def _engine_request(self, req: ChatCompletionRequest, lease: Lease) -> Request:
-        prompt = self.tokenizer.apply_chat_template(req.conversation(), add_generation_prompt=True)
-        prompt_ids = self.tokenizer.encode(prompt)  # the template already holds any BOS token
+    def _render(self, conversation: list[dict[str, str]]) -> list[int]:
+        prompt = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+        return self.tokenizer.encode(prompt)  # the template already holds any BOS token
+
+    async def _engine_request(
+        self, req: ChatCompletionRequest, conversation: list[dict[str, str]], lease: Lease
+    ) -> Request:
+        prompt_ids = await off_loop(self._render, conversation)
         params = req.to_sampling_params(default_max_tokens=max(1, self.max_model_len - len(prompt_ids)))
         request = Request(
             new_id("chatcmpl"),

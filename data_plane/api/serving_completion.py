@@ -11,6 +11,7 @@ from typing import Any
 from data_plane.api.generation import MergedGenerations, start_all
 from data_plane.api.logprobs import LogprobFormatter, merge_completion_logprobs
 from data_plane.api.models import ModelResolver
+from data_plane.api.prompts import check_prompt_chars, off_loop
 from data_plane.api.protocol import CompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
 from data_plane.engine.outputs import CompletionDelta
@@ -50,7 +51,7 @@ class CompletionService:
             self.metrics.start_request(arrival).finish("rejected")  # unresolved name: no adapter label
             raise
         try:
-            requests = self._engine_requests(req, prompts, leases, response_id)
+            requests = await self._engine_requests(req, prompts, leases, response_id)
         except Exception as exc:
             for lease in leases:
                 lease.release()
@@ -88,17 +89,22 @@ class CompletionService:
         prompts = req.prompts()
         if len(prompts) > MAX_BATCH_PROMPTS:
             raise InvalidRequestError(f"At most {MAX_BATCH_PROMPTS} prompts per request.", param="prompt")
+        limit = self.engine.config.max_prompt_chars
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                check_prompt_chars(len(prompt), limit, "prompt")
         return prompts
 
-    def _engine_requests(
+    def _encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        return [self.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p for p in prompts]
+
+    async def _engine_requests(
         self, req: CompletionRequest, prompts: list[str | list[int]], leases: list[Lease], response_id: str
     ) -> list[Request]:
         params = req.to_sampling_params()
+        encoded = await off_loop(self._encode_all, prompts)
         requests = []
-        for i, (prompt, lease) in enumerate(zip(prompts, leases, strict=True)):
-            ids = (
-                self.tokenizer.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else prompt
-            )
+        for i, (ids, lease) in enumerate(zip(encoded, leases, strict=True)):
             request_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
             requests.append(
                 Request(

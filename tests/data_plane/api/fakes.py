@@ -40,7 +40,9 @@ class FakeConfig:
     served_model_name: str = "fake"
     model: str = "/models/fake"
     max_request_body_bytes: int = 4096
+    max_prompt_chars: int = MAX_MODEL_LEN * 16
     admin_token: str | None = None
+    api_key: str | None = None
     enable_lora: bool = False
     max_cpu_loras: int = 4
     lora_modules: dict[str, str] = field(default_factory=dict)

@@ -43,3 +43,18 @@ def test_requests_that_would_starve_others_are_400(engine_server, fields, param)
     r = httpx.post(engine_server.url + COMPLETIONS, json=completion(**fields), timeout=60)
     assert openai_error(r, 400)["param"] == param
     still_serving(engine_server)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_far_over_the_context_is_refused_by_its_length_before_tokenizing(engine_server, path):
+    text = "word " * 50_000  # 250,000 characters: under the body limit, far over 256 tokens x 16
+    body = (
+        completion(prompt=text)
+        if path == COMPLETIONS
+        else {"model": SERVED_NAME, "messages": [{"role": "user", "content": text}]}
+    )
+    error = openai_error(httpx.post(engine_server.url + path, json=body, timeout=60), 400)
+    assert error["code"] == "context_length_exceeded" and "characters" in error["message"]
+    assert error["param"] == ("prompt" if path == COMPLETIONS else "messages")
+    healthy(engine_server)
+    still_serving(engine_server)
