@@ -39,7 +39,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
 
 bench: $(STAMP) $(DEMO_DIR)/config.json
 	$(BIN)/python bench/throughput.py --model $(DEMO_DIR)
