@@ -1,8 +1,15 @@
-"""Bearer-token auth: reads need a read or admin token, mutating calls an admin token.
+"""Bearer-token auth with three roles: admin (everything), read (reads), engine (its own bookkeeping).
 
-401 without a (known) token, 403 with a read token on a mutating call. Every configured token is compared
-in constant time, all of them each time, so timing tells neither which token nor how much of it matched.
-The audit trail names a caller by `token_id` (a short sha256 prefix), never by the token itself.
+- admin tokens (LORAPLANE_ADMIN_TOKENS) may do everything, registering any engine included;
+- read tokens (LORAPLANE_READ_TOKENS) may read; a mutating call gets 403;
+- an engine token (LORAPLANE_ENGINE_CREDENTIALS, `name=token,…`) acts only for its engine name and only
+  on the engine's own calls: register, heartbeat, resolve, drain (`engine_guard` routes, which then call
+  `require_engine`). Everywhere else it gets 403: an engine holds no admin token of the control plane,
+  so a compromised or impersonated engine cannot load adapters or redirect other engines.
+
+401 without a (known) token. Every configured token is compared in constant time, all of them each time,
+so timing tells neither which token nor how much of it matched. The audit trail names a caller by
+`token_id` (a short sha256 prefix), never by the token itself.
 """
 
 from __future__ import annotations
@@ -19,13 +26,18 @@ from control_plane import audit
 from control_plane.settings import ControlPlaneSettings
 from shared.errors import AuthenticationError, PermissionDeniedError
 
-Kind = Literal["admin", "read"]
+Kind = Literal["admin", "read", "engine"]
 
 
 @dataclass(frozen=True)
 class Principal:
     kind: Kind
     token_id: str
+    engine: str | None = None  # the engine name an engine token is bound to
+
+    @property
+    def is_admin(self) -> bool:
+        return self.kind == "admin"
 
 
 def token_id(token: str) -> str:
@@ -37,14 +49,16 @@ def authenticate(authorization: str | None, settings: ControlPlaneSettings) -> P
     offered = offered.strip()
     if scheme.lower() != "bearer" or not offered:
         raise AuthenticationError("This endpoint needs a token: send `Authorization: Bearer <token>`.")
-    kind: Kind | None = None
-    for candidate_kind, tokens in (("admin", settings.admin_tokens), ("read", settings.read_tokens)):
-        for token in tokens:
-            if hmac.compare_digest(offered.encode(), token.encode()) and kind is None:
-                kind = candidate_kind  # type: ignore[assignment]
-    if kind is None:
+    candidates: list[tuple[Kind, str | None, str]] = [("admin", None, t) for t in settings.admin_tokens]
+    candidates += [("read", None, t) for t in settings.read_tokens]
+    candidates += [("engine", name, t) for name, t in settings.engine_credentials.items()]
+    found: tuple[Kind, str | None] | None = None
+    for kind, engine, token in candidates:
+        if hmac.compare_digest(offered.encode(), token.encode()) and found is None:
+            found = (kind, engine)
+    if found is None:
         raise AuthenticationError("The token is not valid.")
-    return Principal(kind=kind, token_id=token_id(offered))
+    return Principal(kind=found[0], token_id=token_id(offered), engine=found[1])
 
 
 def principal_of(connection: ASGIConnection) -> Principal:
@@ -56,23 +70,51 @@ def principal_of(connection: ASGIConnection) -> Principal:
     return cached
 
 
-def read_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """Any valid token (read or admin)."""
-    principal_of(connection)
-
-
-async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    """An admin token; a read token gets 403, and the attempt is audited (anonymous 401s are not: they
-    would let anyone fill the table)."""
-    principal = principal_of(connection)
-    if principal.kind == "admin":
-        return
+async def _refuse(connection: ASGIConnection, handler: BaseRouteHandler, principal: Principal, message: str) -> None:
+    """403, audited (anonymous 401s are not: they would let anyone fill the table)."""
     state = connection.app.state
     action = handler.opt.get("audit_action", handler.operation_id or connection.url.path)
     async with state.audit_sessions() as session:
         row = audit.event(principal.token_id, action, connection.url.path, "403 permission_error")
         await audit.record_alone(session, state.write_gate, row)
-    raise PermissionDeniedError("This call changes state and needs an admin token; this is a read token.")
+    raise PermissionDeniedError(message)
+
+
+_ENGINE_ONLY = "This is an engine token: it may only register, heartbeat, resolve and drain its own engine."
+
+
+async def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """A read or admin token; an engine token only on routes marked `opt={"engine_role": True}` (an
+    engine's own calls, whose handlers check the name with `require_engine`)."""
+    principal = principal_of(connection)
+    if principal.kind == "engine" and not handler.opt.get("engine_role"):
+        await _refuse(connection, handler, principal, _ENGINE_ONLY)
+
+
+async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """An admin token; a read or engine token gets 403, and the attempt is audited."""
+    principal = principal_of(connection)
+    if principal.kind == "admin":
+        return
+    if principal.kind == "engine":
+        await _refuse(connection, handler, principal, _ENGINE_ONLY)
+    await _refuse(connection, handler, principal,
+                  "This call changes state and needs an admin token; this is a read token.")
+
+
+async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """An engine's own mutating calls (with `opt={"engine_role": True}`): an admin or engine token, the
+    handler then checking the name with `require_engine`; a read token gets 403."""
+    principal = principal_of(connection)
+    if principal.kind == "read":
+        await _refuse(connection, handler, principal, "This call needs an admin token or the engine's own token.")
+
+
+def require_engine(principal: Principal, name: str) -> None:
+    """An engine token acts only for its own name (admin tokens for any)."""
+    if principal.kind == "engine" and principal.engine != name:
+        raise PermissionDeniedError(f"This engine token belongs to engine {principal.engine!r}, not {name!r}.",
+                                    param="name")
 
 
 async def provide_principal(request: ASGIConnection) -> Principal:

@@ -7,6 +7,7 @@ logs or error messages: repr shows how many tokens there are and the URL with it
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from shared.names import name_problem
 
 ENV_PREFIX = "LORAPLANE_"
 # Plain driver names are accepted for convenience and mapped to the async drivers the service runs on.
@@ -39,7 +42,14 @@ class ControlPlaneSettings:
     # An engine whose last heartbeat is older than this reads as unhealthy (and gets no new placements).
     engine_stale_after_s: float = 30.0
     # Bearer token of the engines' admin endpoints (their --admin-token); sent on pushes, never logged.
+    # LORAPLANE_ENGINE_ADMIN_TOKEN (LORAPLANE_ENGINE_TOKEN is its old name, still read).
     engine_token: str | None = None
+    # engine name -> the token that engine sends (its LORAPLANE_CONTROL_PLANE_TOKEN): it may register,
+    # heartbeat, resolve and drain as that name and nothing else (LORAPLANE_ENGINE_CREDENTIALS).
+    engine_credentials: Mapping[str, str] = field(default_factory=dict)
+    # When set, engine URLs must point into one of these networks (CIDR; LORAPLANE_ENGINE_ALLOWED_NETWORKS);
+    # unset, any address but link-local and cloud-metadata ones is accepted.
+    engine_allowed_networks: tuple[str, ...] = ()
     # Apply Alembic migrations when the app starts (the CLI's `db` commands set this off).
     migrate_on_start: bool = True
     log_level: str = "info"
@@ -57,6 +67,23 @@ class ControlPlaneSettings:
                     raise ValueError(f"{kind} token #{i + 1} is empty or contains whitespace")
         if set(self.admin_tokens) & set(self.read_tokens):
             raise ValueError("a token is listed both as admin and as read token; give each token one kind")
+        self.engine_credentials = dict(self.engine_credentials)
+        for name, token in self.engine_credentials.items():
+            problem = name_problem(name)
+            if problem is not None:
+                raise ValueError(f"engine credentials: {problem} (engine {name[:40]!r})")
+            if not token or any(c.isspace() for c in token):
+                raise ValueError(f"engine credentials: the token of engine {name!r} is empty or contains whitespace")
+        engine_tokens = list(self.engine_credentials.values())
+        if len(set(engine_tokens)) != len(engine_tokens):
+            raise ValueError("engine credentials: two engines share a token; give each engine its own")
+        if set(engine_tokens) & (set(self.admin_tokens) | set(self.read_tokens)):
+            raise ValueError("engine credentials: an engine's token is also an admin or read token")
+        try:
+            self.engine_allowed_networks = tuple(str(ipaddress.ip_network(n.strip(), strict=False))
+                                                 for n in self.engine_allowed_networks)
+        except ValueError as exc:
+            raise ValueError(f"engine_allowed_networks: {exc}") from None
         if self.reconcile_interval_s <= 0 or self.engine_timeout_s <= 0 or self.engine_stale_after_s <= 0:
             raise ValueError("reconcile_interval_s, engine_timeout_s and engine_stale_after_s must be positive")
         if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
@@ -73,6 +100,8 @@ class ControlPlaneSettings:
             f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
             f"engine_stale_after_s={self.engine_stale_after_s}, "
             f"engine_token={'<hidden>' if self.engine_token else None}, "
+            f"engine_credentials=<{len(self.engine_credentials)} engines: {sorted(self.engine_credentials)}>, "
+            f"engine_allowed_networks={self.engine_allowed_networks!r}, "
             f"migrate_on_start={self.migrate_on_start}, log_level={self.log_level!r})"
         )
 
@@ -94,7 +123,8 @@ class ControlPlaneSettings:
         scalars = {"HOST": ("host", str), "PORT": ("port", int), "DATABASE_URL": ("database_url", str),
                    "RECONCILE_INTERVAL_S": ("reconcile_interval_s", float),
                    "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str),
-                   "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str)}
+                   "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str),
+                   "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)
             if raw:
@@ -106,11 +136,32 @@ class ControlPlaneSettings:
         for suffix, name in (("ADMIN_TOKENS", "admin_tokens"), ("READ_TOKENS", "read_tokens")):
             if env.get(ENV_PREFIX + suffix):
                 values[name] = tuple(t for t in env[ENV_PREFIX + suffix].split(",") if t)
+        if env.get(ENV_PREFIX + "ENGINE_CREDENTIALS"):
+            values["engine_credentials"] = parse_engine_credentials(env[ENV_PREFIX + "ENGINE_CREDENTIALS"])
+        if env.get(ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"):
+            raw = env[ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"]
+            values["engine_allowed_networks"] = tuple(n for n in raw.split(",") if n.strip())
         if env.get(ENV_PREFIX + "ADAPTER_ROOTS"):
             raw = env[ENV_PREFIX + "ADAPTER_ROOTS"].replace(os.pathsep, ",")
             values["adapter_roots"] = tuple(r for r in raw.split(",") if r)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def parse_engine_credentials(raw: str) -> dict[str, str]:
+    """`name=token,name=token` (names hold no `=` or `,`; a token may contain `=`). Messages name the
+    entry's position, never a token."""
+    out: dict[str, str] = {}
+    for i, item in enumerate((x.strip() for x in raw.split(",")), 1):
+        if not item:
+            continue
+        name, sep, token = item.partition("=")
+        if not sep or not name or not token:
+            raise ValueError(f"{ENV_PREFIX}ENGINE_CREDENTIALS entry #{i} is not name=token")
+        if name in out:
+            raise ValueError(f"{ENV_PREFIX}ENGINE_CREDENTIALS names engine {name!r} twice")
+        out[name] = token
+    return out
 
 
 def normalize_database_url(url: str) -> str:

@@ -131,7 +131,7 @@ class EngineRegistration(msgspec.Struct, kw_only=True):
     The control plane checks `url` further (scheme, host, no userinfo/query/fragment/path, networks)."""
 
     name: Name
-    url: Annotated[str, msgspec.Meta(pattern=r"^https?://\S+$", max_length=1024)]
+    url: Annotated[str, msgspec.Meta(pattern=r"^[hH][tT][tT][pP][sS]?://\S+$", max_length=1024)]
     base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     slots_total: Slots = 0
 

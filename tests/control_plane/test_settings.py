@@ -23,9 +23,27 @@ def test_env_and_overrides() -> None:
     assert (s.engine_token, s.engine_stale_after_s) == ("eng", 5.0)
 
 
+def test_engine_credentials_admin_token_and_networks_from_env() -> None:
+    env = {"LORAPLANE_ENGINE_CREDENTIALS": " e1=tok-one, org/e:2=tok=two=,", "LORAPLANE_ENGINE_TOKEN": "old",
+           "LORAPLANE_ENGINE_ADMIN_TOKEN": "new", "LORAPLANE_ENGINE_ALLOWED_NETWORKS": "10.0.0.0/8, fd00::/8"}
+    s = ControlPlaneSettings.from_env(env)
+    assert s.engine_credentials == {"e1": "tok-one", "org/e:2": "tok=two="}  # a token may hold `=`
+    assert s.engine_token == "new"  # LORAPLANE_ENGINE_ADMIN_TOKEN wins over its old name
+    assert s.engine_allowed_networks == ("10.0.0.0/8", "fd00::/8")
+    assert ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "old"}).engine_token == "old"  # the alias
+
+
+@pytest.mark.parametrize("raw", ["e1", "e1=", "=zq9", "e1=zq9a,e1=zq9b", "../x=zq9", "e1=zq9 has space"])
+def test_bad_engine_credentials_are_refused_without_echoing_tokens(raw: str) -> None:
+    with pytest.raises(ValueError, match="(?i)engine.credentials") as info:
+        ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_CREDENTIALS": raw})
+    assert "zq9" not in str(info.value)
+
+
 def test_repr_hides_tokens_and_password() -> None:
     s = ControlPlaneSettings(admin_tokens=("s3cr3t-admin",), read_tokens=("s3cr3t-read",),
-                             database_url="postgresql+asyncpg://u:hunter2@db/x", engine_token="s3cr3t-engine")
+                             database_url="postgresql+asyncpg://u:hunter2@db/x", engine_token="s3cr3t-engine",
+                             engine_credentials={"e1": "s3cr3t-e1"})
     for text in (repr(s), str(s)):
         assert "s3cr3t" not in text and "hunter2" not in text
         assert "<1 hidden>" in text
@@ -35,7 +53,8 @@ def test_repr_hides_tokens_and_password() -> None:
     {"port": 0}, {"admin_tokens": ("has space",)}, {"admin_tokens": ("",)},
     {"admin_tokens": ("same",), "read_tokens": ("same",)}, {"database_url": "mysql://x/y"},
     {"reconcile_interval_s": 0}, {"database_url": "not a url"}, {"engine_stale_after_s": 0},
-    {"engine_token": "has space"},
+    {"engine_token": "has space"}, {"engine_credentials": {"e1": "same", "e2": "same"}},
+    {"engine_credentials": {"e1": "same"}, "admin_tokens": ("same",)}, {"engine_allowed_networks": ("10.0.0.0/33",)},
 ])
 def test_invalid_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError) as info:

@@ -14,14 +14,15 @@ from litestar.di import Provide
 from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.auth import Principal, admin_guard, provide_principal, read_guard
+from control_plane.auth import Principal, admin_guard, provide_principal, read_guard, require_engine
 from control_plane.domain.adapters import schemas
 from control_plane.domain.adapters.placement import PlacementPlanner
 from control_plane.domain.adapters.push import Pusher
 from control_plane.domain.adapters.queries import MAX_PAGE, AdapterQuery
 from control_plane.domain.adapters.service import AdapterService
 from control_plane.uow import Mutation
-from shared.errors import NotFoundError
+from shared.errors import InvalidRequestError, NotFoundError
+from shared.names import name_problem
 
 _ACTIVATE = "/activate"
 
@@ -83,13 +84,22 @@ class AdapterController(Controller):
         """One adapter with all its versions and its placements on engines."""
         return await service.get(name.lstrip("/"))
 
-    @get("/resolve/{name:path}", operation_id="resolveLoraAdapter")
+    @get("/resolve/{name:path}", operation_id="resolveLoraAdapter", opt={"engine_role": True})
     async def resolve(self, service: AdapterService, principal: Principal, name: str,
                       base_model: str | None = None, engine: str | None = None) -> schemas.AdapterResolved:
         """What an engine should load to serve `model` = `name`: the active version's folder and sha256
-        (404 when no such adapter is registered for `base_model`, or it was unloaded). Engines call it for
-        an unknown `model`, naming themselves in `engine`: with an admin token that records the placement."""
-        return await service.resolve(name.lstrip("/"), base_model, engine, principal)
+        (404 when no such adapter is registered for `base_model`, or it was unloaded; 400 for a name the
+        name rule refuses; `/` may come quoted as `%2F`). Engines call it for an unknown `model` with
+        their engine token, which records the placement on that engine (an admin token does so for the
+        engine named in `engine`)."""
+        name = name.removeprefix("/")  # the path parameter's own leading slash, once
+        problem = name_problem(name)
+        if problem is not None:
+            raise InvalidRequestError(f"invalid adapter name: {problem}", param="name")
+        if principal.kind == "engine":
+            require_engine(principal, engine or str(principal.engine))
+            engine = principal.engine
+        return await service.resolve(name, base_model, engine, principal)
 
     @post("/lora_adapters/{target:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter",
           opt={"audit_action": "activate_lora_adapter"})

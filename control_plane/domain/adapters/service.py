@@ -138,10 +138,10 @@ class AdapterService:
 
     async def resolve(self, name: str, base_model: str | None, engine: str | None,
                       actor: Principal) -> schemas.AdapterResolved:
-        """The active version to load for `name`. When an engine asks for itself (`engine`, with an admin
-        token), it is recorded as placed there, so later unloads and activations reach it too; like a
-        heartbeat this is the engine's own bookkeeping, not an audited admin call."""
-        if engine is None or actor.kind != "admin":
+        """The active version to load for `name`. When an engine asks for itself (`engine`, with its engine
+        token or an admin token), it is recorded as placed there, so later unloads and activations reach
+        it too; like a heartbeat this is the engine's own bookkeeping, not an audited admin call."""
+        if engine is None or actor.kind not in ("admin", "engine"):
             adapter, version = await queries.active_version(self.session, name, base_model)
         else:
             async with self.mutation.gate.hold():

@@ -1,8 +1,9 @@
 """HTTP surface of the engines registry: thin handlers, one service call each.
 
-Engines started with `--control-plane URL --control-plane-token T` register and heartbeat themselves;
-an operator may also register one by hand. Names may contain `/`, so per-engine routes take the rest of
-the path; the heartbeat is matched as a path that ends in `/heartbeat`.
+Engines started with `--control-plane URL` and LORAPLANE_CONTROL_PLANE_TOKEN register, heartbeat and
+drain themselves with their engine token (LORAPLANE_ENGINE_CREDENTIALS: valid for their own name only);
+an operator may also register one by hand with an admin token. Names may contain `/`, so per-engine
+routes take the rest of the path; heartbeat and drain are matched as paths ending in `/heartbeat`, `/drain`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.auth import Principal, admin_guard, provide_principal, read_guard
+from control_plane.auth import Principal, admin_guard, engine_guard, provide_principal, read_guard
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.service import EngineService
 from control_plane.uow import Mutation
 from shared.errors import NotFoundError
 
 _HEARTBEAT = "/heartbeat"
+_DRAIN = "/drain"
+_ENGINE_ROLE = {"engine_role": True}  # an engine token may call it, for its own name
 
 
 async def provide_engine_service(db_session: AsyncSession, state: State) -> EngineService:
@@ -32,12 +35,15 @@ class EngineController(Controller):
     guards = [read_guard]
     dependencies = {"service": Provide(provide_engine_service), "principal": Provide(provide_principal)}
 
-    @post("/register", status_code=200, guards=[admin_guard], operation_id="registerEngine",
-          opt={"audit_action": "register_engine"})
+    @post("/register", status_code=200, guards=[engine_guard], operation_id="registerEngine",
+          opt={"audit_action": "register_engine", **_ENGINE_ROLE})
     async def register(self, service: EngineService, principal: Principal,
                        data: schemas.EngineCreate) -> schemas.Engine:
         """Register an engine (idempotent by name: a repeat updates its url, base model and slots); it is
-        healthy from now on for as long as it heartbeats."""
+        healthy from now on for as long as it heartbeats. An admin token registers any name, an engine
+        token only its own. The url must be `http(s)://host[:port]`: no userinfo, query, fragment or
+        path, no link-local or cloud-metadata address, inside LORAPLANE_ENGINE_ALLOWED_NETWORKS when
+        set (400 `invalid_engine_url` naming the problem)."""
         return await service.register(data, principal)
 
     @post("/reconcile", status_code=200, guards=[admin_guard], operation_id="reconcileEngines",
@@ -48,15 +54,24 @@ class EngineController(Controller):
         not hold, record what each engine answered."""
         return await service.reconcile(principal)
 
-    @post("/{target:path}", status_code=200, guards=[admin_guard], operation_id="engineHeartbeat",
-          opt={"audit_action": "engine_heartbeat"})
-    async def heartbeat(self, service: EngineService, target: str, data: schemas.EngineHeartbeat) -> schemas.Engine:
-        """`/v1/engines/{name}/heartbeat`: the engine is alive (404 if unknown: register again). An engine
-        that misses heartbeats for `engine_stale_after_s` reads as unhealthy and gets no new placements."""
-        target = target.lstrip("/")
-        if not target.endswith(_HEARTBEAT) or len(target) == len(_HEARTBEAT):
-            raise NotFoundError(f"No route for POST /v1/engines/{target}; did you mean …/{target}/heartbeat?")
-        return await service.heartbeat(target.removesuffix(_HEARTBEAT), data)
+    @post("/{target:path}", status_code=200, guards=[engine_guard], operation_id="engineHeartbeatOrDrain",
+          opt={"audit_action": "engine_heartbeat_or_drain", **_ENGINE_ROLE})
+    async def heartbeat_or_drain(self, service: EngineService, principal: Principal, target: str,
+                                 data: schemas.EngineHeartbeat | None = None) -> schemas.Engine:
+        """`/v1/engines/{name}/heartbeat`: the engine is alive (404 if unknown: register again), and
+        whether it is `healthy` and `draining`: either makes it get no new placements at once, as does
+        missing heartbeats for `engine_stale_after_s`.
+
+        `/v1/engines/{name}/drain` (no body; audited): the engine is shutting down; it gets no new
+        placements until it registers again. The engine's own token or an admin token."""
+        target = target.lstrip("/")  # the server percent-decoded the path once: `%2F` is `/` here
+        for suffix in (_HEARTBEAT, _DRAIN):
+            if target.endswith(suffix) and len(target) > len(suffix):
+                name = target.removesuffix(suffix)
+                if suffix == _DRAIN:
+                    return await service.drain(name, principal)
+                return await service.heartbeat(name, data or schemas.EngineHeartbeat(), principal)
+        raise NotFoundError(f"No route for POST /v1/engines/{target}; did you mean …/{target}/heartbeat or /drain?")
 
     @get("/", operation_id="listEngines")
     async def list_engines(self, service: EngineService) -> schemas.EngineList:

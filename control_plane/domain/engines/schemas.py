@@ -1,32 +1,16 @@
-"""Wire schemas of the engines API (msgspec): `Engine` answers, `EngineCreate` / `EngineHeartbeat` requests."""
+"""Wire schemas of the engines API (msgspec): `Engine` answers; the requests engines send
+(`EngineCreate`, `EngineHeartbeat`) are defined once, for both sides, in shared.engine_admin."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
 
 import msgspec
 
-from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN
+from shared.engine_admin import EngineHeartbeat
+from shared.engine_admin import EngineRegistration as EngineCreate
 
-EngineName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description="letters, digits, `._-/:`, ≤ 128")]
-Slots = Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
-
-
-class EngineCreate(msgspec.Struct, kw_only=True):
-    """POST /v1/engines/register: idempotent by name (a re-registration updates url, base model, slots)."""
-
-    name: EngineName
-    url: Annotated[str, msgspec.Meta(pattern=r"^https?://\S+$", max_length=1024)]
-    base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-    slots_total: Slots = 0
-
-
-class EngineHeartbeat(msgspec.Struct, kw_only=True):
-    """POST /v1/engines/{name}/heartbeat."""
-
-    slots_used: Slots | None = None
-    slots_total: Slots | None = None
+__all__ = ["Engine", "EngineCreate", "EngineDeleted", "EngineHeartbeat", "EngineList", "ReconcileReport"]
 
 
 class Engine(msgspec.Struct, kw_only=True):

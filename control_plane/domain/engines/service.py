@@ -1,25 +1,36 @@
-"""EngineService: registration (idempotent by name), heartbeats, listing and removal of engines.
+"""EngineService: registration (idempotent by name), heartbeats, draining, listing and removal of engines.
 
-Registration and removal are audited mutations (control_plane.uow.Mutation). Heartbeats arrive every
-few seconds from every engine, so they are a plain update under the write gate, not an audit row each.
+Registration, draining and removal are audited mutations (control_plane.uow.Mutation). Heartbeats arrive
+every few seconds from every engine, so they are a plain update under the write gate, not an audit row
+each. An engine token acts only for its own name (`require_engine`); engine URLs are checked before
+anything is recorded (control_plane.domain.engines.urls).
+
+A heartbeat says how the engine is: `healthy` false (its step loop died) makes it unhealthy at once,
+`draining` (it is shutting down) makes it draining; either way it gets no new placements and the
+reconciler leaves it alone. Draining lasts until the engine registers again (a restart).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.auth import Principal
+from control_plane.auth import Principal, require_engine
 from control_plane.db.models import Engine, EngineState, Placement
 from control_plane.db.session import WriteGate
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.health import effective_state, now
+from control_plane.domain.engines.urls import check_engine_url
+from control_plane.engine_client import safe_url, sanitize
 from control_plane.reconciler import Reconciler
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import NotFoundError
+
+logger = logging.getLogger(__name__)
 
 
 class EngineService:
@@ -32,12 +43,16 @@ class EngineService:
         self.gate = gate
 
     async def register(self, req: schemas.EngineCreate, actor: Principal) -> schemas.Engine:
-        async def work(session: AsyncSession, _: Any) -> Engine:
+        async def check() -> str:  # inside the mutation: a refusal is audited
+            require_engine(actor, req.name)
+            return await check_engine_url(req.url, self.settings.engine_allowed_networks)
+
+        async def work(session: AsyncSession, url: str) -> Engine:
             engine = await session.scalar(select(Engine).where(Engine.name == req.name).with_for_update())
             if engine is None:
                 engine = Engine(name=req.name)
                 session.add(engine)
-            engine.url = req.url.rstrip("/")
+            engine.url = url
             engine.base_model = req.base_model
             engine.slots_total = req.slots_total
             engine.state = EngineState.HEALTHY.value
@@ -45,17 +60,26 @@ class EngineService:
             await session.flush()  # a concurrent first registration of the name fails here; Mutation retries
             return engine
 
-        engine = await self.mutation.run(actor, "register_engine", req.name, work)
+        engine = await self.mutation.run(actor, "register_engine", req.name, work, check)
         self.reconciler.kick(engine.name)  # a re-registration may be a restart that lost its adapters
         return self._engine(engine)
 
-    async def heartbeat(self, name: str, req: schemas.EngineHeartbeat) -> schemas.Engine:
+    async def heartbeat(self, name: str, req: schemas.EngineHeartbeat, actor: Principal) -> schemas.Engine:
+        require_engine(actor, name)
         async with self.gate.hold():
             try:
                 engine = await self._require(name)
                 engine.last_heartbeat = now()
-                if engine.state == EngineState.UNHEALTHY.value:
-                    engine.state = EngineState.HEALTHY.value  # draining stays draining
+                before = engine.state
+                if req.draining or before == EngineState.DRAINING.value:
+                    engine.state = EngineState.DRAINING.value  # draining stays draining until it registers
+                elif not req.healthy:
+                    engine.state = EngineState.UNHEALTHY.value
+                else:
+                    engine.state = EngineState.HEALTHY.value
+                if engine.state != before:
+                    logger.warning("engine %s is now %s%s", name, engine.state,
+                                   f": {sanitize(req.reason)}" if req.reason else "")
                 if req.slots_used is not None:
                     engine.slots_used = req.slots_used
                 if req.slots_total is not None:
@@ -65,6 +89,16 @@ class EngineService:
                 await self.session.rollback()
                 raise
         return self._engine(engine)
+
+    async def drain(self, name: str, actor: Principal) -> schemas.Engine:
+        """The engine is going away: no new placements for it from now on (until it registers again)."""
+        async def work(session: AsyncSession, _: Any) -> Engine:
+            require_engine(actor, name)  # in the mutation: a refusal is audited
+            engine = await self._require(name, session)
+            engine.state = EngineState.DRAINING.value
+            return engine
+
+        return self._engine(await self.mutation.run(actor, "drain_engine", name, work))
 
     async def reconcile(self, actor: Principal) -> schemas.ReconcileReport:
         rounds = await self.reconciler.reconcile_all()
@@ -92,7 +126,7 @@ class EngineService:
         return engine
 
     def _engine(self, e: Engine) -> schemas.Engine:
-        return schemas.Engine(name=e.name, url=e.url, base_model=e.base_model,
+        return schemas.Engine(name=e.name, url=safe_url(e.url), base_model=e.base_model,
                               state=effective_state(e, self.settings.engine_stale_after_s),
                               last_heartbeat=e.last_heartbeat, slots_total=e.slots_total, slots_used=e.slots_used,
                               created_at=e.created_at, updated_at=e.updated_at)

@@ -15,7 +15,7 @@ ENGINES = "/v1/engines"
 
 
 def spec(name: str = "e1", **extra: object) -> dict:
-    return {"name": name, "url": f"http://10.0.0.1:8000/{name}", "base_model": "demo", "slots_total": 4, **extra}
+    return {"name": name, "url": "http://10.0.0.1:8000", "base_model": "demo", "slots_total": 4, **extra}
 
 
 async def listed(client: AsyncTestClient) -> dict[str, dict]:
@@ -85,5 +85,5 @@ async def test_engines_auth_and_validation(client: AsyncTestClient) -> None:
 async def test_openapi_documents_the_engine_handlers(client: AsyncTestClient) -> None:
     doc = (await client.get("/schema/openapi.json")).json()
     ops = {op["operationId"]: op for path in doc["paths"].values() for op in path.values()}
-    for op_id in ("registerEngine", "engineHeartbeat", "listEngines", "deleteEngine"):
+    for op_id in ("registerEngine", "engineHeartbeatOrDrain", "listEngines", "deleteEngine"):
         assert ops[op_id].get("description") or ops[op_id].get("summary")
