@@ -25,11 +25,19 @@ AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern
                                           description="the adapter folder, under one of --lora-roots")]
 
 
+Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$", description="hex sha256")]
+
+
 class LoadLoRAAdapterRequest(msgspec.Struct):
+    """vLLM's load request; `pinned`, `load_inplace` and `expected_sha256` are loraplane's extras."""
+
     lora_name: AdapterName
     lora_path: AdapterPath
     pinned: bool = False
     load_inplace: bool = False
+    # The version's manifest digest (shared.manifest) as the control plane recorded it: the engine
+    # digests what it read and refuses other content with a 409 `sha256_mismatch`, loading nothing.
+    expected_sha256: Sha256 | None = None
 
 
 class UnloadLoRAAdapterRequest(msgspec.Struct):
@@ -66,7 +74,8 @@ class LoRAService:
 
     async def load(self, body: LoadLoRAAdapterRequest) -> dict[str, Any]:
         return await self.registry.load(
-            body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace
+            body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace,
+            expected_sha256=body.expected_sha256,
         )
 
     async def unload(self, body: UnloadLoRAAdapterRequest) -> dict[str, Any]:

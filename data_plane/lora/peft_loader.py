@@ -22,6 +22,7 @@ from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_targets
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
+from shared.manifest import ManifestEntry, entries_of, manifest_digest
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -48,7 +49,8 @@ def load_peft_adapter(
     try:
         folder = _resolve_inside_roots(path, allowed_roots)
         config_path, weights_path = _locate_files(folder, path, allowed_roots)
-        config = _read_config(config_path)
+        config_bytes = config_path.read_bytes()
+        config = _read_config(config_bytes)
     except OSError as exc:  # a name too long for the file system, permissions, a file vanishing
         shown = repr(str(path)[:128]) + ("…" if len(str(path)) > 128 else "")
         raise LoRAAdapterError(f"adapter path {shown} cannot be read ({exc.strerror or type(exc).__name__}); "
@@ -68,28 +70,19 @@ def load_peft_adapter(
         lora_a, lora_b = tensors[(layer, short)]
         scaling = alpha / math.sqrt(r) if spec.use_rslora else alpha / r
         layers.setdefault(layer, {})[short] = LoRAModuleWeights(lora_a=lora_a, lora_b=lora_b, scaling=scaling)
-    files = [config_path, weights_path]
+    # The version's identity is the manifest digest (shared.manifest), the same the control plane records:
+    # the config's entry is taken from the very bytes parsed above, so what is served is what is named.
+    entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
+               *entries_of([weights_path])]
     return LoRAAdapterWeights(
         path=str(folder),
-        sha256=adapter_sha256(files),
+        sha256=manifest_digest(entries),
         rank=rank,
         alpha=float(spec.lora_alpha),
         target_modules=sorted({s for _, s in targets}, key=TARGET_MODULES.index),
-        size_bytes=sum(f.stat().st_size for f in files),
+        size_bytes=sum(e.size for e in entries),
         layers=layers,
     )
-
-
-def adapter_sha256(files: list[Path]) -> str:
-    """sha256 over the files in name order, each framed by its name and length so that no two different
-    file sets hash the same (a plain concatenation could shift bytes from one file into the next)."""
-    digest = hashlib.sha256()
-    for f in sorted(files, key=lambda p: p.name):
-        digest.update(f.name.encode() + b"\0" + f.stat().st_size.to_bytes(8, "little"))
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
@@ -135,9 +128,9 @@ def _locate_files(folder: Path, given: str | Path, allowed_roots: list[str]) -> 
     return config_path, weights_path
 
 
-def _read_config(config_path: Path) -> dict[str, Any]:
+def _read_config(data: bytes) -> dict[str, Any]:
     try:
-        config = json.loads(config_path.read_bytes())
+        config = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         # the decoder's message gives a position only, never the file's text
         raise LoRAAdapterError(f"{CONFIG_NAME} is not valid JSON ({exc}); re-save the adapter with peft") from None

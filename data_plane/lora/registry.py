@@ -104,9 +104,11 @@ class LoRARegistry:
 
     # ---- load ----------------------------------------------------------------------------------
     async def load(
-        self, name: str, path: str, *, pinned: bool = False, load_inplace: bool = False
+        self, name: str, path: str, *, pinned: bool = False, load_inplace: bool = False,
+        expected_sha256: str | None = None,
     ) -> dict[str, Any]:
-        """Load (or re-declare) `name` from `path`; returns the load reply body."""
+        """Load (or re-declare) `name` from `path`; returns the load reply body. `expected_sha256`: the
+        manifest digest the caller recorded for this version; files that differ are refused, nothing loaded."""
         _check_name(name, self.base_name)
         async with self._name_lock(name):
             self._loading[name] = path
@@ -114,6 +116,11 @@ class LoRARegistry:
                 weights = await read_off_loop(self._loader, path)
             finally:
                 del self._loading[name]
+            if expected_sha256 is not None and weights.sha256 != expected_sha256:
+                raise LoRAConflictError(
+                    f"adapter_config.json or its weights changed since the version was recorded: sha256 "
+                    f"{expected_sha256[:16]}… expected, {weights.sha256[:16]}… found; nothing was loaded",
+                    param="expected_sha256", code="sha256_mismatch")
             current = self._active.get(name)
             if current is not None and current.sha256 == weights.sha256:
                 await self._redeclare(current, weights, pinned)

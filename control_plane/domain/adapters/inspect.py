@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_plane.lora.peft_loader import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME, adapter_sha256
+from data_plane.lora.peft_loader import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME
 from data_plane.lora.peft_targets import TargetSpec
 from data_plane.lora.weights import TARGET_MODULES
 from shared.errors import InvalidRequestError
+from shared.manifest import files_digest
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.[^.]+)?\.weight$")
 _MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$")
@@ -77,7 +78,7 @@ def _inspect(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
     files = [config_path, weights_path]
     hint = config.get("base_model_name_or_path")
     return InspectedAdapter(
-        path=str(folder), sha256=adapter_sha256(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
+        path=str(folder), sha256=files_digest(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
         target_modules=targets, size_bytes=sum(f.stat().st_size for f in files),
         base_model_hint=hint if isinstance(hint, str) and hint else None,
     )

@@ -33,6 +33,8 @@ class PushOrder:
     placement_ids: tuple[int, ...]
     path: str | None = None  # load: the version's folder
     adapter_id: int | None = None  # load: the other versions on the engine are then observed absent
+    sha256: str | None = None  # load: the version's manifest digest, sent as `expected_sha256`
+    version: int | None = None  # load: the version's number (named in errors)
 
 
 class PlacementPlanner:
@@ -127,4 +129,4 @@ class PlacementPlanner:
         await session.flush()
         return PushOrder(engine_id=engine.id, engine=engine.name, url=engine.url, adapter=adapter.name,
                          action="load", desired=placement.desired, placement_ids=(placement.id,), path=version.uri,
-                         adapter_id=adapter.id)
+                         adapter_id=adapter.id, sha256=version.sha256, version=version.number)

@@ -3,7 +3,9 @@
 All engines are called at once (asyncio.gather). Each answer lands on its placement rows: a load that
 succeeded is observed `loaded` (the adapter's other versions on that engine `absent`, since the engine
 replaced them in place), an unload `absent`, a failure `failed` with the error in `last_error`. Loads
-are sent with `load_inplace`, so an engine switching versions lets in-flight requests finish on the old.
+are sent with `load_inplace`, so an engine switching versions lets in-flight requests finish on the old,
+and with `expected_sha256`, the version's manifest digest, so that files edited after the version was
+recorded are refused by the engine (and recorded as a failure) instead of being served as that version.
 """
 
 from __future__ import annotations
@@ -39,18 +41,28 @@ class Pusher:
     async def _one(self, order: PushOrder) -> EngineOutcome:
         try:
             if order.action == "load":
-                assert order.path is not None
-                await self.client.load(order.url, order.adapter, order.path,
-                                       pinned=order.desired == DesiredState.PINNED.value, load_inplace=True)
+                await self._load(order)
                 done = "loaded"
             else:
                 await self.client.unload(order.url, order.adapter)
                 done = "unloaded"
         except EngineCallError as exc:
-            logger.warning("push %s %s to engine %s failed: %s", order.action, order.adapter, order.engine,
-                           exc.message)
-            return EngineOutcome(engine=order.engine, desired=order.desired, outcome="failed", error=exc.message)
+            error = exc.message if order.version is None else f"version {order.version}: {exc.message}"
+            logger.warning("push %s %s to engine %s failed: %s", order.action, order.adapter, order.engine, error)
+            return EngineOutcome(engine=order.engine, desired=order.desired, outcome="failed", error=error)
         return EngineOutcome(engine=order.engine, desired=order.desired, outcome=done)
+
+    async def _load(self, order: PushOrder) -> None:
+        """Load with `expected_sha256`: the engine refuses files that are not the recorded version (409
+        sha256_mismatch). An engine that answers with another digest anyway (one that ignores the field)
+        is a failure too: `loaded` is recorded only for the recorded bytes."""
+        assert order.path is not None and order.sha256 is not None
+        loaded = await self.client.load(order.url, order.adapter, order.path,
+                                        pinned=order.desired == DesiredState.PINNED.value, load_inplace=True,
+                                        expected_sha256=order.sha256)
+        if loaded.sha256 != order.sha256:
+            raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded "
+                                  f"{order.sha256[:16]}…")
 
     async def _record(self, orders: list[PushOrder], outcomes: list[EngineOutcome]) -> None:
         async with self.gate.hold():

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,7 +13,7 @@ import pytest
 from advanced_alchemy.base import orm_registry
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import control_plane.db.models  # noqa: F401
@@ -19,6 +22,7 @@ from control_plane.db import migrate
 from tests.control_plane.conftest import create_pg_database, drop_pg_database
 
 TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events"}
+HEAD = "0002_manifest_digest"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -42,7 +46,7 @@ async def test_upgrade_to_head_matches_models_then_downgrade_to_base(empty_db: s
     try:
         assert await migrate.current(engine) is None and await _tables(engine) == set()
         await migrate.upgrade(engine)
-        assert await migrate.current(engine) == "0001"
+        assert await migrate.current(engine) == HEAD
         assert await _tables(engine) == TABLES
         async with engine.connect() as conn:
             diff = await conn.run_sync(lambda c: compare_metadata(
@@ -60,7 +64,7 @@ def test_cli_db_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert cli.main(["--database-url", url, "db", "current"]) == 0
     assert cli.main(["--database-url", url, "db", "upgrade"]) == 0
     assert cli.main(["--database-url", url, "db", "downgrade", "base"]) == 0
-    assert capsys.readouterr().out.split() == ["base", "(empty)", "0001", "base", "(empty)"]
+    assert capsys.readouterr().out.split() == ["base", "(empty)", HEAD, "base", "(empty)"]
 
 
 def test_cli_refuses_to_serve_without_admin_tokens(monkeypatch: pytest.MonkeyPatch,
@@ -75,7 +79,53 @@ async def test_replicas_migrating_at_once_do_not_collide(empty_db: str) -> None:
     engines = [create_async_engine(empty_db) for _ in range(3)]
     try:
         await asyncio.gather(*(migrate.upgrade(e) for e in engines))
-        assert [await migrate.current(e) for e in engines] == ["0001"] * 3
+        assert [await migrate.current(e) for e in engines] == [HEAD] * 3
     finally:
         for e in engines:
             await e.dispose()
+
+
+def _legacy_and_manifest(folder: Path) -> tuple[str, str]:
+    from importlib import import_module
+
+    from shared.manifest import files_digest
+
+    legacy = import_module("migrations.versions.0002_manifest_digest").legacy_sha256
+    files = [folder / "adapter_config.json", folder / "adapter_model.safetensors"]
+    return legacy(files), files_digest(files)
+
+
+async def test_0002_recomputes_digests_of_intact_versions_and_keeps_the_rest(empty_db: str, demo: dict,
+                                                                             tmp_path: Path) -> None:
+    intact, edited = tmp_path / "intact", tmp_path / "edited"
+    shutil.copytree(demo["demo-short"], intact)
+    shutil.copytree(demo["demo-poet"], edited)
+    (intact_old, intact_new), (edited_old, _) = _legacy_and_manifest(intact), _legacy_and_manifest(edited)
+    config = edited / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "lora_alpha": 4096}))  # edited after
+    engine = create_async_engine(empty_db)
+    try:
+        await migrate.upgrade(engine, "0001")
+        now = dt.datetime.now(dt.UTC)
+        async with engine.begin() as conn:
+            adapter_id = (await conn.execute(text(
+                "INSERT INTO adapters (name, base_model, description, labels, created_at, updated_at) "
+                "VALUES ('a', 'demo', '', '{}', :now, :now) RETURNING id"), {"now": now})).scalar_one()
+            for number, uri, sha in ((1, intact, intact_old), (2, edited, edited_old),
+                                     (3, tmp_path / "gone", "f" * 64)):
+                await conn.execute(text(
+                    "INSERT INTO adapter_versions (adapter_id, number, uri, sha256, rank, alpha, target_modules, "
+                    "size_bytes, created_at) VALUES (:a, :n, :uri, :sha, 4, 8, '[]', 1, :now)"),
+                    {"a": adapter_id, "n": number, "uri": str(uri), "sha": sha, "now": now})
+
+        async def digests() -> dict[int, str]:
+            async with engine.connect() as conn:
+                rows = await conn.execute(text("SELECT number, sha256 FROM adapter_versions"))
+                return {n: sha for n, sha in rows}
+
+        await migrate.upgrade(engine)
+        assert await digests() == {1: intact_new, 2: edited_old, 3: "f" * 64}
+        await migrate.downgrade(engine, "0001")
+        assert await digests() == {1: intact_old, 2: edited_old, 3: "f" * 64}
+    finally:
+        await engine.dispose()

@@ -258,3 +258,24 @@ def test_listings_show_paths_to_admin_callers_only(engine, demo_model_dir, adapt
             assert str(adapter_root) not in client.get("/v1/lora_stats", headers=headers).text
         [adapter] = client.get("/v1/lora_adapters", headers=admin).json()["adapters"]
         assert adapter["path"] == str(adapter_root / "demo-poet")
+
+
+def test_expected_sha256_refuses_other_content_and_loads_nothing(client, adapter_root):
+    poet = adapter_root / "demo-poet"
+    files = [poet / "adapter_config.json", poet / "adapter_model.safetensors"]
+    from shared.manifest import files_digest
+
+    digest = files_digest(files)
+    other = files_digest([adapter_root / "demo-short" / f.name for f in files])
+    error = assert_openai_error(load(client, adapter_root, "demo-poet", expected_sha256=other), 409, "conflict_error")
+    assert error["code"] == "sha256_mismatch" and error["param"] == "expected_sha256"
+    assert "adapter_config.json or its weights changed" in error["message"]
+    assert other[:16] in error["message"] and digest[:16] in error["message"]
+    assert client.get("/v1/lora_adapters").json()["adapters"] == []
+    assert_openai_error(load(client, adapter_root, "demo-poet", expected_sha256="xyz"), 400)
+    r = load(client, adapter_root, "demo-poet", expected_sha256=digest)
+    assert r.status_code == 200 and r.json()["sha256"] == digest
+    # the same name, now loaded: a mismatching re-declaration changes nothing either
+    assert_openai_error(load(client, adapter_root, "demo-poet", expected_sha256=other, load_inplace=True), 409)
+    [held] = client.get("/v1/lora_adapters").json()["adapters"]
+    assert (held["sha256"], held["version"]) == (digest, 1)

@@ -231,6 +231,17 @@ def test_sha256_is_content_identity(tiny_checkpoints, peft_adapters, tmp_path) -
     assert _load(edited, base).sha256 not in (first.sha256, changed.sha256)
 
 
+def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoints, peft_adapters) -> None:
+    from control_plane.domain.adapters.inspect import inspect_adapter
+    from shared.manifest import files_digest
+
+    src = peft_adapters("llama", "attention")
+    ours = _load(src, tiny_checkpoints["llama"])
+    assert ours.sha256 == files_digest([src / "adapter_config.json", src / "adapter_model.safetensors"])
+    assert inspect_adapter(str(src), (str(src.parent),)).sha256 == ours.sha256
+    assert ours.cache_namespace == int(ours.sha256[:16], 16)
+
+
 def test_dtype_conversion(tiny_checkpoints, peft_adapters) -> None:
     ours = _load(peft_adapters("llama", "attention"), tiny_checkpoints["llama"], dtype=torch.bfloat16)
     module = ours.layers[1]["v_proj"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -178,3 +180,33 @@ async def test_lora_stats_combine_the_engines(cp: AsyncTestClient, engines: list
     assert all(e["residency"] in ("device", "host", "disk") and e["age_s"] < 5 for e in per_engine.values())
     assert [(e["engine"], e["error"]) for e in r.json()["engines"]] == [("ea", None), ("eb", None)]
     assert (await cp.get("/v1/lora_stats")).status_code == 401
+
+
+async def test_files_edited_after_registration_are_refused_never_loaded_as_that_version(
+        cp: AsyncTestClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
+    # issue 8, 1.6: edit v1's adapter_config.json (alpha 4096) after registering it, then activate v1 again
+    name = unique(request, "integrity")
+    v1_dir = Path(shutil.copytree(demo["demo-short"], demo["root"] / "integrity" / name))
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(),
+                      json={"lora_name": name, "lora_path": str(v1_dir), "base_model": "demo"})
+    assert r.status_code == 200, r.text
+    v1_sha = r.json()["sha256"]
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(),
+                      json={"lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo"})
+    assert r.status_code == 200 and r.json()["version"] == 2, r.text
+    v2_sha = r.json()["sha256"]
+    config = v1_dir / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "lora_alpha": 4096}))
+
+    r = await cp.post(f"/v1/lora_adapters/{name}/activate", json={"version": 1}, headers=admin())
+    assert r.status_code == 502, r.text  # every engine refused
+    for outcome in r.json()["engines"]:
+        assert outcome["outcome"] == "failed"
+        assert outcome["error"].startswith("version 1: ") and "409" in outcome["error"]
+        assert "adapter_config.json or its weights changed" in outcome["error"] and v1_sha[:16] in outcome["error"]
+    placed = {(p["engine"], p["version"]): p for p in r.json()["placements"]}
+    for engine in ("ea", "eb"):
+        assert (placed[(engine, 1)]["desired"], placed[(engine, 1)]["observed"]) == ("loaded", "failed")
+        assert "changed since" in placed[(engine, 1)]["last_error"]
+    for server in engines:  # still serving v2's bytes, never the edited files as v1
+        assert engine_adapters(server)[name]["sha256"] == v2_sha != v1_sha
