@@ -23,9 +23,11 @@ def error_response(exc: LoraplaneError) -> Response[dict[str, Any]]:
     return Response(exc.to_body(), status_code=exc.status_code)
 
 
-def error_body(status: int, message: str, param: str | None = None) -> Response[dict[str, Any]]:
+def error_body(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> Response[dict[str, Any]]:
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": status}}
-    return Response(body, status_code=status)
+    return Response(body, status_code=status, headers=headers)
 
 
 def handle_loraplane_error(request: Request, exc: LoraplaneError) -> Response[dict[str, Any]]:
@@ -42,7 +44,13 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response[dict
         limit = request.app.request_max_body_size
         return error_response(PayloadTooLargeError(f"The request body exceeds the limit of {limit} bytes."))
     if status == 405:
-        return error_body(status, f"Method {request.method} is not allowed for {request.url.path}.")
+        # RFC 9110: a 405 lists the methods the resource does support (Litestar's router knows them)
+        allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+        methods = next(iter(allow.values()), "")
+        return error_body(
+            status, f"Method {request.method} is not allowed for {request.url.path}; allowed: {methods}.",
+            headers={"Allow": methods} if methods else None,
+        )
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
         # msgspec names the offending field: pass it on as the OpenAI `param`
         first = exc.extra[0] if isinstance(exc.extra[0], dict) else {}

@@ -18,10 +18,11 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
-from data_plane.api import lora_routes
+from data_plane.api import lora_routes, schemas
+from data_plane.api.auth import api_key_guard
 from data_plane.api.errors import ClientDisconnected
 from data_plane.api.models import ModelResolver
-from data_plane.api.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from data_plane.api.protocol import decode_request, request_types
 from data_plane.api.serving_chat import ChatService
 from data_plane.api.serving_completion import CompletionService
 from data_plane.api.serving_lora import LoRAService
@@ -32,6 +33,7 @@ from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
 from shared.errors import EngineDeadError, LoraplaneError
 from shared.http_errors import exception_handlers
+from shared.openapi import document_app, route_doc
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -82,33 +84,55 @@ def _respond(result: dict[str, Any] | EventStream) -> Response[Any]:
     return Response(result)
 
 
-@post("/v1/chat/completions", status_code=200, operation_id="createChatCompletion")
+# what an inference request can be answered with besides 200 (401 is added where --api-key is set)
+_GENERATION_ERRORS = (400, 404, 413, 500, 503)
+
+
+def _generation_route(path: str, operation_id: str, kind: str, response: type, chunk: type) -> post:
+    """POST route of a generation endpoint; its request type is this engine's (protocol.request_types)."""
+    doc = route_doc(
+        request=lambda app: getattr(app.state.request_types, kind),
+        response=response,
+        stream=chunk,
+        errors=_GENERATION_ERRORS,
+    )
+    return post(path, status_code=200, operation_id=operation_id, guards=[api_key_guard], opt=doc)
+
+
+@_generation_route(
+    "/v1/chat/completions", "createChatCompletion", "chat", schemas.ChatCompletion, schemas.ChatCompletionChunk
+)
 async def create_chat_completion(request: Request, state: State) -> Response[Any]:
     """Create a model response for a chat conversation (OpenAI-compatible; `stream` for SSE)."""
-    body = decode_request(await request.body(), ChatCompletionRequest)
+    body = decode_request(await request.body(), state.request_types.chat)
     return _respond(await _until_disconnect(request, state.chat.create(body)))
 
 
-@post("/v1/completions", status_code=200, operation_id="createCompletion")
+@_generation_route("/v1/completions", "createCompletion", "completion", schemas.Completion, schemas.CompletionChunk)
 async def create_completion(request: Request, state: State) -> Response[Any]:
     """Create a completion for a prompt (OpenAI-compatible legacy completions; `stream` for SSE)."""
-    body = decode_request(await request.body(), CompletionRequest)
+    body = decode_request(await request.body(), state.request_types.completion)
     return _respond(await _until_disconnect(request, state.completion.create(body)))
 
 
-@get("/v1/models", operation_id="listModels")
+@get("/v1/models", operation_id="listModels", guards=[api_key_guard], opt=route_doc(response=schemas.ModelList))
 async def list_models(state: State) -> dict[str, Any]:
     """List the models this engine serves: the base model and every ready adapter (`parent` = base)."""
     return {"object": "list", "data": state.resolver.cards()}
 
 
-@get("/v1/models/{model_id:path}", operation_id="retrieveModel")
+@get(
+    "/v1/models/{model_id:path}",
+    operation_id="retrieveModel",
+    guards=[api_key_guard],
+    opt=route_doc(response=schemas.ModelCard, errors=[404]),
+)
 async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
     """One served model by name (404 when this engine does not serve it)."""
     return state.resolver.card(model_id.lstrip("/"))  # :path keeps names with slashes ("org/adapter")
 
 
-@get("/health", operation_id="health")
+@get("/health", operation_id="health", opt=route_doc(response=schemas.Health, errors=[503]))
 async def health(state: State) -> Response[Any]:
     """200 while the engine loop runs; 503 with the reason once it has died."""
     engine = state.engine
@@ -124,7 +148,7 @@ async def metrics(state: State) -> Response[bytes]:
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
-@get("/version", operation_id="version")
+@get("/version", operation_id="version", opt=route_doc(response=schemas.Version))
 async def get_version() -> dict[str, str]:
     """The loraplane version of this engine."""
     return {"version": __version__}
@@ -160,6 +184,9 @@ def create_app(engine: Any, config: EngineConfig, *, lora_loader: Loader | None 
         {
             "engine": engine,
             "config": config,
+            "request_types": request_types(
+                config.max_model_len, config.max_n, config.max_stop_strings, config.max_stop_string_length
+            ),
             "resolver": resolver,
             "metrics": engine_metrics,
             "chat": ChatService(engine, resolver, engine_metrics),
@@ -184,7 +211,7 @@ def create_app(engine: Any, config: EngineConfig, *, lora_loader: Loader | None 
             await registry.close()
         await engine.shutdown()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             create_chat_completion,
             create_completion,
@@ -203,3 +230,5 @@ def create_app(engine: Any, config: EngineConfig, *, lora_loader: Loader | None 
         openapi_config=OpenAPIConfig(title="loraplane engine", version=__version__),
         logging_config=None,  # the process configures logging at its edge (server.py), not the app
     )
+    document_app(app, extra_errors=lambda handler: [401] if config.api_key and api_key_guard in (handler.guards or ()) else [])
+    return app

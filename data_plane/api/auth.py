@@ -1,7 +1,8 @@
-"""Admin authentication: mutating endpoints need `Authorization: Bearer <admin token>` when one is set.
+"""Authentication. Admin: mutating endpoints need `Authorization: Bearer <admin token>` when one is set.
+Inference (--api-key, vLLM's flag): chat, completions and models need `Bearer <api key>` when set.
 
 No token configured → open (a single-user dev engine). 401 when the header is missing or not a
-bearer token, 403 when the token is wrong. The comparison is constant-time, and neither the
+bearer token, 403 when the admin token is wrong (a wrong API key is a 401, as OpenAI answers). The comparison is constant-time, and neither the
 expected nor the offered token is ever logged or echoed.
 """
 
@@ -26,6 +27,23 @@ def check_admin(authorization: str | None, admin_token: str | None) -> None:
         )
     if not hmac.compare_digest(offered.strip().encode(), admin_token.encode()):
         raise PermissionDeniedError("The admin token is not valid.")
+
+
+def check_api_key(authorization: str | None, api_key: str | None) -> None:
+    """The inference endpoints with --api-key: 401 in OpenAI's shape for a missing or wrong key."""
+    if not api_key:
+        return
+    scheme, _, offered = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered.strip().encode(), api_key.encode()):
+        raise AuthenticationError(
+            "Missing or incorrect API key: send `Authorization: Bearer <key>` (the engine's --api-key).",
+            code="invalid_api_key",
+        )
+
+
+def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """Litestar guard for the inference endpoints (chat, completions, models)."""
+    check_api_key(connection.headers.get("authorization"), connection.app.state.config.api_key)
 
 
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:

@@ -7,39 +7,48 @@ type is a 400 that names the field. Every optional field accepts `null`, which m
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
+from msgspec import Meta
 
-from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from shared.errors import InvalidRequestError
 
 T = TypeVar("T", bound=msgspec.Struct)
 
+# Every range a validator can check lives in the type, so the OpenAPI schema states it and the
+# decoder enforces it (a 400 naming the field). Limits that depend on the engine's flags (n, stop
+# strings, max_tokens) are filled in per engine by `request_types`.
+Temperature = Annotated[float, Meta(ge=0.0, description="0 is greedy")]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+TopK = Annotated[int, Meta(ge=-1, description="-1 or 0 disables top-k")]
+MinP = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=2.0)]
+Seed = Annotated[int, Meta(ge=SEED_MIN, le=SEED_MAX, description="a signed 64-bit integer")]
+TokenId = Annotated[int, Meta(ge=0)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+StopString = Annotated[str, Meta(min_length=1)]
+Unsupported = Meta(max_length=0, description="not supported: must be absent, null or empty")
+
 
 class ContentPart(msgspec.Struct):
-    type: str
+    type: Literal["text"]  # only text parts are supported
     text: str | None = None
 
 
 class ChatMessage(msgspec.Struct):
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
-    def text(self, index: int) -> str:
-        """The message's content as one string; only text parts are supported."""
+    def text(self) -> str:
+        """The message's content as one string (the schema admits text parts only)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        texts = []
-        for part in self.content:
-            if part.type != "text":
-                raise InvalidRequestError(
-                    f"Only text content parts are supported, got {part.type!r}.",
-                    param=f"messages[{index}].content",
-                )
-            texts.append(part.text or "")
-        return "".join(texts)
+        return "".join(part.text or "" for part in self.content)
 
 
 class StreamOptions(msgspec.Struct):
@@ -50,24 +59,24 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completion requests (OpenAI plus the vLLM extras)."""
 
     model: str
-    n: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    n: int | None = None  # range: request_types
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    stop: StopString | list[StopString] | None = None  # lengths: request_types
+    seed: Seed | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: Annotated[dict[str, float], Unsupported] | None = None
     user: str | None = None
     # vLLM extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    min_tokens: int | None = None  # range: request_types
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     return_token_ids: bool | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
@@ -78,11 +87,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Build (and so validate) the engine's parameters; None fields take the engine defaults."""
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported.", param="logit_bias")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if any(s == "" for s in stop):
-            raise InvalidRequestError("Stop strings must not be empty.", param="stop")
         given: dict[str, Any] = {
             "n": self.n,
             "temperature": self.temperature,
@@ -103,34 +108,27 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
         return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)
 
 
+class ResponseFormat(msgspec.Struct):
+    type: Literal["text"] = "text"  # JSON modes are not supported
+
+
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: int | None = None  # range: request_types
     max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    top_logprobs: TopLogprobs | None = None
+    tools: Annotated[list[dict[str, Any]], Unsupported] | None = None
+    response_format: ResponseFormat | None = None
 
     def check(self) -> None:
         """Refusals that need no tokenizer: checked before any work is done."""
-        if not self.messages:
-            raise InvalidRequestError("messages must contain at least one message.", param="messages")
-        if self.tools:
-            raise InvalidRequestError("Tool calling is not supported.", param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise InvalidRequestError(
-                "Only response_format type 'text' is supported.", param="response_format"
-            )
-        if self.top_logprobs is not None:
-            if not self.logprobs:
-                raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
-            if not 0 <= self.top_logprobs <= 20:
-                raise InvalidRequestError("top_logprobs must be between 0 and 20.", param="top_logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
 
     def conversation(self) -> list[dict[str, str]]:
         """Messages in the shape chat templates expect: role and plain-text content."""
-        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """default_max_tokens: what is left of the context after the prompt (as vLLM does)."""
@@ -144,16 +142,14 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 class CompletionRequest(_SamplingFields, kw_only=True):
     # str | list[int] | list[str] | list[list[int]]; msgspec allows one array type per union, so the
     # list's items are a union and `prompts()` checks the list is homogeneous.
-    prompt: str | list[str | int | list[int]]
-    max_tokens: int | None = 16
+    prompt: str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
+    max_tokens: int | None = 16  # range: request_types
     echo: bool | None = None
-    logprobs: int | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    logprobs: TopLogprobs | None = None
+    suffix: Annotated[str, Unsupported] | None = None
+    best_of: Annotated[int, Meta(ge=1, description="must equal n")] | None = None
 
     def check(self) -> None:
-        if self.suffix:
-            raise InvalidRequestError("suffix is not supported.", param="suffix")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise InvalidRequestError("best_of is not supported (it must equal n).", param="best_of")
         if self.echo and self.logprobs is not None:
@@ -164,8 +160,6 @@ class CompletionRequest(_SamplingFields, kw_only=True):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if not p:
-            raise InvalidRequestError("prompt must not be empty.", param="prompt")
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         if all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p):
@@ -180,6 +174,40 @@ class CompletionRequest(_SamplingFields, kw_only=True):
         return self._sampling_params(max_tokens, self.logprobs)
 
 
+@dataclass(frozen=True)
+class RequestTypes:
+    """This engine's request Structs: the shared fields plus the ranges its flags set."""
+
+    chat: type[ChatCompletionRequest]
+    completion: type[CompletionRequest]
+
+
+def request_types(max_model_len: int, max_n: int, max_stop_strings: int, max_stop_string_length: int) -> RequestTypes:
+    """Subclasses that only narrow the flag-dependent fields, so decoding enforces them and the
+    OpenAPI schema states them: n <= --max-n, stop strings per --max-stop-strings and
+    --max-stop-string-length, max_tokens and min_tokens within the context."""
+    stop_string = Annotated[str, Meta(min_length=1, max_length=max_stop_string_length)]
+    stop = stop_string | Annotated[list[stop_string], Meta(max_length=max_stop_strings)] | None
+    n = Annotated[int, Meta(ge=1, le=max_n, description="samples per prompt (--max-n)")] | None
+    max_tokens = Annotated[int, Meta(ge=1, le=max_model_len, description="tokens to generate")] | None
+    min_tokens = Annotated[int, Meta(ge=0, le=max_model_len)] | None
+    shared = [("n", n, None), ("stop", stop, None), ("min_tokens", min_tokens, None)]
+    chat = msgspec.defstruct(
+        "ChatCompletionRequest",
+        [*shared, ("max_tokens", max_tokens, None), ("max_completion_tokens", max_tokens, None)],
+        bases=(ChatCompletionRequest,),
+        kw_only=True,
+        module=__name__,
+    )
+    completion = msgspec.defstruct(
+        "CompletionRequest", [*shared, ("max_tokens", max_tokens, 16)], bases=(CompletionRequest,), kw_only=True,
+        module=__name__,
+    )
+    return RequestTypes(chat, completion)  # type: ignore[arg-type]
+
+
+# Fields that are accepted only absent, null or empty: say so rather than quote the length rule.
+_UNSUPPORTED = {"logit_bias", "tools", "suffix", "response_format.type"}
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 
@@ -191,7 +219,10 @@ def decode_request(body: bytes, kind: type[T]) -> T:
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
-        raise InvalidRequestError(f"Invalid request: {exc}", param=_field_of(str(exc))) from None
+        param = _field_of(str(exc))
+        if param in _UNSUPPORTED:
+            raise InvalidRequestError(f"{param} is not supported: {exc}", param=param) from None
+        raise InvalidRequestError(f"Invalid request: {exc}", param=param) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(f"Malformed JSON body: {exc}") from None
 

@@ -41,6 +41,9 @@ class FakeConfig:
     model: str = "/models/fake"
     max_request_body_bytes: int = 4096
     max_prompt_chars: int = MAX_MODEL_LEN * 16
+    max_n: int = 8
+    max_stop_strings: int = 16
+    max_stop_string_length: int = 256
     admin_token: str | None = None
     api_key: str | None = None
     enable_lora: bool = False

@@ -203,7 +203,8 @@ def ok(client) -> None:
         (chat_body(max_tokens=-1), "max_tokens"),
         (chat_body(temperature=-1), "temperature"),
         (chat_body(max_tokens="5"), "max_tokens"),
-        (chat_body(max_tokens=1000), "prompt"),  # the engine's context-length check
+        (chat_body(max_tokens=1000), "max_tokens"),  # over max_model_len: the schema's range
+        (chat_body(max_tokens=60), "prompt"),  # fits alone, not with the prompt: the engine's check
     ],
 )
 def test_invalid_requests_are_400(client, body, param):

@@ -36,7 +36,7 @@ def test_a_seed_past_64_bits_is_400_and_the_engine_lives_on(engine_server):
         ({"n": 10000, "max_tokens": 8}, "n"),
         ({"stop": [f"s{i}" for i in range(17)]}, "stop"),
         ({"stop": "x" * 257}, "stop"),
-        ({"stop": ["ok", "y" * 257]}, "stop"),
+        ({"stop": ["ok", "y" * 257]}, "stop[1]"),
     ],
 )
 def test_requests_that_would_starve_others_are_400(engine_server, fields, param):
