@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from shared.errors import ConflictError, InvalidRequestError, NotFoundError
+from shared.errors import ConflictError, NotFoundError
+from shared.peft import AdapterFilesError
 
-
-class LoRAAdapterError(InvalidRequestError):
-    """The adapter at the given path cannot be served (files, format, shape, rank, location): the
-    request's `lora_path` is what is wrong, unless the raiser names another field."""
-
-    def __init__(self, message: str, *, param: str | None = "lora_path", code: str | None = None) -> None:
-        super().__init__(message, param=param, code=code)
+# The adapter at the given path cannot be served: one error kind, shared with the control plane.
+LoRAAdapterError = AdapterFilesError
 
 
 class LoRANotFoundError(NotFoundError):

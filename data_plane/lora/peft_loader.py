@@ -23,10 +23,7 @@ from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_target
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
 from shared.manifest import ManifestEntry, entries_of, manifest_digest
-
-CONFIG_NAME = "adapter_config.json"
-WEIGHTS_NAME = "adapter_model.safetensors"
-PICKLE_NAME = "adapter_model.bin"
+from shared.peft import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME
 
 # peft saves `base_model.model.<module>.lora_A.weight`; in-memory state dicts also carry the adapter name.
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.(?P<name>[^.]+))?\.weight$")

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-# Hugging Face projection names that loraplane can adapt, and where each lands in the fused layers.
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from shared.peft import TARGET_MODULES
+
+__all__ = ["TARGET_MODULES", "LoRAAdapterWeights", "LoRAModuleWeights"]
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The engine checks shapes against its base when it loads; here the control plane checks what it can
 alone: the path lies under an adapter root, both files exist, adapter_config.json is a LoRA config
-loraplane serves (data_plane.lora.peft_targets.TargetSpec), and the safetensors header (read without
+loraplane serves (shared.peft.TargetSpec), and the safetensors header (read without
 the tensor data) names exactly A/B pairs of the targeted projections with shapes consistent with the
 config's ranks. Blocking file I/O: call it off the event loop.
 """
@@ -16,21 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_plane.lora.peft_loader import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME
-from data_plane.lora.peft_targets import TargetSpec
-from data_plane.lora.weights import TARGET_MODULES
-from shared.errors import InvalidRequestError
 from shared.manifest import files_digest
+from shared.peft import CONFIG_NAME, PICKLE_NAME, TARGET_MODULES, WEIGHTS_NAME, AdapterFilesError, TargetSpec
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.[^.]+)?\.weight$")
 _MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$")
 _PARENT = {s: ("self_attn" if s.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp") for s in TARGET_MODULES}
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _MAX_HEADER = 100 << 20  # safetensors' own limit
-
-
-class AdapterFilesError(InvalidRequestError):
-    """The adapter folder cannot be registered (location, files, config or safetensors header)."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +62,7 @@ def _inspect(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
     for f in (config_path, weights_path):  # a file may itself be a symlink leading out of the roots
         _inside_roots(str(f), roots)
     config = _read_config(config_path)
-    try:
-        spec = TargetSpec.from_peft_config(config)
-    except InvalidRequestError as exc:
-        raise AdapterFilesError(exc.message, param="lora_path") from None
+    spec = TargetSpec.from_peft_config(config)  # refusals are AdapterFilesError (param lora_path)
     ranks = _check_header(_read_header(weights_path), spec)
     targets = sorted({short for _, short in ranks}, key=TARGET_MODULES.index)
     files = [config_path, weights_path]

@@ -1,0 +1,157 @@
+"""The PEFT LoRA folder format, as both halves read it: file names, the projections loraplane adapts, and
+which modules a LoraConfig targets with what rank and alpha (peft 0.21's rules, without peft or torch).
+
+The rules mirrored (peft/tuners/tuners_utils.py `check_target_module_exists`, peft/utils/other.py
+`get_pattern_key`), applied to the module names transformers gives a Llama-family CausalLM:
+- target_modules as a string is a regex that must fullmatch the module name; as a list, an entry matches a
+  module whose name equals it or ends with "." + it; then layers_to_transform filters by layer index;
+- rank_pattern / alpha_pattern keys are regexes matched as `(.*\\.)?(key)$`, the first matching key wins.
+The engine checks the config against its base model (data_plane.lora.peft_targets.resolve_targets); the
+control plane checks what it can without one (control_plane.domain.adapters.inspect).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from shared.errors import InvalidRequestError
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+PICKLE_NAME = "adapter_model.bin"
+# Hugging Face projection names that loraplane can adapt, and where each lands in the fused layers.
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class AdapterFilesError(InvalidRequestError):
+    """The adapter at the given path cannot be served (files, format, shape, rank, location): the
+    request's `lora_path` is what is wrong, unless the raiser names another field."""
+
+    def __init__(self, message: str, *, param: str | None = "lora_path", code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+# peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for llama, mistral, qwen2 and qwen3
+_DEFAULT_TARGETS = ["q_proj", "v_proj"]
+
+# Config fields that change what the adapter computes beyond scale * B @ A (peft LoRA "variants" and the
+# like): served wrongly if ignored, so refused. Each value is what the user is told the field means.
+_UNSUPPORTED_FIELDS = {
+    "use_dora": "DoRA (use_dora)",
+    "modules_to_save": "modules_to_save (full copies of layers)",
+    "trainable_token_indices": "trainable token embeddings (trainable_token_indices)",
+    "target_parameters": "LoRA on parameters (target_parameters)",
+    "layer_replication": "layer_replication",
+    "lora_bias": "a LoRA bias (lora_bias)",
+    "alora_invocation_tokens": "activated LoRA (alora_invocation_tokens)",
+    "use_qalora": "QA-LoRA (use_qalora)",
+    "use_bdlora": "block-diagonal LoRA (use_bdlora)",
+    "velora_config": "VeLoRA (velora_config)",
+    "monteclora_config": "MonteCLoRA (monteclora_config)",
+    "arrow_config": "Arrow routing (arrow_config)",
+    "kasa_config": "KaSA (kasa_config)",
+}
+# These initialisations rewrite the base weights: the adapter only works on the base saved with it.
+_BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+
+
+def module_name(layer: int, short: str) -> str:
+    """The module's name in transformers' Llama-family CausalLM, as peft matches it."""
+    return f"model.layers.{layer}.{'self_attn' if short in _ATTENTION else 'mlp'}.{short}"
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """The fields of a peft LoraConfig that decide which modules are adapted and how strongly."""
+
+    r: int
+    lora_alpha: int | float
+    target_modules: str | list[str]
+    exclude_modules: str | list[str] | None
+    layers_to_transform: list[int] | None
+    layers_pattern: list[str] | None
+    rank_pattern: dict[str, int]
+    alpha_pattern: dict[str, int | float]
+    use_rslora: bool
+
+    @classmethod
+    def from_peft_config(cls, config: dict[str, Any]) -> TargetSpec:
+        """Parse adapter_config.json (already known to be LoRA), refusing what loraplane cannot serve."""
+        for name, what in _UNSUPPORTED_FIELDS.items():
+            if config.get(name):
+                raise AdapterFilesError(f"the adapter uses {what}, which loraplane does not serve; "
+                                       "retrain or re-save it as a plain LoRA adapter")
+        if config.get("bias", "none") != "none":
+            raise AdapterFilesError(f"bias {config['bias']!r} is not supported (base-layer biases would change); "
+                                   "only bias \"none\" adapters can be served")
+        init = str(config.get("init_lora_weights", True)).lower()
+        if init.startswith(_BASE_CHANGING_INITS):
+            raise AdapterFilesError(
+                f"init_lora_weights {init!r} changes the base weights, so this adapter needs its own base; "
+                "convert it to plain LoRA (save_pretrained(path_initial_model_for_weight_conversion=...))"
+            )
+        r, alpha = config.get("r", 8), config.get("lora_alpha", 8)
+        if not _is_int(r) or r <= 0 or not _is_number(alpha):
+            raise AdapterFilesError(f"r must be a positive integer and lora_alpha a number, got {r!r}, {alpha!r}")
+        rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
+        if not all(_is_int(v) and v > 0 for v in rank_pattern.values()):
+            raise AdapterFilesError("rank_pattern values must be positive integers")
+        if not all(_is_number(v) for v in alpha_pattern.values()):
+            raise AdapterFilesError("alpha_pattern values must be numbers")
+        targets = config.get("target_modules")
+        if targets is None:
+            targets = _DEFAULT_TARGETS
+        elif isinstance(targets, str) and targets.lower() == "all-linear":
+            targets = list(TARGET_MODULES)  # peft expands it to every linear layer but the output head
+        layers = config.get("layers_to_transform")
+        pattern = config.get("layers_pattern")
+        return cls(
+            r=r, lora_alpha=alpha, target_modules=targets, exclude_modules=config.get("exclude_modules"),
+            layers_to_transform=[layers] if isinstance(layers, int) else (layers or None),
+            layers_pattern=[pattern] if isinstance(pattern, str) and pattern else (pattern or None),
+            rank_pattern=rank_pattern, alpha_pattern=alpha_pattern, use_rslora=bool(config.get("use_rslora")),
+        )
+
+    def matches(self, key: str) -> bool:
+        """peft's check_target_module_exists for one module name (modules_to_save is refused earlier)."""
+        excluded = self.exclude_modules
+        if isinstance(excluded, str):
+            if re.fullmatch(excluded, key):
+                return False
+        elif excluded and (key in excluded or any(key.endswith(f".{e}") for e in excluded)):
+            return False
+        if isinstance(self.target_modules, str):
+            return re.fullmatch(self.target_modules, key) is not None
+        if key in self.target_modules:
+            return True  # an exact full name is taken as it is, without the layer filter
+        if not any(key.endswith(f".{t}") for t in self.target_modules):
+            return False
+        if self.layers_to_transform is None:
+            return True
+        if self.layers_pattern is None:
+            m = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)  # the first numbered segment
+        else:
+            m = next(filter(None, (re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", key)
+                                   for p in self.layers_pattern)), None)
+        return m is not None and int(m["idx"]) in self.layers_to_transform
+
+    def rank_and_alpha(self, key: str) -> tuple[int, int | float]:
+        return _pattern_value(self.rank_pattern, key, self.r), _pattern_value(self.alpha_pattern, key, self.lora_alpha)
+
+
+def _pattern_value(pattern: dict[str, Any], key: str, default: Any) -> Any:
+    for pattern_key, value in pattern.items():
+        if re.match(rf"(.*\.)?({pattern_key})$", key):
+            return value
+    return default
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
