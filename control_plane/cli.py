@@ -3,10 +3,13 @@
     loraplane control [--host H] [--port P] [--database-url URL] [--adapter-root DIR ...]
     loraplane control db upgrade [REVISION] | downgrade REVISION | current
 
-Tokens come only from the environment (LORAPLANE_ADMIN_TOKENS, LORAPLANE_READ_TOKENS, comma-separated;
-LORAPLANE_ENGINE_TOKEN, the engines' --admin-token, sent on pushes): a flag would leave them in the
-process list and shell history. LORAPLANE_ENGINE_STALE_AFTER_S (30): heartbeats missed for this long
-make an engine unhealthy.
+Tokens come only from the environment (a flag would leave them in the process list and shell history):
+LORAPLANE_ADMIN_TOKENS, LORAPLANE_READ_TOKENS (comma-separated); LORAPLANE_ENGINE_CREDENTIALS
+(`name=token,…`: each engine's own token, good for its name's register/heartbeat/resolve/drain only);
+LORAPLANE_ENGINE_ADMIN_TOKEN (old name LORAPLANE_ENGINE_TOKEN: the engines' --admin-token, sent on
+pushes). LORAPLANE_ENGINE_ALLOWED_NETWORKS (CIDR, comma-separated): engine URLs must lie in them.
+LORAPLANE_ENGINE_TIMEOUT_S (10): total deadline of one engine call. LORAPLANE_ENGINE_STALE_AFTER_S (30):
+heartbeats missed for this long make an engine unhealthy.
 """
 
 from __future__ import annotations

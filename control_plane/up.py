@@ -3,9 +3,18 @@ demo model registered with it, and the demo adapters loaded through the control 
 
     loraplane up [--demo-dir .demo/model] [--port 8080] [--engine-port 8000] [--database-url URL]
 
-Tokens: LORAPLANE_ADMIN_TOKENS / LORAPLANE_ENGINE_TOKEN when set; otherwise random ones are made and
-written (mode 0600) to .loraplane/admin-token and .loraplane/engine-token — never printed.
-Ctrl-C stops both processes.
+Tokens (see ../shared/DESIGN.md § Credentials), each from the environment when set, otherwise made at
+random and written (mode 0600) under .loraplane/ — never printed, and passed to the children only
+through their environment, never on their command lines (visible to every user in `ps`):
+- the control plane's admin token: LORAPLANE_ADMIN_TOKENS, else .loraplane/admin-token;
+- the engine's admin token, which the control plane pushes with: LORAPLANE_ENGINE_ADMIN_TOKEN
+  (or its old name LORAPLANE_ENGINE_TOKEN), else .loraplane/engine-token;
+- the engine's own token at the control plane (LORAPLANE_ENGINE_CREDENTIALS `local=…` there,
+  LORAPLANE_CONTROL_PLANE_TOKEN on the engine): .loraplane/engine-cp-token.
+Each child gets only the tokens it uses.
+
+Ctrl-C, SIGTERM or SIGHUP (as a process manager sends) stops the engine, then the control plane: each is
+sent SIGTERM, waited for, and killed if it has not exited within STOP_TIMEOUT_S; none is left running.
 """
 
 from __future__ import annotations
@@ -14,16 +23,28 @@ import argparse
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 STATE_DIR = Path(".loraplane")
 DEMO_ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
+ENGINE_NAME = "local"
+STOP_TIMEOUT_S = 45.0  # above the engine's default --shutdown-timeout-s (30): a drain is let finish
+# Secrets of one role are not handed to the other child (nor inherited from the caller's environment).
+_SECRETS = ("LORAPLANE_ADMIN_TOKENS", "LORAPLANE_READ_TOKENS", "LORAPLANE_ENGINE_TOKEN", "LORAPLANE_ENGINE_ADMIN_TOKEN",
+            "LORAPLANE_ENGINE_CREDENTIALS", "LORAPLANE_ADMIN_TOKEN", "LORAPLANE_CONTROL_PLANE_TOKEN",
+            "LORAPLANE_API_KEY", "LORAPLANE_ENGINE_API_KEY")
+
+
+class _Stopped(Exception):
+    """A stop signal arrived: unwind, stopping the children."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,9 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _token(env_name: str, file_name: str) -> tuple[str, Path | None]:
-    if os.environ.get(env_name):
-        return os.environ[env_name].split(",")[0], None
+def _token(env_names: tuple[str, ...], file_name: str) -> tuple[str, Path | None]:
+    for env_name in env_names:
+        if os.environ.get(env_name):
+            return os.environ[env_name].split(",")[0], None
     path = STATE_DIR / file_name
     if not path.exists():
         STATE_DIR.mkdir(exist_ok=True)
@@ -69,29 +91,63 @@ def main(argv: list[str]) -> int:
         from data_plane.demo.cli import main as demo_model
 
         demo_model([str(demo)])
-    admin, admin_file = _token("LORAPLANE_ADMIN_TOKENS", "admin-token")
-    engine_token, _ = _token("LORAPLANE_ENGINE_TOKEN", "engine-token")
+    admin, admin_file = _token(("LORAPLANE_ADMIN_TOKENS",), "admin-token")
+    engine_admin, _ = _token(("LORAPLANE_ENGINE_ADMIN_TOKEN", "LORAPLANE_ENGINE_TOKEN"), "engine-token")
+    engine_cp, _ = _token((), "engine-cp-token")
     cp_url = f"http://{args.host}:{args.port}"
-    env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": os.environ.get("LORAPLANE_ADMIN_TOKENS") or admin,
-           "LORAPLANE_ENGINE_TOKEN": engine_token, "LORAPLANE_CONTROL_PLANE_TOKEN": admin}
+    base_env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
+    control_env = {**base_env, "LORAPLANE_ADMIN_TOKENS": os.environ.get("LORAPLANE_ADMIN_TOKENS") or admin,
+                   "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin,
+                   "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE_NAME}={engine_cp}"}
+    if os.environ.get("LORAPLANE_READ_TOKENS"):
+        control_env["LORAPLANE_READ_TOKENS"] = os.environ["LORAPLANE_READ_TOKENS"]
+    # the engine reads --admin-token from LORAPLANE_ADMIN_TOKEN, --control-plane-token from LORAPLANE_CONTROL_PLANE_TOKEN
+    engine_env = {**base_env, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
     control_cmd = [sys.executable, "-m", "shared.cli", "control", "--host", args.host, "--port", str(args.port),
                    "--adapter-root", str(demo / "adapters")]
     if args.database_url:
         control_cmd += ["--database-url", args.database_url]
     engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(demo), "--served-model-name", "demo",
                   "--host", args.host, "--port", str(args.engine_port), "--device", args.device, "--enable-lora",
-                  "--lora-roots", str(demo / "adapters"), "--admin-token", engine_token,
-                  "--control-plane", cp_url, "--engine-name", "local"]
-    auth = {"Authorization": f"Bearer {admin}"}
-    with contextlib.ExitStack() as stack:
-        control = stack.enter_context(subprocess.Popen(control_cmd, env=env))
+                  "--lora-roots", str(demo / "adapters"), "--control-plane", cp_url, "--engine-name", ENGINE_NAME]
+    launch = _Launch(control_cmd, control_env, engine_cmd, engine_env, cp_url, admin, admin_file)
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run(args, demo, launch)
+    except (_Stopped, KeyboardInterrupt):
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise _Stopped(signal.Signals(signum).name)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    control_cmd: list[str]
+    control_env: dict[str, str]
+    engine_cmd: list[str]
+    engine_env: dict[str, str]
+    cp_url: str
+    admin: str
+    admin_file: Path | None
+
+
+def _run(args: argparse.Namespace, demo: Path, launch: _Launch) -> int:
+    cp_url, admin_file = launch.cp_url, launch.admin_file
+    auth = {"Authorization": f"Bearer {launch.admin}"}
+    with contextlib.ExitStack() as stack:  # unwinds on any exit, _Stopped included: engine first, then control
+        control = stack.enter_context(subprocess.Popen(launch.control_cmd, env=launch.control_env))
         stack.callback(_stop, control)
         _wait(cp_url + "/health", {}, lambda r: True, "control plane", control)
-        engine = stack.enter_context(subprocess.Popen(engine_cmd, env=env))
+        engine = stack.enter_context(subprocess.Popen(launch.engine_cmd, env=launch.engine_env))
         stack.callback(_stop, engine)
 
         def registered(r: httpx.Response) -> bool:
-            return any(e["name"] == "local" and e["state"] == "healthy" for e in r.json().get("data", []))
+            return any(e["name"] == ENGINE_NAME and e["state"] == "healthy" for e in r.json().get("data", []))
 
         _wait(cp_url + "/v1/engines", auth, registered, "engine (registering with the control plane)", engine)
         for name in DEMO_ADAPTERS:
@@ -112,12 +168,21 @@ def main(argv: list[str]) -> int:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    """SIGTERM, wait, SIGKILL after STOP_TIMEOUT_S; always reaped. A second stop signal meanwhile does not
+    interrupt this (it would leave the child running)."""
+    signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
+    try:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

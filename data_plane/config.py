@@ -61,8 +61,11 @@ class EngineConfig:
     default_drain_timeout_s: float = 30.0
     # Control plane: register there at start, heartbeat, and resolve unknown `model` names through it
     control_plane_url: str | None = None
-    control_plane_token: str | None = None  # an admin token of the control plane
+    control_plane_token: str | None = None  # this engine's token there (its LORAPLANE_ENGINE_CREDENTIALS entry)
     engine_name: str | None = None  # the name registered there; defaults to host:port
+    # resolve unknown `model` names through the control plane (and load them) on demand; None: on exactly
+    # when a control plane is given
+    resolve_adapters: bool | None = None
 
     def __post_init__(self) -> None:
         if not Path(self.model, "config.json").is_file():
@@ -109,6 +112,10 @@ class EngineConfig:
             if not self.enable_lora:
                 raise ConfigError("--control-plane needs --enable-lora (the control plane places adapters)")
             self.control_plane_url = self.control_plane_url.rstrip("/")
+        if self.resolve_adapters is None:
+            self.resolve_adapters = self.control_plane_url is not None
+        elif self.resolve_adapters and self.control_plane_url is None:
+            raise ConfigError("--resolve-adapters needs --control-plane (that is where names are resolved)")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
 

@@ -1,10 +1,20 @@
-"""The engine's side of the control plane: register at start, heartbeat, resolve unknown adapter names.
+"""The engine's side of the control plane: register at start, heartbeat, drain, resolve unknown adapter names.
 
 `attach_control_plane(app, …)` (called by server.py when --control-plane is given) starts a background
 task on the app's startup that registers the engine (retrying until the control plane answers) and then
-heartbeats every HEARTBEAT_S seconds, registering again if the control plane forgot it (404). It also
-gives the ModelResolver a `remote`: GET /v1/resolve/{name}?base_model=… → the folder to load, or None.
-The control-plane token is sent only as a bearer header; it is never logged.
+heartbeats every HEARTBEAT_S seconds, registering again if the control plane forgot it (404). Each
+heartbeat says whether the engine is `healthy` (its step loop alive) and `draining` (after `drain()`,
+called on SIGTERM), so the control plane stops placing adapters on it at once.
+
+With --resolve-adapters (the default with --control-plane) the ModelResolver gets a `remote`:
+GET /v1/resolve/{name}?base_model=… → the folder to load, or None. Anyone can send any `model`, so a
+name reaches the control plane only if the shared name rule accepts it, quoted whole
+(`quote(name, safe='')`: `../lora_stats` can never become another route), the reply is decoded into
+its schema, unknown names are remembered for NEGATIVE_TTL_S (bounded), concurrent lookups of one name
+share one call and at most MAX_CONCURRENT_RESOLVES run at once.
+
+The token (LORAPLANE_CONTROL_PLANE_TOKEN: this engine's entry of the control plane's
+LORAPLANE_ENGINE_CREDENTIALS) is sent only as a bearer header; it is never logged.
 """
 
 from __future__ import annotations
@@ -12,36 +22,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+import msgspec
 from litestar import Litestar
 
 from data_plane.config import EngineConfig
+from shared.engine_admin import EngineHeartbeat, EngineRegistration, ResolvedAdapter
+from shared.names import name_problem
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 3.0
 TIMEOUT_S = 5.0
+NEGATIVE_TTL_S = 10.0  # an unknown name is asked about again after this long
+NEGATIVE_CACHE_SIZE = 4096  # names remembered as unknown (least recently added dropped first)
+MAX_CONCURRENT_RESOLVES = 4
+MAX_REASON = 500
 
 
 class ControlPlaneClient:
     def __init__(self, url: str, token: str | None, *, name: str, engine_url: str, base_model: str,
-                 slots_total: int, engine: Any = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+                 slots_total: int, engine: Any = None, heartbeat_s: float = HEARTBEAT_S,
+                 negative_ttl_s: float = NEGATIVE_TTL_S) -> None:
         self.url = url.rstrip("/")
         self.name = name
         self.engine_url = engine_url
         self.base_model = base_model
         self.slots_total = slots_total
         self.heartbeat_s = heartbeat_s
+        self.negative_ttl_s = negative_ttl_s
+        self.draining = False
         self._engine = engine
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self._unknown: OrderedDict[str, float] = OrderedDict()  # name -> monotonic time it expires
+        self._inflight: dict[str, asyncio.Future[str | None]] = {}  # name -> the lookup under way
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_RESOLVES)
 
     async def start(self) -> None:
-        self._http = httpx.AsyncClient(headers=self._headers, timeout=TIMEOUT_S)
+        # never follow redirects: the token must go to the control plane and nowhere else
+        self._http = httpx.AsyncClient(headers=self._headers, timeout=TIMEOUT_S, follow_redirects=False)
         self._task = asyncio.create_task(self._run(), name="control-plane-heartbeat")
 
     async def stop(self) -> None:
@@ -52,21 +78,74 @@ class ControlPlaneClient:
         if self._http is not None:
             await self._http.aclose()
 
+    # ---- resolve -------------------------------------------------------------------------------
     async def resolve(self, name: str) -> str | None:
-        """The folder of `name`'s active version for this engine's base model; None when not registered
-        (or when the control plane cannot be asked: the request then gets the usual 404)."""
+        """The folder of `name`'s active version for this engine's base model; None when not registered,
+        not a valid name, recently unknown, or when the control plane cannot be asked (the request then
+        gets the usual 404)."""
+        if name_problem(name) is not None:
+            return None
+        expires = self._unknown.get(name)
+        if expires is not None:
+            if expires > time.monotonic():
+                return None
+            del self._unknown[name]
+        task = self._inflight.get(name)
+        if task is None:  # the first to ask; later ones share its answer. A task of its own, so that a
+            # client going away cancels only its wait, not the others' answer.
+            task = asyncio.ensure_future(self._ask(name))
+            self._inflight[name] = task
+            task.add_done_callback(lambda _: self._inflight.pop(name, None))
+        return await asyncio.shield(task)
+
+    async def _ask(self, name: str) -> str | None:
         assert self._http is not None, "start() first"
-        try:
-            r = await self._http.get(f"{self.url}/v1/resolve/{quote(name, safe='/')}",
-                                     params={"base_model": self.base_model, "engine": self.name})
-        except httpx.HTTPError as exc:
-            logger.warning("control plane unreachable resolving %s: %s", name, type(exc).__name__)
+        async with self._slots:
+            try:
+                r = await self._http.get(f"{self.url}/v1/resolve/{quote(name, safe='')}",
+                                         params={"base_model": self.base_model, "engine": self.name})
+            except httpx.HTTPError as exc:
+                logger.warning("control plane unreachable resolving %s: %s", name, type(exc).__name__)
+                return None
+        if r.status_code == 404:
+            self._remember_unknown(name)
             return None
         if r.status_code != 200:
-            if r.status_code != 404:
-                logger.warning("control plane answered %d resolving %s", r.status_code, name)
+            logger.warning("control plane answered %d resolving %s", r.status_code, name)
             return None
-        return r.json()["uri"]
+        try:
+            reply = msgspec.json.decode(r.content, type=ResolvedAdapter)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            logger.warning("control plane gave an invalid resolve reply for %s", name)
+            return None
+        if reply.name != name:
+            logger.warning("control plane resolved %s as another adapter; ignored", name)
+            return None
+        return reply.uri
+
+    def _remember_unknown(self, name: str) -> None:
+        self._unknown[name] = time.monotonic() + self.negative_ttl_s
+        self._unknown.move_to_end(name)
+        while len(self._unknown) > NEGATIVE_CACHE_SIZE:
+            self._unknown.popitem(last=False)
+
+    # ---- register, heartbeat, drain ------------------------------------------------------------
+    async def drain(self) -> bool:
+        """Tell the control plane this engine is going away (no new placements); later heartbeats say
+        so too. True when the control plane acknowledged it."""
+        self.draining = True
+        if self._http is None:
+            return False
+        try:
+            r = await self._http.post(f"{self.url}/v1/engines/{quote(self.name, safe='')}/drain")
+        except httpx.HTTPError as exc:
+            logger.warning("control plane %s unreachable for the drain: %s", self.url, type(exc).__name__)
+            return False
+        if r.status_code != 200:
+            logger.warning("control plane answered the drain with %d", r.status_code)
+            return False
+        logger.info("drained at the control plane %s as %s", self.url, self.name)
+        return True
 
     async def _run(self) -> None:
         registered = False
@@ -79,25 +158,35 @@ class ControlPlaneClient:
 
     async def _register(self) -> bool:
         assert self._http is not None
-        body = {"name": self.name, "url": self.engine_url, "base_model": self.base_model,
-                "slots_total": self.slots_total}
-        r = await self._http.post(f"{self.url}/v1/engines/register", json=body)
+        body = EngineRegistration(name=self.name, url=self.engine_url, base_model=self.base_model,
+                                  slots_total=self.slots_total)
+        r = await self._http.post(f"{self.url}/v1/engines/register", content=msgspec.json.encode(body),
+                                  headers={"content-type": "application/json"})
         if r.status_code != 200:
             logger.error("control plane refused the registration of %s: %d %s", self.name, r.status_code,
-                         r.text[:300])
+                         _error_message(r))
             return False
         logger.info("registered with the control plane %s as %s (%s)", self.url, self.name, self.engine_url)
+        if self.draining:  # a re-registration makes the engine healthy there: say again that it drains
+            await self._heartbeat()
         return True
 
     async def _heartbeat(self) -> bool:
         assert self._http is not None
-        r = await self._http.post(f"{self.url}/v1/engines/{quote(self.name, safe='/:')}/heartbeat",
-                                  json={"slots_used": self._slots_used()})
+        r = await self._http.post(f"{self.url}/v1/engines/{quote(self.name, safe='')}/heartbeat",
+                                  content=msgspec.json.encode(self.heartbeat_body()),
+                                  headers={"content-type": "application/json"})
         if r.status_code == 404:  # the control plane forgot this engine (deleted, or a fresh database)
             return await self._register()
         if r.status_code != 200:
             logger.warning("control plane answered the heartbeat with %d", r.status_code)
         return True
+
+    def heartbeat_body(self) -> EngineHeartbeat:
+        healthy = bool(getattr(self._engine, "healthy", True))
+        reason = None if healthy else str(getattr(self._engine, "dead_reason", None) or "engine loop stopped")
+        return EngineHeartbeat(slots_used=self._slots_used(), healthy=healthy, draining=self.draining,
+                               reason=reason[:MAX_REASON] if reason else None)
 
     def _slots_used(self) -> int:
         try:
@@ -106,15 +195,25 @@ class ControlPlaneClient:
             return 0
 
 
+def _error_message(r: httpx.Response) -> str:
+    """The control plane's OpenAI-style error message (bounded), for the log."""
+    try:
+        return str(r.json()["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
 def attach_control_plane(app: Litestar, engine: Any, config: EngineConfig, engine_url: str,
                          default_name: str) -> ControlPlaneClient:
-    """Register, heartbeat and resolve through the control plane for the app's lifetime."""
+    """Register, heartbeat (and resolve, unless --no-resolve-adapters) through the control plane for the
+    app's lifetime. The returned client's `drain()` is for the engine's shutdown."""
     assert config.control_plane_url is not None
     client = ControlPlaneClient(
         config.control_plane_url, config.control_plane_token, name=config.engine_name or default_name,
         engine_url=engine_url, base_model=config.served_model_name or config.model, slots_total=config.max_loras,
         engine=engine)
-    app.state.resolver.remote = client.resolve
+    if config.resolve_adapters:
+        app.state.resolver.remote = client.resolve
     app.on_startup.append(client.start)  # after the engine's own start
     app.on_shutdown.insert(0, client.stop)
     return client

@@ -112,9 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument(
         "--control-plane-token",
         default=os.environ.get("LORAPLANE_CONTROL_PLANE_TOKEN"),
-        help="admin token of the control plane (default: $LORAPLANE_CONTROL_PLANE_TOKEN)",
+        help="this engine's token at the control plane, bound to its --engine-name there "
+        "(LORAPLANE_ENGINE_CREDENTIALS); default: $LORAPLANE_CONTROL_PLANE_TOKEN, the way to pass it",
     )
     cp.add_argument("--engine-name", help="name to register under (default: host:port)")
+    cp.add_argument(
+        "--resolve-adapters", action=argparse.BooleanOptionalAction, default=None,
+        help="load an unknown `model` on demand when the control plane knows it (default: on with --control-plane)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--shutdown-timeout-s", type=float, default=30.0,
@@ -166,6 +171,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         control_plane_url=args.control_plane,
         control_plane_token=args.control_plane_token,
         engine_name=args.engine_name,
+        resolve_adapters=args.resolve_adapters,
     )
 
 

@@ -28,6 +28,8 @@ from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
 openai = pytest.importorskip("openai")
 
 ADMIN, READ, ENGINE_TOKEN = "e2e-admin-token", "e2e-read-token", "e2e-engine-token"
+# each engine's own token at the control plane (LORAPLANE_CONTROL_PLANE_TOKEN on the engine)
+CP_TOKENS = {"e1": "e2e-e1-cp-token", "e2": "e2e-e2-cp-token"}
 PROMPT = "The quick brown fox"
 
 
@@ -38,12 +40,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def control_plane(tmp: Path, adapter_root: Path) -> Iterator[str]:
+def control_plane(tmp: Path, adapter_root: Path, **extra_env: str) -> Iterator[str]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    credentials = ",".join(f"{name}={token}" for name, token in CP_TOKENS.items())
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
-           "LORAPLANE_ENGINE_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_TIMEOUT_S": "5",
-           "LORAPLANE_RECONCILE_INTERVAL_S": "2"}
+           "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
+           "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", **extra_env}
     cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(port), "--adapter-root", str(adapter_root),
            "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning"]
     log = tmp / "control.log"
@@ -90,8 +93,10 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
         cp = stack.enter_context(control_plane(tmp_path, root))
         engine_flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN,
                         "--control-plane", cp, *SHARED_FLAGS)
-        monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", ADMIN)  # --control-plane-token's default
+        # --control-plane-token's default: each engine holds only its own engine token, no admin token
+        monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e1"])
         e1 = stack.enter_context(run_engine(base, tmp_path / "e1.log", *engine_flags, "--engine-name", "e1"))
+        monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e2"])
         e2 = stack.enter_context(run_engine(base, tmp_path / "e2.log", *engine_flags, "--engine-name", "e2"))
         engines = {"e1": e1, "e2": e2}
 

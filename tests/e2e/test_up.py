@@ -1,7 +1,9 @@
-"""`loraplane up` (control_plane.up): control plane + one engine + the demo adapters, from nothing."""
+"""`loraplane up` (control_plane.up): control plane + one engine + the demo adapters, from nothing; no
+secret on any child's command line; a SIGTERM (as a process manager sends) stops and reaps the children."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,6 +14,27 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.test_control_plane_engines import _free_port
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                out += children
+                todo += children
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie awaiting its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
@@ -39,6 +62,27 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         r = httpx.post(f"http://127.0.0.1:{engine_port}/v1/completions", timeout=60,
                        json={"model": "demo-poet", "prompt": "hi", "max_tokens": 3, "temperature": 0})
         assert r.status_code == 200, r.text
+
+        # every secret travels in the environment: none is on a command line (readable by all in `ps`)
+        secrets = [(tmp_path / ".loraplane" / f).read_text().strip() for f in ("admin-token", "engine-token",
+                                                                              "engine-cp-token")]
+        children = descendants(process.pid)
+        assert len(children) >= 2
+        for pid in children:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            assert not any(s in cmdline for s in secrets), cmdline
+        # the engine registered with its own engine token: the admin token is not in its environment
+        engine_pid = next(p for p in children if "engine" in Path(f"/proc/{p}/cmdline").read_bytes().decode())
+        environ = Path(f"/proc/{engine_pid}/environ").read_bytes().decode(errors="replace")
+        assert secrets[0] not in environ and secrets[2] in environ
+
+        # SIGTERM, as a process manager sends: the children are stopped and reaped, none left as an orphan
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        deadline = time.monotonic() + 5
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in children if alive(pid)] == []
     finally:
         process.send_signal(signal.SIGINT)
         try:
