@@ -246,8 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # a wildcard bind address is no address for others to call: advertise the host name instead
         advertised = f"http://{socket.gethostname()}:{port}" if host in ("0.0.0.0", "::") else url
-        attach_control_plane(app, engine, config, advertised, f"{socket.gethostname()}:{port}")
-        # DRAIN HOOK: once ControlPlaneClient.drain() exists, on_drain = that client's drain
+        on_drain = attach_control_plane(app, engine, config, advertised, f"{socket.gethostname()}:{port}").drain
     print(f"loraplane engine: serving {config.served_model_name!r} on {url}", flush=True)
     gate = AdmissionGate(app)
     server = DrainingServer(

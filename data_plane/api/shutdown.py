@@ -95,7 +95,7 @@ class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose first SIGTERM/SIGINT drains (see the module docstring) before exiting."""
 
     def __init__(self, config: uvicorn.Config, gate: AdmissionGate, *, shutdown_timeout_s: float,
-                 on_drain: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_drain: Callable[[], Awaitable[object]] | None = None) -> None:
         super().__init__(config)
         self.gate = gate
         self.shutdown_timeout_s = shutdown_timeout_s
