@@ -1,5 +1,6 @@
 """The LoRA admin endpoints' service: request bodies, and replies composed from the registry, the
-engine's per-adapter stats and the per-adapter request statistics. Field names follow vLLM."""
+engine's per-adapter stats and the per-adapter request statistics. Field names follow vLLM; the reply
+shapes are shared.engine_admin's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from data_plane.api.protocol import decode_request
 from data_plane.lora.entry import AdapterEntry
 from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.stats import AdapterRequestStats
+from shared import engine_admin
 from shared.errors import InvalidRequestError
 from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
 
@@ -58,6 +60,9 @@ def decode_admin_request(body: bytes, kind: type[T]) -> T:
 
 
 class LoRAService:
+    """Replies are the typed structs of shared.engine_admin, which the control plane decodes them with;
+    those composed from dicts are converted (and so checked) on the way out."""
+
     def __init__(
         self, registry: LoRARegistry | None, engine: Any, request_stats: AdapterRequestStats, base_name: str
     ) -> None:
@@ -72,17 +77,19 @@ class LoRAService:
             raise InvalidRequestError(LORA_DISABLED)
         return self._registry
 
-    async def load(self, body: LoadLoRAAdapterRequest) -> dict[str, Any]:
-        return await self.registry.load(
+    async def load(self, body: LoadLoRAAdapterRequest) -> engine_admin.LoadedAdapter:
+        info = await self.registry.load(
             body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace,
             expected_sha256=body.expected_sha256,
         )
+        return msgspec.convert(info, engine_admin.LoadedAdapter)
 
-    async def unload(self, body: UnloadLoRAAdapterRequest) -> dict[str, Any]:
-        return await self.registry.unload(body.lora_name, body.drain_timeout_s)
+    async def unload(self, body: UnloadLoRAAdapterRequest) -> engine_admin.UnloadedAdapter:
+        return msgspec.convert(await self.registry.unload(body.lora_name, body.drain_timeout_s),
+                               engine_admin.UnloadedAdapter)
 
-    def list(self, *, show_paths: bool) -> dict[str, Any]:
-        """show_paths: only admin callers see where adapters lie on the engine's disk."""
+    def list(self, *, show_paths: bool) -> engine_admin.AdapterList:
+        """show_paths: only admin callers see where adapters lie on the engine's disk (`path` is null else)."""
         registry = self.registry
         engine_lora = self._engine_lora()
         per_id = engine_lora.adapters if engine_lora is not None else {}
@@ -90,17 +97,18 @@ class LoRAService:
             _listing(e, registry.residency(e).value, per_id.get(e.adapter_id))
             for e in sorted(registry.entries(), key=lambda e: (e.name, e.adapter_id))
         ]
-        adapters += [_loading_listing(name, path) for name, path in sorted(registry.loading().items())]
+        adapters += [engine_admin.AdapterListing(name=name, path=path, state="loading")
+                     for name, path in sorted(registry.loading().items())]
         if not show_paths:
             for adapter in adapters:
-                del adapter["path"]
-        slots = {
-            "used": engine_lora.slots_used if engine_lora is not None else 0,
-            "total": engine_lora.slots_total if engine_lora is not None else 0,
-        }
-        return {"adapters": adapters, "slots": slots}
+                adapter.path = None
+        slots = engine_admin.SlotUsage(
+            used=engine_lora.slots_used if engine_lora is not None else 0,
+            total=engine_lora.slots_total if engine_lora is not None else 0,
+        )
+        return engine_admin.AdapterList(adapters=adapters, slots=slots)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> engine_admin.LoraStats:
         registry = self.registry
         engine_lora = self._engine_lora()
         per_id = engine_lora.adapters if engine_lora is not None else {}
@@ -129,46 +137,29 @@ class LoRAService:
                 }
             )
         base = {"name": self._base_name, "id": 0, **self._request_stats.snapshot(self._base_name)}
-        return {"base": base, "adapters": adapters}
+        return msgspec.convert({"base": base, "adapters": adapters}, engine_admin.LoraStats)
 
     def _engine_lora(self) -> Any:
         return getattr(self._engine.stats(), "lora", None)
 
 
-def _listing(entry: AdapterEntry, residency: str, engine: Any) -> dict[str, Any]:
-    return {
-        "name": entry.name,
-        "id": entry.adapter_id,
-        "version": entry.version,
-        "path": entry.path,
-        "sha256": entry.sha256,
-        "rank": entry.rank,
-        "alpha": entry.alpha,
-        "target_modules": entry.target_modules,
-        "size_bytes": entry.size_bytes,
-        "residency": residency,
-        "pinned": entry.pinned,
-        "state": entry.state.value,
-        "in_flight": entry.in_flight,
-        "running": engine.running if engine is not None else 0,
-        "waiting": engine.waiting if engine is not None else 0,
-        "loaded_at": entry.loaded_at,
-        "last_used_at": entry.last_used_at,
-    }
-
-
-def _loading_listing(name: str, path: str) -> dict[str, Any]:
-    """A first load still reading its files: only the name and path are known yet."""
-    fields = ("id", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes", "residency")
-    return {
-        "name": name,
-        **dict.fromkeys(fields),
-        "path": path,
-        "pinned": False,
-        "state": "loading",
-        "in_flight": 0,
-        "running": 0,
-        "waiting": 0,
-        "loaded_at": None,
-        "last_used_at": None,
-    }
+def _listing(entry: AdapterEntry, residency: str, engine: Any) -> engine_admin.AdapterListing:
+    return engine_admin.AdapterListing(
+        name=entry.name,
+        id=entry.adapter_id,
+        version=entry.version,
+        path=entry.path,
+        sha256=entry.sha256,
+        rank=entry.rank,
+        alpha=entry.alpha,
+        target_modules=list(entry.target_modules),
+        size_bytes=entry.size_bytes,
+        residency=residency,
+        pinned=entry.pinned,
+        state=entry.state.value,
+        in_flight=entry.in_flight,
+        running=engine.running if engine is not None else 0,
+        waiting=engine.waiting if engine is not None else 0,
+        loaded_at=entry.loaded_at,
+        last_used_at=entry.last_used_at,
+    )

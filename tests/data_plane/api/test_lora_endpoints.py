@@ -254,7 +254,7 @@ def test_listings_show_paths_to_admin_callers_only(engine, demo_model_dir, adapt
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             body = client.get("/v1/lora_adapters", headers=headers)
             assert body.status_code == 200 and str(adapter_root) not in body.text
-            assert "path" not in body.json()["adapters"][0]
+            assert body.json()["adapters"][0]["path"] is None
             assert str(adapter_root) not in client.get("/v1/lora_stats", headers=headers).text
         [adapter] = client.get("/v1/lora_adapters", headers=admin).json()["adapters"]
         assert adapter["path"] == str(adapter_root / "demo-poet")
@@ -279,3 +279,64 @@ def test_expected_sha256_refuses_other_content_and_loads_nothing(client, adapter
     assert_openai_error(load(client, adapter_root, "demo-poet", expected_sha256=other, load_inplace=True), 409)
     [held] = client.get("/v1/lora_adapters").json()["adapters"]
     assert (held["sha256"], held["version"]) == (digest, 1)
+
+
+def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(engine, demo_model_dir, adapter_root):
+    import msgspec
+
+    from shared import engine_admin
+    from shared.manifest import files_digest
+    from shared.names import ADAPTER_NAME_PATTERN
+    from shared.openapi import ErrorResponse
+
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+        doc = client.get("/schema/openapi.json").json()
+        paths, components = doc["paths"], doc["components"]["schemas"]
+        routes = {LOAD: "post", UNLOAD: "post", "/v1/lora_adapters": "get", "/v1/lora_stats": "get"}
+        documented = {p: set(map(int, paths[p][m]["responses"])) for p, m in routes.items()}
+        assert documented == {LOAD: {200, 400, 401, 403, 409, 413, 503}, UNLOAD: {200, 400, 401, 403, 404, 413},
+                              "/v1/lora_adapters": {200, 400}, "/v1/lora_stats": {200, 400}}
+        refs = {p: paths[p][m]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/")[-1]
+                for p, m in routes.items()}
+        assert refs == {LOAD: "LoadedAdapter", UNLOAD: "UnloadedAdapter", "/v1/lora_adapters": "AdapterList",
+                        "/v1/lora_stats": "LoraStats"}
+        for p in (LOAD, UNLOAD):
+            assert paths[p]["post"]["responses"]["409" if p == LOAD else "404"]["content"]["application/json"][
+                "schema"]["$ref"].endswith("/ErrorResponse")
+        load_req = components["LoadLoRAAdapterRequest"]["properties"]
+        assert load_req["lora_name"]["pattern"] == ADAPTER_NAME_PATTERN
+        assert load_req["lora_path"]["maxLength"] == 4096 and load_req["lora_path"]["pattern"] == "^[^\\x00]*$"
+        assert load_req["expected_sha256"]["anyOf"][0]["pattern"] == "^[0-9a-f]{64}$"
+        assert components["UnloadLoRAAdapterRequest"]["properties"]["drain_timeout_s"]["anyOf"][0]["minimum"] == 0
+
+        # every answer matches its documented schema, and every status seen is a documented one
+        poet = adapter_root / "demo-poet"
+        digest = files_digest([poet / "adapter_config.json", poet / "adapter_model.safetensors"])
+        seen: dict[str, set[int]] = {p: set() for p in routes}
+
+        def check(path: str, r, kind: type) -> None:
+            seen[path].add(r.status_code)
+            msgspec.json.decode(r.content, type=kind if r.status_code == 200 else ErrorResponse)
+
+        body = {"lora_name": "demo-poet", "lora_path": str(poet)}
+        check(LOAD, client.post(LOAD, json=body), engine_admin.LoadedAdapter)  # 401
+        check(LOAD, client.post(LOAD, json=body, headers={"Authorization": "Bearer no"}), engine_admin.LoadedAdapter)
+        check(LOAD, client.post(LOAD, json={**body, "lora_name": "a\n"}, headers=admin), engine_admin.LoadedAdapter)
+        check(LOAD, client.post(LOAD, json={**body, "expected_sha256": "0" * 64}, headers=admin),
+              engine_admin.LoadedAdapter)
+        check(LOAD, client.post(LOAD, content=b"x" * 5000, headers=admin), engine_admin.LoadedAdapter)  # 413
+        check(LOAD, client.post(LOAD, json={**body, "expected_sha256": digest, "pinned": True}, headers=admin),
+              engine_admin.LoadedAdapter)
+        check("/v1/lora_adapters", client.get("/v1/lora_adapters"), engine_admin.AdapterList)
+        check("/v1/lora_stats", client.get("/v1/lora_stats"), engine_admin.LoraStats)
+        check(UNLOAD, client.post(UNLOAD, json={"lora_name": "nope"}, headers=admin), engine_admin.UnloadedAdapter)
+        check(UNLOAD, client.post(UNLOAD, json={"lora_name": "demo-poet", "drain_timeout_s": -1}, headers=admin),
+              engine_admin.UnloadedAdapter)
+        check(UNLOAD, client.post(UNLOAD, json={"lora_name": "demo-poet"}, headers=admin),
+              engine_admin.UnloadedAdapter)
+        assert seen[LOAD] == {200, 400, 401, 403, 409, 413} and seen[UNLOAD] == {200, 400, 404}
+        assert all(seen[p] <= documented[p] for p in routes)
+    with app_client(engine, demo_model_dir, adapter_root) as off:  # LoRA off: the documented 400
+        for p in ("/v1/lora_adapters", "/v1/lora_stats"):
+            assert_openai_error(off.get(p), 400)
