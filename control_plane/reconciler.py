@@ -143,8 +143,13 @@ class Reconciler:
                     self._observe(placement, ObservedState.LOADED, None)
                     continue
                 try:
-                    await self.client.load(url, adapter, version.uri, load_inplace=True,
-                                           pinned=placement.desired == DesiredState.PINNED.value)
+                    # the recorded bytes only: the engine refuses other files (see domain/adapters/push.py)
+                    loaded = await self.client.load(url, adapter, version.uri, load_inplace=True,
+                                                    pinned=placement.desired == DesiredState.PINNED.value,
+                                                    expected_sha256=version.sha256)
+                    if loaded.sha256 != version.sha256:
+                        raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded "
+                                              f"{version.sha256[:16]}…")
                 except EngineCallError as exc:
                     self._observe(placement, ObservedState.FAILED, exc.message)
                     result.failed.append(adapter)
