@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from data_plane.api.protocol import decode_request
-from data_plane.lora.entry import AdapterEntry
+from data_plane.lora.entry import AdapterEntry, Residency
 from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.stats import AdapterRequestStats
 from shared import engine_admin
@@ -94,7 +94,7 @@ class LoRAService:
         engine_lora = self._engine_lora()
         per_id = engine_lora.adapters if engine_lora is not None else {}
         adapters = [
-            _listing(e, registry.residency(e).value, per_id.get(e.adapter_id))
+            _listing(e, registry.residency(e), per_id.get(e.adapter_id))
             for e in sorted(registry.entries(), key=lambda e: (e.name, e.adapter_id))
         ]
         adapters += [engine_admin.AdapterListing(name=name, path=path, state="loading")
@@ -143,18 +143,11 @@ class LoRAService:
         return getattr(self._engine.stats(), "lora", None)
 
 
-def _listing(entry: AdapterEntry, residency: str, engine: Any) -> engine_admin.AdapterListing:
+def _listing(entry: AdapterEntry, residency: Residency, engine: Any) -> engine_admin.AdapterListing:
+    """The load reply's fields plus the entry's state and queues."""
     return engine_admin.AdapterListing(
-        name=entry.name,
-        id=entry.adapter_id,
-        version=entry.version,
+        **entry.info(residency),
         path=entry.path,
-        sha256=entry.sha256,
-        rank=entry.rank,
-        alpha=entry.alpha,
-        target_modules=list(entry.target_modules),
-        size_bytes=entry.size_bytes,
-        residency=residency,
         pinned=entry.pinned,
         state=entry.state.value,
         in_flight=entry.in_flight,
