@@ -72,7 +72,8 @@ class AdapterController(Controller):
         offset: Annotated[int, Parameter(ge=0)] = 0,
         base_model: str | None = None,
         name_prefix: str | None = None,
-        label: Annotated[list[str] | None, Parameter(description="key=value or key; repeat to AND")] = None,
+        label: Annotated[list[str] | None, Parameter(description="key=value or key; repeat to AND",
+                                                     max_items=schemas.MAX_LABELS)] = None,
     ) -> schemas.AdapterPage:
         """A page of registered adapters ordered by name, filtered by base model, name prefix and labels."""
         query = AdapterQuery(limit=limit, offset=offset, base_model=base_model, name_prefix=name_prefix,

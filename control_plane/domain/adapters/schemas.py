@@ -23,6 +23,7 @@ LabelValue = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_VALUE)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(
     max_length=MAX_LABELS, description=f"at most {MAX_LABELS} labels; keys 1–{MAX_LABEL_KEY} characters, "
                                        f"values at most {MAX_LABEL_VALUE}")]
+MAX_NAMED_ENGINES = 1024  # engine names follow the adapter name rule (shared.names)
 # A folder path: no NUL (the OS cannot take one; it used to be a 500) and bounded in length.
 AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern="^[^\\x00]*$",
                                           description="the adapter folder, under the adapter roots")]
@@ -35,7 +36,7 @@ class AdapterCreate(msgspec.Struct, kw_only=True):
     lora_path: AdapterPath
     base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)] | None = None
     pinned: bool = False
-    engines: list[str] | None = None
+    engines: Annotated[list[AdapterName], msgspec.Meta(max_length=MAX_NAMED_ENGINES)] | None = None
     description: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     labels: Labels | None = None
 

@@ -193,3 +193,13 @@ async def test_the_openapi_document_states_the_name_label_and_path_rules(client:
     assert labels["maxProperties"] == 64
     assert labels["propertyNames"] == {"minLength": 1, "maxLength": 63}
     assert labels["additionalProperties"] == {"type": "string", "maxLength": 256}
+
+
+async def test_named_engines_and_label_filters_are_bounded(client: AsyncTestClient, demo: dict) -> None:
+    for engines in (["a\n"], ["../x"], [f"e{i}" for i in range(1025)]):
+        r = await client.post("/v1/load_lora_adapter", json=load_body("n", demo["demo-short"], engines=engines),
+                              headers=admin())
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("engines"), r.text
+    r = await client.get("/v1/lora_adapters", params={"label": [f"k{i}" for i in range(65)]}, headers=reader())
+    assert r.status_code == 400, r.text
+    assert (await client.get("/v1/lora_adapters", params={"label": ["k"] * 64}, headers=reader())).status_code == 200
