@@ -210,3 +210,11 @@ async def test_files_edited_after_registration_are_refused_never_loaded_as_that_
         assert "changed since" in placed[(engine, 1)]["last_error"]
     for server in engines:  # still serving v2's bytes, never the edited files as v1
         assert engine_adapters(server)[name]["sha256"] == v2_sha != v1_sha
+    # the reconciler retries the failed placements: refused again, still never `loaded`
+    report = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
+    assert all(name in e["failed"] and name not in e["loaded"] for e in report), report
+    detail = (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()
+    assert {(p["engine"], p["observed"]) for p in detail["placements"] if p["version"] == 1} == {
+        ("ea", "failed"), ("eb", "failed")}
+    for server in engines:
+        assert engine_adapters(server)[name]["sha256"] == v2_sha
