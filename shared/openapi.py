@@ -66,6 +66,8 @@ class RouteDoc:
     errors: tuple[int, ...] = ()
     response_description: str = "Success."
     status: int = 200  # the success status
+    # an example request body (or a callable making one for the app): what a working call looks like
+    example: Any = None
 
 
 def route_doc(
@@ -76,10 +78,11 @@ def route_doc(
     errors: Iterable[int] = (),
     response_description: str = "Success.",
     status: int = 200,
+    example: Any = None,
 ) -> dict[str, Any]:
     """The `opt` of a route handler that `document_app` reads."""
     errors = tuple(sorted(set(errors)))
-    return {"route_doc": RouteDoc(request, response, stream, errors, response_description, status)}
+    return {"route_doc": RouteDoc(request, response, stream, errors, response_description, status, example)}
 
 
 def _resolve(source: TypeSource | None, app: Litestar) -> type | None:
@@ -106,8 +109,9 @@ def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Itera
             if not isinstance(doc, RouteDoc):
                 continue
             resolved = {k: _resolve(getattr(doc, k), app) for k in ("request", "response", "stream")}
+            example = doc.example(app) if callable(doc.example) else doc.example
             errors = set(doc.errors) | set(extra_errors(handler) if extra_errors else ())
-            doc = RouteDoc(**{**doc.__dict__, "errors": tuple(sorted(errors))})
+            doc = RouteDoc(**{**doc.__dict__, "errors": tuple(sorted(errors)), "example": example})
             found += [(path_item[m.lower()], doc, resolved) for m in handler.http_methods if m.lower() in path_item]
     types = list(dict.fromkeys([ErrorResponse, *(t for _, _, r in found for t in r.values() if t is not None)]))
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
@@ -117,25 +121,44 @@ def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Itera
         _rewrite(operation, doc, resolved, ref_of)
 
 
+def _event_schema(chunk: dict[str, Any], ref_of: dict[type, dict]) -> dict[str, Any]:
+    """One server-sent event (before OpenAPI 3.2's itemSchema, a text/event-stream `schema` describes
+    each event): its `data` is a chunk's JSON, an error's JSON, or the final literal `[DONE]`."""
+    name = chunk["$ref"].rsplit("/", 1)[-1]
+    return {
+        "type": "object",
+        "description": f"With `stream: true`: one `data: <{name} JSON>` event per chunk, then `data: [DONE]`; "
+        "an error after the response has started is one `data: <ErrorResponse JSON>` event before [DONE].",
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string"},
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"anyOf": [chunk, ref_of[ErrorResponse]]},
+                    },
+                ]
+            },
+        },
+    }
+
+
 def _rewrite(
     operation: dict[str, Any], doc: RouteDoc, resolved: dict[str, type | None], ref_of: dict[type, dict]
 ) -> None:
-    request, response, stream = resolved["request"], resolved["response"], resolved["stream"]
+    request, response, stream, example = resolved["request"], resolved["response"], resolved["stream"], doc.example
     if request is not None:
         operation["requestBody"] = {"required": True, "content": _json(ref_of[request])}
+        if example is not None:
+            operation["requestBody"]["content"]["application/json"]["example"] = example
     ok: dict[str, Any] = {"description": doc.response_description}
     if response is not None:
         ok["content"] = _json(ref_of[response])
     if stream is not None:
-        name = ref_of[stream]["$ref"].rsplit("/", 1)[-1]
-        ok.setdefault("content", {})["text/event-stream"] = {
-            "schema": {
-                "type": "string",
-                "description": f"With `stream: true`: `data: <{name} JSON>` events, then `data: [DONE]`; "
-                "an error after the start is one `data: <ErrorResponse JSON>` event before [DONE].",
-            },
-            "x-sse-data": ref_of[stream],
-        }
+        ok.setdefault("content", {})["text/event-stream"] = {"schema": _event_schema(ref_of[stream], ref_of)}
     responses = {str(doc.status): ok}
     for status in doc.errors:
         responses[str(status)] = {

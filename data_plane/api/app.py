@@ -88,6 +88,12 @@ def _respond(result: dict[str, Any] | EventStream) -> Response[Any]:
 _GENERATION_ERRORS = (400, 404, 413, 500, 503)
 
 
+_EXAMPLES = {
+    "chat": {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 8},
+    "completion": {"prompt": "Once upon a time", "max_tokens": 8},
+}
+
+
 def _generation_route(path: str, operation_id: str, kind: str, response: type, chunk: type) -> post:
     """POST route of a generation endpoint; its request type is this engine's (protocol.request_types)."""
     doc = route_doc(
@@ -95,6 +101,7 @@ def _generation_route(path: str, operation_id: str, kind: str, response: type, c
         response=response,
         stream=chunk,
         errors=_GENERATION_ERRORS,
+        example=lambda app: {"model": app.state.resolver.served_model_name, **_EXAMPLES[kind]},
     )
     return post(path, status_code=200, operation_id=operation_id, guards=[api_key_guard], opt=doc)
 

@@ -217,7 +217,13 @@ def decode_request(body: bytes, kind: type[T]) -> T:
     if not body.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
     try:
-        return msgspec.json.decode(body, type=kind)
+        try:
+            return msgspec.json.decode(body, type=kind)
+        except msgspec.ValidationError as exc:
+            if "got `float`" not in str(exc):
+                raise
+            # JSON Schema (so the OpenAPI contract) counts 2.0 as an integer; msgspec does not
+            return msgspec.convert(_integral_floats_as_ints(msgspec.json.decode(body)), type=kind)
     except msgspec.ValidationError as exc:
         param = _field_of(str(exc))
         if param in _UNSUPPORTED:
@@ -225,6 +231,24 @@ def decode_request(body: bytes, kind: type[T]) -> T:
         raise InvalidRequestError(f"Invalid request: {exc}", param=param) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(f"Malformed JSON body: {exc}") from None
+    except RecursionError:  # even in an ignored field: arrays nested thousands deep
+        raise InvalidRequestError("The JSON body is nested too deeply.") from None
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    """2.0 → 2 throughout a decoded JSON value (iteratively: it may be deeply nested)."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    stack = [value] if isinstance(value, dict | list) else []
+    while stack:
+        container = stack.pop()
+        items = list(container.items() if isinstance(container, dict) else enumerate(container))
+        for key, item in items:
+            if isinstance(item, float) and item.is_integer():
+                container[key] = int(item)
+            elif isinstance(item, dict | list):
+                stack.append(item)
+    return value
 
 
 def _field_of(message: str) -> str | None:

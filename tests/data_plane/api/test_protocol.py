@@ -165,3 +165,18 @@ def test_completion_refusals(fields, param):
 
 def test_completion_best_of_equal_to_n_is_accepted():
     completion(best_of=2, n=2).check()
+
+
+def test_integral_floats_count_as_integers_as_in_json_schema():
+    req = decode_request(b'{"model": "m", "prompt": "x", "n": 2.0, "stop_token_ids": [3.0], "top_p": 1}', CompletionRequest)
+    assert req.n == 2 and req.stop_token_ids == [3] and req.top_p == 1.0
+    with pytest.raises(InvalidRequestError) as err:
+        decode_request(b'{"model": "m", "prompt": "x", "n": 2.5}', CompletionRequest)
+    assert err.value.param == "n"
+
+
+def test_deeply_nested_json_is_400_not_500():
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for body in (b'{"model": "m", "prompt": "x", "extra": ' + deep + b"}", b'{"model": "m", "prompt": "x", "n": 1.0, "x": ' + deep + b"}"):
+        with pytest.raises(InvalidRequestError, match="nested too deeply"):
+            decode_request(body, CompletionRequest)
