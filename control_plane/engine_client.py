@@ -6,7 +6,9 @@ engine must cost one failed call, never a stalled fleet:
   never resets it, as a per-read timeout would;
 - a body-size cap: the reply is streamed and the call fails once it passes `max_body_bytes`;
 - the reply is decoded into the typed schemas of shared.engine_admin: `[1,2,3]` is a failed call;
-- only 2xx is success; redirects are never followed (a 3xx is a failure: it could point anywhere).
+- only 2xx is success; redirects are never followed (a 3xx is a failure: it could point anywhere);
+- connections go only to addresses the engine-URL policy allows (control_plane.egress), checked when
+  connecting, so a name that resolves elsewhere after registration gets nothing, not even the token.
 Connection errors, timeouts and 5xx are retried with exponential backoff within the deadline; any other
 answer is final.
 
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import msgspec
 
+from control_plane.egress import REFUSED, GuardedTransport
 from shared import engine_admin
 
 logger = logging.getLogger(__name__)
@@ -75,12 +78,15 @@ def safe_url(url: str) -> str:
 class EngineClient:
     def __init__(self, token: str | None, deadline_s: float, *, max_attempts: int = MAX_ATTEMPTS,
                  backoff_s: float = BACKOFF_S, max_body_bytes: int = MAX_BODY_BYTES,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 allowed_networks: tuple[str, ...] = (), transport: httpx.AsyncBaseTransport | None = None) -> None:
+        """`allowed_networks`: the engine-URL policy, enforced on every connection (control_plane.egress);
+        `transport` replaces that (tests script answers with it)."""
         headers = {"Accept-Encoding": "identity"}  # the cap counts what is read, so nothing to inflate
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(deadline_s, connect=min(deadline_s, 5.0)),
-                                       transport=transport, follow_redirects=False, trust_env=False)
+                                       transport=transport or GuardedTransport(allowed_networks),
+                                       follow_redirects=False, trust_env=False)
         self.deadline_s = deadline_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -140,6 +146,8 @@ class EngineClient:
                 failure = EngineCallError(f"{where}: no complete answer within {self.deadline_s:g} s")
                 break
             except httpx.TransportError as exc:  # connect/read errors and per-read timeouts
+                if str(exc).startswith(REFUSED):  # the address policy: final, and worth saying why
+                    raise EngineCallError(f"{where}: {sanitize(str(exc))}") from None
                 failure = EngineCallError(f"{where}: {type(exc).__name__}")
             except httpx.InvalidURL:
                 raise EngineCallError(f"{where}: invalid URL") from None

@@ -135,3 +135,25 @@ def test_urls_in_messages_carry_no_userinfo() -> None:
     assert safe_url("http://user:pw@10.0.0.1:8000/") == "http://10.0.0.1:8000/"
     assert safe_url("https://u@[::1]:9/x?q=1#f") == "https://[::1]:9/x"
     assert sanitize("a\x00b\nc" + "z" * 300, 10) == "a b czzzz…"
+
+
+async def test_connections_are_checked_against_the_address_policy_before_anything_is_sent() -> None:
+    """Registration checks a URL once; a name may resolve elsewhere later (DNS rebinding) and old rows
+    predate the check, so every connection is checked again and a refused one sends nothing."""
+    with serve(always(json_reply({"adapters": []}))) as peer:
+        port = peer.url.rsplit(":", 1)[1]
+        confined = EngineClient("engine-admin-token", 5.0, allowed_networks=("10.0.0.0/8",), backoff_s=0.001)
+        for url, why in ((peer.url, "127.0.0.1 is outside the allowed engine networks"),
+                         (f"http://localhost:{port}", "localhost resolves to 127.0.0.1 is outside")):
+            with pytest.raises(EngineCallError, match=f"egress refused: {why}"):
+                await confined.list_adapters(url)
+        assert peer.seen == []  # not even a connection's request line
+        await confined.aclose()
+        default = EngineClient("engine-admin-token", 5.0)
+        assert (await default.list_adapters(f"http://localhost:{port}")).adapters == []  # loopback is fine
+        start = time.monotonic()
+        for url in ("http://169.254.169.254", "http://[::ffff:169.254.169.254]:80", "http://[fe80::1]:8000"):
+            with pytest.raises(EngineCallError, match="egress refused: .*(metadata|link-local)"):
+                await default.stats(url)
+        assert time.monotonic() - start < 1.0  # refused at once, not retried or timed out
+        await default.aclose()

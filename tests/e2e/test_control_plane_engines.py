@@ -3,8 +3,8 @@
 
 load → both engines serve the adapter to the `openai` client; a new version and activate → answers
 change; unload → 404 at the engines; an adapter registered but placed nowhere is pulled by an engine on
-its first request; one engine stopped → a load answers 207 naming it; that engine restarted → the
-reconciler gives it what it missed.
+its first request; one engine killed → a load answers 207 naming it; that engine restarted → the
+reconciler gives it what it missed. Each engine holds only its own engine token of the control plane.
 """
 
 from __future__ import annotations
@@ -154,8 +154,9 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
         with pytest.raises(openai.NotFoundError):
             complete(e1.api, "poet")
 
-        # one engine stopped → the next load answers 207 and names it
-        e2.process.terminate()
+        # one engine dies (SIGKILL: a SIGTERM would drain it at the control plane first, and a drained
+        # engine gets no placements) → the next load answers 207 and names it
+        e2.process.kill()
         e2.process.wait(timeout=30)
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "short", "lora_path": str(paths["demo-short"]),
                                                             "base_model": "demo"})
