@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
@@ -67,13 +69,12 @@ class Scenario:
 
 
 def _database() -> str:
-    from sqlalchemy.engine import make_url
-
+    """A fresh database on the test server, its URL; skips (fails under CI) when there is no server."""
     name = f"faults_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         pg_run(PG_URL, f'CREATE DATABASE "{name}"')
-    except OSError as exc:  # asyncpg raises OSError subclasses for refused or unreachable servers
-        if os.environ.get("CI"):
+    except (OSError, asyncpg.PostgresError) as exc:  # refused, unreachable, or no such role
+        if os.environ.get("CI") or os.environ.get("LORAPLANE_TEST_REQUIRE_PG") == "1":
             raise
         pytest.skip(f"PostgreSQL not reachable at {make_url(PG_URL).render_as_string()}: {exc}")
     return make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
@@ -99,7 +100,6 @@ def _record_expected(fleet: Fleet, folders: dict[str, Path]) -> dict[str, str]:
 
 @pytest.fixture(scope="package")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
-    db_url = _database()
     tmp = tmp_path_factory.mktemp("faults")
     base = tmp / "models" / "demo"
     write_demo_model(base, seed=0)
@@ -109,12 +109,11 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         names = ["demo-pirate"] if seed == 2 else None
         for name, path in write_demo_adapters(base, root / f"s{seed}", seed=seed, names=names).items():
             folders[f"s{seed}/{name}"] = path
+    db_url = _database()
     fleet = Fleet(tmp, db_url, base, root)
     try:
         fleet.start()
         yield Scenario(fleet, folders, _record_expected(fleet, folders))
     finally:
         fleet.stop()
-        from sqlalchemy.engine import make_url
-
         pg_run(PG_URL, f'DROP DATABASE IF EXISTS "{make_url(db_url).database}" WITH (FORCE)')
