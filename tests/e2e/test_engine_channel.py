@@ -155,3 +155,43 @@ def test_drain_and_unhealthy_heartbeats_take_an_engine_out_of_placement(stack: S
     r = stack.admin.post(stack.cp + "/v1/load_lora_adapter", json={
         "lora_name": "after-drain", "lora_path": str(stack.paths["demo-short"]), "base_model": "demo"})
     assert r.status_code == 200 and [e["engine"] for e in r.json()["engines"]] == ["e2"], r.text
+
+
+def test_resolve_is_bounded_against_a_misbehaving_control_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ControlPlaneClient.resolve against loopback peers: unknown names cached for the TTL in a bounded
+    cache, concurrent lookups of one name share one call, a reply of the wrong shape is no adapter."""
+    import data_plane.control_client as control_client
+    from tests.control_plane.domain.engines.peers import Reply, json_reply, serve
+
+    monkeypatch.setattr(control_client, "NEGATIVE_CACHE_SIZE", 8)
+
+    def answer(_method: str, path: str) -> Reply:
+        if path.startswith("/v1/resolve/slow"):
+            return Reply(404, b'{"error": {"message": "no"}}' + b" " * 20, drip_s=0.01)
+        if path.startswith("/v1/resolve/shape"):
+            return json_reply([1, 2, 3])
+        if path.startswith("/v1/resolve/other"):
+            return json_reply({"name": "someone-else", "version": 1, "uri": "/elsewhere", "sha256": "ab"})
+        return Reply(404, b'{"error": {"message": "no"}}')
+
+    async def run(url: str) -> None:
+        client = ControlPlaneClient(url, "t", name="e1", engine_url="http://127.0.0.1:1", base_model="demo",
+                                    slots_total=1, negative_ttl_s=0.5)
+        await client.start()
+        try:
+            assert await asyncio.gather(*(client.resolve("slow") for _ in range(20))) == [None] * 20
+            for name in [f"n{i}" for i in range(20)] + [f"n{i}" for i in range(12, 20)] + ["n0"]:
+                assert await client.resolve(name) is None
+            assert len(client._unknown) == 8  # bounded
+            assert await client.resolve("shape") is None and await client.resolve("other") is None
+            await asyncio.sleep(0.6)
+            assert await client.resolve("n19") is None  # the TTL passed: asked again
+        finally:
+            await client.stop()
+
+    with serve(answer) as peer:
+        asyncio.run(run(peer.url))
+        paths = [path.split("?")[0] for _, path, _ in peer.seen if path.startswith("/v1/resolve/")]
+    assert paths.count("/v1/resolve/slow") == 1  # 20 concurrent lookups, one call
+    # 20 names, then the last 8 again (cached), n0 again (fell out of the 8 entries), n19 after the TTL
+    assert sum(paths.count(f"/v1/resolve/n{i}") for i in range(20)) == 20 + 0 + 1 + 1

@@ -8,8 +8,8 @@ addresses and names, unspecified/multicast/broadcast addresses, and the odd spel
 some resolvers accept (`0x7f.1`, `2130706433`, `127.1`, `0177.0.0.1`). With `allowed_networks` (CIDR)
 the address, or every address a name resolves to, must lie in one of them.
 
-A name is resolved at registration; it can resolve elsewhere later (DNS rebinding), so where that
-matters, set the allow-list and register engines by address.
+A name is resolved at registration; it can resolve elsewhere later (DNS rebinding), so the same
+address policy (`address_problem`) is applied again on every connection (control_plane.egress).
 """
 
 from __future__ import annotations
