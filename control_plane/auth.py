@@ -35,10 +35,6 @@ class Principal:
     token_id: str
     engine: str | None = None  # the engine name an engine token is bound to
 
-    @property
-    def is_admin(self) -> bool:
-        return self.kind == "admin"
-
 
 def token_id(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:12]
