@@ -26,8 +26,11 @@ def checkpoint(s: Scenario, what: str, fault_ended: float) -> None:
         for engine in s.fleet.live_engines():
             for metric in ("loraplane_running_sequences", "loraplane_waiting_sequences", "loraplane_kv_blocks_used"):
                 assert s.fleet.engine_metric(engine, metric) == 0, f"{engine} {metric} after {what}"
-            busy = {a["name"]: a["in_flight"] for a in s.fleet.listing(engine)["adapters"] if a["in_flight"]}
+            listing = s.fleet.listing(engine)
+            busy = {a["name"]: a["in_flight"] for a in listing["adapters"] if a["in_flight"]}
             assert not busy, f"{engine} adapters still in flight after {what}: {busy}"
+            resident = sum(a["residency"] == "device" for a in listing["adapters"])
+            assert listing["slots"]["used"] == resident, f"{engine} slots leaked after {what}: {listing}"
         for cp in (i for i, p in enumerate(s.fleet.cps) if p.alive):
             active = {n: d["active_version"] if any(p["desired"] != "absent" for p in d["placements"]) else None
                       for n, d in s.fleet.registry(cp).items()}

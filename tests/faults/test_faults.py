@@ -109,6 +109,24 @@ def test_database_connections_terminated(scenario: Scenario) -> None:
     checkpoint(s, "the database connections were terminated", terminated)
 
 
+def test_database_connections_terminated_during_calls(scenario: Scenario) -> None:
+    s, f = scenario, scenario.fleet
+    calls = [lambda cp=cp: f.reader.get(f.cps[cp].url + "/v1/lora_adapters/alpha") for cp in (0, 1) for _ in range(4)]
+    calls += [lambda: f.activate("beta", 1, cp=0), lambda: f.activate("delta", 1, cp=1)]
+    started = [background(call) for call in calls]
+    for _ in range(3):
+        f.terminate_db_connections()
+        time.sleep(0.05)
+    terminated = time.monotonic()
+    answers = [out[0] if thread.join(60) is None and out else None for thread, out in started]
+    checkpoint(s, "the database connections were terminated during calls", terminated)  # all but the 5xx
+    statuses = [a.status_code if isinstance(a, httpx.Response) else repr(a) for a in answers]
+    if any(code == 500 for code in statuses):  # only this known defect is excused; the rest must hold
+        pytest.xfail(f"KNOWN DEFECT: a call whose database connection is terminated mid-query answers 500 "
+                     f"(asyncpg ConnectionDoesNotExistError); it should be a documented 503 or be retried: {statuses}")
+    assert all(code in (200, 503) for code in statuses), statuses
+
+
 def test_engine_stopped_for_10s(scenario: Scenario) -> None:
     s, f = scenario, scenario.fleet
     e3 = f.engines["e3"]
