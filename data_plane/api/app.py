@@ -192,7 +192,11 @@ def create_app(engine: Any, config: EngineConfig, *, lora_loader: Loader | None 
             "engine": engine,
             "config": config,
             "request_types": request_types(
-                config.max_model_len, config.max_n, config.max_stop_strings, config.max_stop_string_length
+                config.max_model_len,
+                config.max_n,
+                config.max_stop_strings,
+                config.max_stop_string_length,
+                engine.vocab_size,
             ),
             "resolver": resolver,
             "metrics": engine_metrics,

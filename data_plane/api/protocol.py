@@ -182,10 +182,37 @@ class RequestTypes:
     completion: type[CompletionRequest]
 
 
-def request_types(max_model_len: int, max_n: int, max_stop_strings: int, max_stop_string_length: int) -> RequestTypes:
-    """Subclasses that only narrow the flag-dependent fields, so decoding enforces them and the
+def _prompt_type(vocab_size: int) -> Any:
+    """`prompt` with token ids within the vocabulary and nothing empty. The decoder takes one array
+    type per union, so it decodes a looser shape and `prompts()` refuses mixed lists; the schema's
+    allOf states the exact four shapes."""
+    token_id = {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}
+    text = {"type": "string", "minLength": 1}
+    exact = {
+        "anyOf": [
+            text,
+            {"type": "array", "minItems": 1, "items": text},
+            {"type": "array", "minItems": 1, "items": token_id},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": token_id}},
+        ]
+    }
+    token = Annotated[int, Meta(ge=0, le=vocab_size - 1)]
+    string = Annotated[str, Meta(min_length=1)]
+    items = string | token | Annotated[list[token], Meta(min_length=1)]
+    description = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+    return Annotated[
+        string | Annotated[list[items], Meta(min_length=1)],
+        Meta(description=description, extra_json_schema={"allOf": [exact]}),
+    ]
+
+
+def request_types(
+    max_model_len: int, max_n: int, max_stop_strings: int, max_stop_string_length: int, vocab_size: int
+) -> RequestTypes:
+    """Subclasses that only narrow the engine-dependent fields, so decoding enforces them and the
     OpenAPI schema states them: n <= --max-n, stop strings per --max-stop-strings and
-    --max-stop-string-length, max_tokens and min_tokens within the context."""
+    --max-stop-string-length, max_tokens and min_tokens within the context, prompt token ids within
+    the vocabulary."""
     stop_string = Annotated[str, Meta(min_length=1, max_length=max_stop_string_length)]
     stop = stop_string | Annotated[list[stop_string], Meta(max_length=max_stop_strings)] | None
     n = Annotated[int, Meta(ge=1, le=max_n, description="samples per prompt (--max-n)")] | None
@@ -200,7 +227,10 @@ def request_types(max_model_len: int, max_n: int, max_stop_strings: int, max_sto
         module=__name__,
     )
     completion = msgspec.defstruct(
-        "CompletionRequest", [*shared, ("max_tokens", max_tokens, 16)], bases=(CompletionRequest,), kw_only=True,
+        "CompletionRequest",
+        [*shared, ("max_tokens", max_tokens, 16), ("prompt", _prompt_type(vocab_size))],
+        bases=(CompletionRequest,),
+        kw_only=True,
         module=__name__,
     )
     return RequestTypes(chat, completion)  # type: ignore[arg-type]

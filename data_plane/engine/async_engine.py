@@ -40,6 +40,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.config = engine.config
         self.tokenizer = engine.tokenizer
+        self.vocab_size = engine.vocab_size  # the model's: prompt token ids must be below it
         self.healthy = True
         self.dead_reason: str | None = None
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()

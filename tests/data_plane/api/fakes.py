@@ -75,6 +75,7 @@ class FakeEngine:
     error_after: int | None = None  # steps after which the output carries an engine error
     config: FakeConfig = field(default_factory=FakeConfig)
     tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
+    vocab_size: int = FakeTokenizer.vocab_size
     healthy: bool = True
     dead_reason: str | None = None
     started: bool = False
