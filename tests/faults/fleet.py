@@ -57,14 +57,6 @@ def pg_run(url: str, sql: str, *args: object) -> list[asyncpg.Record]:
     return asyncio.run(go())
 
 
-def engine_credentials_landed() -> bool:
-    """Whether the control plane knows per-engine credentials (LORAPLANE_ENGINE_CREDENTIALS) yet; before
-    that, engines call it with an admin token."""
-    from control_plane import settings
-
-    return "ENGINE_CREDENTIALS" in Path(settings.__file__).read_text()
-
-
 @dataclass
 class Proc:
     """One subprocess of the fleet; `start()` again after a kill is a restart (new log file)."""
@@ -126,7 +118,6 @@ class Fleet:
         self.base = base
         self.logs = tmp / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.per_engine = engine_credentials_landed()
         names = [f"e{i + 1}" for i in range(engines)]
         self.engine_tokens = {n: f"faults-engine-{n}-token" for n in names}
         common = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -137,9 +128,9 @@ class Fleet:
             "LORAPLANE_DATABASE_URL": db_url, "LORAPLANE_RECONCILE_INTERVAL_S": str(RECONCILE_S),
             "LORAPLANE_ENGINE_STALE_AFTER_S": str(STALE_AFTER_S), "LORAPLANE_ENGINE_TIMEOUT_S": str(ENGINE_TIMEOUT_S),
             "LORAPLANE_LOG_LEVEL": "warning",
+            # each engine calls the control plane with its own token, valid for its name only
+            "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in self.engine_tokens.items()),
         }
-        if self.per_engine:
-            cp_env["LORAPLANE_ENGINE_CREDENTIALS"] = ",".join(f"{n}={t}" for n, t in self.engine_tokens.items())
         self.cps: list[Proc] = []
         for i in range(2):
             port = free_port()
@@ -150,7 +141,7 @@ class Fleet:
         self.engines: dict[str, Proc] = {}
         for name in names:
             env = {**common, "LORAPLANE_ADMIN_TOKEN": ENGINE_ADMIN,
-                   "LORAPLANE_CONTROL_PLANE_TOKEN": self.engine_tokens[name] if self.per_engine else ADMIN}
+                   "LORAPLANE_CONTROL_PLANE_TOKEN": self.engine_tokens[name]}
             cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name",
                    SERVED_NAME, "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--enable-lora",
                    "--lora-roots", str(adapter_root), "--control-plane", self.cps[1].url, "--engine-name", name,
