@@ -15,8 +15,9 @@ import time
 
 import httpx
 import pytest
+import uvicorn
 
-from data_plane.api.shutdown import AdmissionGate
+from data_plane.api.shutdown import AdmissionGate, DrainingServer
 from tests.faults.conftest import Scenario
 from tests.faults.driver import complete
 from tests.faults.invariants import acknowledged, background, checkpoint
@@ -117,3 +118,51 @@ async def test_gate_lets_other_paths_through_while_closed(path: str) -> None:
     gate.close()
     await gate({"type": "http", "path": path}, None, None)
     assert reached == [path]
+
+
+def _server(gate: AdmissionGate, on_drain, timeout_s: float) -> DrainingServer:  # noqa: ANN001
+    return DrainingServer(uvicorn.Config(gate, lifespan="off"), gate, shutdown_timeout_s=timeout_s,
+                          on_drain=on_drain)
+
+
+async def test_drain_tells_the_control_plane_and_stops_after_the_timeout() -> None:
+    forever = asyncio.Event()
+
+    async def app(scope: dict, receive, send) -> None:  # noqa: ANN001
+        await forever.wait()  # a request that never finishes
+
+    gate = AdmissionGate(app)
+    admitted = asyncio.create_task(gate({"type": "http", "path": "/v1/chat/completions"}, None, None))
+    await asyncio.sleep(0)
+    told: list[bool] = []
+
+    async def on_drain() -> None:
+        told.append(gate.closed)  # admission is closed before the control plane hears of it
+        raise OSError("control plane down")  # must not keep the engine from stopping
+
+    server = _server(gate, on_drain, timeout_s=0.2)
+    started = time.monotonic()
+    await server.drain("SIGTERM")
+    assert told == [True] and server.should_exit
+    assert 0.15 < time.monotonic() - started < 2
+    admitted.cancel()
+
+
+async def test_first_signal_drains_a_second_exits_at_once() -> None:
+    release = asyncio.Event()
+
+    async def app(scope: dict, receive, send) -> None:  # noqa: ANN001
+        await release.wait()
+
+    gate = AdmissionGate(app)
+    admitted = asyncio.create_task(gate({"type": "http", "path": "/v1/completions"}, None, None))
+    await asyncio.sleep(0)
+    server = _server(gate, None, timeout_s=30)
+    server._loop, server.started = asyncio.get_running_loop(), True  # as startup() leaves them
+    server.handle_exit(signal.SIGTERM, None)
+    await asyncio.sleep(0.05)
+    assert gate.closed and not server.should_exit  # draining: waits for the admitted request
+    server.handle_exit(signal.SIGTERM, None)  # the second signal: exit without waiting
+    assert server.should_exit
+    release.set()
+    await admitted
