@@ -23,6 +23,12 @@ _rng = random.Random(0)
 def map_body(ctx, body):
     if SERVED and isinstance(body, dict) and isinstance(body.get("model"), str) and _rng.random() < 0.85:
         body["model"] = _rng.choice(SERVED)
-    if ADAPTER_PATH and isinstance(body, dict) and isinstance(body.get("lora_path"), str) and _rng.random() < 0.5:
+    if ADAPTER_PATH and isinstance(body, dict) and _valid_path(body.get("lora_path")) and _rng.random() < 0.5:
         body["lora_path"] = ADAPTER_PATH
     return body
+
+
+def _valid_path(value: object) -> bool:
+    """What the schema admits as `lora_path` (1-4096 characters, no NUL): a negative case that broke
+    that rule must keep its bad path, or the engine would rightly accept it."""
+    return isinstance(value, str) and 1 <= len(value) <= 4096 and "\x00" not in value
