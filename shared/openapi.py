@@ -68,6 +68,7 @@ class RouteDoc:
     status: int = 200  # the success status
     # an example request body (or a callable making one for the app): what a working call looks like
     example: Any = None
+    media_type: str | None = None  # a success body that is not JSON (e.g. Prometheus text): its type
 
 
 def route_doc(
@@ -79,10 +80,12 @@ def route_doc(
     response_description: str = "Success.",
     status: int = 200,
     example: Any = None,
+    media_type: str | None = None,
 ) -> dict[str, Any]:
     """The `opt` of a route handler that `document_app` reads."""
     errors = tuple(sorted(set(errors)))
-    return {"route_doc": RouteDoc(request, response, stream, errors, response_description, status, example)}
+    doc = RouteDoc(request, response, stream, errors, response_description, status, example, media_type)
+    return {"route_doc": doc}
 
 
 def _resolve(source: TypeSource | None, app: Litestar) -> type | None:
@@ -157,6 +160,8 @@ def _rewrite(
     ok: dict[str, Any] = {"description": doc.response_description}
     if response is not None:
         ok["content"] = _json(ref_of[response])
+    if doc.media_type is not None:
+        ok.setdefault("content", {})[doc.media_type] = {"schema": {"type": "string"}}
     if stream is not None:
         ok.setdefault("content", {})["text/event-stream"] = {"schema": _event_schema(ref_of[stream], ref_of)}
     responses = {str(doc.status): ok}

@@ -149,7 +149,11 @@ async def health(state: State) -> Response[Any]:
     return Response(error.to_body(), status_code=error.status_code)
 
 
-@get("/metrics", operation_id="metrics", include_in_schema=False)
+@get(
+    "/metrics",
+    operation_id="metrics",
+    opt=route_doc(media_type=CONTENT_TYPE.split(";")[0], response_description="Prometheus text exposition."),
+)
 async def metrics(state: State) -> Response[bytes]:
     """Prometheus exposition of this engine's metrics."""
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)

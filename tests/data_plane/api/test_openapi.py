@@ -42,6 +42,7 @@ def test_requests_and_responses_are_typed_with_the_engines_limits():
     assert "user" in roles and "wizard" not in roles
     assert doc["paths"]["/health"]["get"]["responses"]["503"]
     assert doc["paths"]["/v1/models/{model_id}"]["get"]["responses"]["404"]
+    assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
 
 
 def test_bodies_match_their_schemas():
