@@ -213,8 +213,14 @@ class LLMEngine:
         return [self._fail(state, FinishReason.ERROR, error=error) for state in states]
 
     def fail_all(self, exc: BaseException) -> list[RequestOutput]:
-        """Fail every request in flight: what the loop does when a step fails outside a batch."""
-        return self.fail_requests(set(self.requests), exc)
+        """Fail every request in flight: what the loop does when a step fails outside a batch. A
+        sequence that belongs to no known request is dropped too, so the same fault cannot recur
+        on every step."""
+        outputs = self.fail_requests(set(self.requests), exc)
+        for seq in [*self.scheduler.waiting, *self.scheduler.running]:
+            if seq.request.request_id not in self.requests:
+                self.scheduler.remove(seq)
+        return outputs
 
     def _collect(self, state: _RequestState) -> RequestOutput:
         deltas = [d for d in (self.outputs.take_delta(s) for s in state.seqs) if d is not None]

@@ -114,3 +114,12 @@ async def test_a_dead_loop_reports_a_generic_reason_and_refuses_requests(engine_
         assert refused.value.status_code == 503 and "req-secret-id" not in refused.value.message
     finally:
         await engine.shutdown()
+
+
+def test_failing_everything_also_drops_sequences_of_no_known_request(engine_checkpoints):
+    engine = make_engine(engine_checkpoints["qwen2"])
+    engine.add_request(Request("known", [5, 6, 7], greedy(4)))
+    engine.scheduler.add(Sequence(999, Request("orphan", [5, 6], greedy(4)), 0))  # as the old bug left
+    outputs = engine.fail_all(RuntimeError("fault"))
+    assert [o.request_id for o in outputs] == ["known"] and outputs[0].error
+    assert not engine.has_work() and engine.block_manager.num_used_blocks == 0
