@@ -79,8 +79,9 @@ class ControlPlaneClient:
             await self._http.aclose()
 
     # ---- resolve -------------------------------------------------------------------------------
-    async def resolve(self, name: str) -> str | None:
-        """The folder of `name`'s active version for this engine's base model; None when not registered,
+    async def resolve(self, name: str) -> ResolvedAdapter | None:
+        """Where `name`'s active version lies for this engine's base model, and its manifest digest (the
+        engine refuses other content); None when not registered,
         not a valid name, recently unknown, or when the control plane cannot be asked (the request then
         gets the usual 404)."""
         if name_problem(name) is not None:
@@ -98,7 +99,7 @@ class ControlPlaneClient:
             task.add_done_callback(lambda _: self._inflight.pop(name, None))
         return await asyncio.shield(task)
 
-    async def _ask(self, name: str) -> str | None:
+    async def _ask(self, name: str) -> ResolvedAdapter | None:
         assert self._http is not None, "start() first"
         async with self._slots:
             try:
@@ -121,7 +122,7 @@ class ControlPlaneClient:
         if reply.name != name:
             logger.warning("control plane resolved %s as another adapter; ignored", name)
             return None
-        return reply.uri
+        return reply
 
     def _remember_unknown(self, name: str) -> None:
         self._unknown[name] = time.monotonic() + self.negative_ttl_s

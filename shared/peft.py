@@ -13,7 +13,9 @@ control plane checks what it can without one (control_plane.domain.adapters.insp
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from shared.errors import InvalidRequestError
@@ -56,6 +58,23 @@ _UNSUPPORTED_FIELDS = {
 }
 # These initialisations rewrite the base weights: the adapter only works on the base saved with it.
 _BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+
+
+def resolve_under_roots(path: str | Path, roots: Iterable[str]) -> Path | None:
+    """`path` with `~`, symlinks and `..` resolved, if that lies under one of `roots`; None otherwise,
+    also when it cannot be resolved at all (`~nosuchuser`, a symlink loop): the caller refuses it the
+    same way, so a refusal never tells whether something outside the roots exists."""
+    try:
+        resolved = Path(path).expanduser().resolve()
+    except (RuntimeError, OSError, ValueError):
+        return None
+    for root in roots:
+        try:
+            if resolved.is_relative_to(Path(root).expanduser().resolve()):
+                return resolved
+        except (RuntimeError, OSError, ValueError):
+            continue
+    return None
 
 
 def module_name(layer: int, short: str) -> str:

@@ -19,7 +19,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
 from data_plane.api import lora_routes, schemas
-from data_plane.api.auth import api_key_guard
+from data_plane.api.auth import api_key_guard, is_admin
 from data_plane.api.errors import ClientDisconnected
 from data_plane.api.models import ModelResolver
 from data_plane.api.protocol import decode_request, request_types
@@ -123,9 +123,10 @@ async def create_completion(request: Request, state: State) -> Response[Any]:
 
 
 @get("/v1/models", operation_id="listModels", guards=[api_key_guard], opt=route_doc(response=schemas.ModelList))
-async def list_models(state: State) -> dict[str, Any]:
-    """List the models this engine serves: the base model and every ready adapter (`parent` = base)."""
-    return {"object": "list", "data": state.resolver.cards()}
+async def list_models(request: Request, state: State) -> dict[str, Any]:
+    """List the models this engine serves: the base model and every ready adapter (`parent` = base).
+    `root` is where the model's files lie for admin callers (as in vLLM), the model's name otherwise."""
+    return {"object": "list", "data": state.resolver.cards(show_paths=is_admin(request))}
 
 
 @get(
@@ -134,9 +135,9 @@ async def list_models(state: State) -> dict[str, Any]:
     guards=[api_key_guard],
     opt=route_doc(response=schemas.ModelCard, errors=[404]),
 )
-async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
-    """One served model by name (404 when this engine does not serve it)."""
-    return state.resolver.card(model_id.lstrip("/"))  # :path keeps names with slashes ("org/adapter")
+async def retrieve_model(model_id: str, request: Request, state: State) -> dict[str, Any]:
+    """One served model by name (404 when this engine does not serve it); `root` as in listModels."""
+    return state.resolver.card(model_id.lstrip("/"), show_paths=is_admin(request))  # :path keeps names with slashes ("org/adapter")
 
 
 @get("/health", operation_id="health", opt=route_doc(response=schemas.Health, errors=[503]))

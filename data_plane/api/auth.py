@@ -13,7 +13,7 @@ import hmac
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from shared.errors import AuthenticationError, PermissionDeniedError
+from shared.errors import AuthenticationError, LoraplaneError, PermissionDeniedError
 
 
 def check_admin(authorization: str | None, admin_token: str | None) -> None:
@@ -44,6 +44,16 @@ def check_api_key(authorization: str | None, api_key: str | None) -> None:
 def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """Litestar guard for the inference endpoints (chat, completions, models)."""
     check_api_key(connection.headers.get("authorization"), connection.app.state.config.api_key)
+
+
+def is_admin(connection: ASGIConnection) -> bool:
+    """Whether the caller passes the admin check (always, on an engine without an admin token): what
+    decides who sees where adapter and model files lie on the engine's disk."""
+    try:
+        check_admin(connection.headers.get("authorization"), connection.app.state.config.admin_token)
+    except LoraplaneError:
+        return False
+    return True
 
 
 def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:

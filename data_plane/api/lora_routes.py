@@ -10,10 +10,9 @@ from __future__ import annotations
 from litestar import Request, get, post
 from litestar.datastructures import State
 
-from data_plane.api.auth import admin_guard, check_admin
+from data_plane.api.auth import admin_guard, is_admin
 from data_plane.api.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest, decode_admin_request
 from shared import engine_admin
-from shared.errors import LoraplaneError
 from shared.openapi import route_doc
 
 # 400: a malformed body, or LoRA off; 401/403: the admin token (when the engine has one); 413: body size
@@ -53,15 +52,7 @@ async def unload_lora_adapter(request: Request, state: State) -> engine_admin.Un
 async def list_lora_adapters(request: Request, state: State) -> engine_admin.AdapterList:
     """Loaded adapters with residency (device/host/disk), state, pin, queues; plus device slot usage.
     `path` (where the files lie on the engine) is shown to admin callers only (null otherwise)."""
-    return state.lora.list(show_paths=_is_admin(request))
-
-
-def _is_admin(request: Request) -> bool:
-    try:
-        check_admin(request.headers.get("authorization"), request.app.state.config.admin_token)
-    except LoraplaneError:
-        return False
-    return True
+    return state.lora.list(show_paths=is_admin(request))
 
 
 @get("/v1/lora_stats", operation_id="loraStats", opt=route_doc(response=engine_admin.LoraStats, errors=(400,)))

@@ -16,13 +16,14 @@ from typing import Any
 from data_plane.lora.entry import BASE_ADAPTER_ID, Lease
 from data_plane.lora.errors import LoRANotFoundError
 from data_plane.lora.registry import LoRARegistry
+from shared.engine_admin import ResolvedAdapter
 from shared.errors import LoraplaneError, NotFoundError
 
 __all__ = ["BASE_ADAPTER_ID", "ModelResolver", "Remote"]
 logger = logging.getLogger(__name__)
 
-# name -> the adapter folder to load for it, or None when nobody registered it
-Remote = Callable[[str], Awaitable[str | None]]
+# name -> where its active version lies and its manifest digest, or None when nobody registered it
+Remote = Callable[[str], Awaitable[ResolvedAdapter | None]]
 
 
 class ModelResolver:
@@ -57,11 +58,12 @@ class ModelResolver:
     async def _pull(self, name: str) -> bool:
         """Load `name` from where the control plane says its active version lies; False if it does not know it."""
         assert self.registry is not None and self.remote is not None
-        path = await self.remote(name)
-        if path is None:
+        resolved = await self.remote(name)
+        if resolved is None:
             return False
-        try:
-            await self.registry.load(name, path, load_inplace=True)
+        path = resolved.uri
+        try:  # only the recorded bytes: files edited since the version was registered are refused
+            await self.registry.load(name, path, load_inplace=True, expected_sha256=resolved.sha256)
         except LoraplaneError as exc:
             logger.warning("adapter %s resolved by the control plane cannot be loaded from %s: %s", name, path,
                            exc.message)
@@ -81,19 +83,22 @@ class ModelResolver:
             raise
         return leases
 
-    def card(self, name: str) -> dict[str, Any]:
+    def card(self, name: str, *, show_paths: bool = True) -> dict[str, Any]:
         """GET /v1/models/{name}: the card, or NotFoundError like any other use of an unknown name."""
-        for card in self.cards():
+        for card in self.cards(show_paths=show_paths):
             if card["id"] == name:
                 return card
         raise _not_found(name)
 
-    def cards(self) -> list[dict[str, Any]]:
-        """GET /v1/models entries (OpenAI shape plus vLLM's root / parent / max_model_len)."""
-        cards = [self._card(self.served_model_name, self.created, self.model_path, None)]
+    def cards(self, *, show_paths: bool = True) -> list[dict[str, Any]]:
+        """GET /v1/models entries (OpenAI shape plus vLLM's root / parent / max_model_len). `root` is
+        where the files lie (as in vLLM) for callers allowed to see the engine's paths; for everyone
+        else it is the model's own name, so an open listing does not map the engine's disk."""
+        base_root = self.model_path if show_paths else self.served_model_name
+        cards = [self._card(self.served_model_name, self.created, base_root, None)]
         if self.registry is not None:
             cards += [
-                self._card(e.name, int(e.loaded_at), e.path, self.served_model_name)
+                self._card(e.name, int(e.loaded_at), e.path if show_paths else e.name, self.served_model_name)
                 for e in sorted(self.registry.ready(), key=lambda e: e.name)
             ]
         return cards

@@ -23,7 +23,7 @@ from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_target
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
 from shared.manifest import ManifestEntry, entries_of, manifest_digest
-from shared.peft import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME
+from shared.peft import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME, resolve_under_roots
 
 # peft saves `base_model.model.<module>.lora_A.weight`; in-memory state dicts also carry the adapter name.
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.(?P<name>[^.]+))?\.weight$")
@@ -89,17 +89,13 @@ def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
             "no LoRA roots are configured, so no adapter path is allowed; start the engine with "
             "--lora-roots DIR [DIR ...] naming the directories adapters may be loaded from"
         )
-    resolved = Path(path).expanduser().resolve()  # follows symlinks and `..`
-    if not _inside_roots(resolved, allowed_roots):
+    resolved = resolve_under_roots(path, allowed_roots)
+    if resolved is None:
         raise LoRAAdapterError(
             f"adapter path {str(path)!r} is outside the allowed LoRA roots ({', '.join(allowed_roots)}); "
             "put the adapter under one of them or add its directory to --lora-roots"
         )
     return resolved
-
-
-def _inside_roots(resolved: Path, allowed_roots: list[str]) -> bool:
-    return any(resolved.is_relative_to(Path(root).expanduser().resolve()) for root in allowed_roots)
 
 
 def _locate_files(folder: Path, given: str | Path, allowed_roots: list[str]) -> tuple[Path, Path]:
@@ -118,7 +114,7 @@ def _locate_files(folder: Path, given: str | Path, allowed_roots: list[str]) -> 
         raise LoRAAdapterError(f"{WEIGHTS_NAME} is missing in {str(given)!r}; save the adapter with peft")
     # A file inside the folder may itself be a symlink leading out of the roots.
     for f in (config_path, weights_path):
-        if not _inside_roots(f.resolve(), allowed_roots):
+        if resolve_under_roots(f, allowed_roots) is None:
             raise LoRAAdapterError(
                 f"{f.name} in {str(given)!r} links outside the allowed LoRA roots; copy the file instead"
             )

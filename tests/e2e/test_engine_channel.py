@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -112,6 +114,23 @@ def test_names_with_a_slash_are_resolved_quoted_and_pulled(stack: SimpleNamespac
     before = calls_to(stack.cp, RESOLVE_ROUTE)
     assert complete(stack.e2, "org/poet").status_code == 404
     assert calls_to(stack.cp, RESOLVE_ROUTE) == before
+
+
+def test_a_pull_refuses_files_edited_since_the_version_was_recorded(stack: SimpleNamespace) -> None:
+    """The pull carries the resolve reply's sha256 as expected_sha256, so an edited folder is never served
+    under a recorded version (issue 8, item 1.6, on the pull path)."""
+    folder = stack.paths["demo-short"].parent / "edited-short"
+    shutil.copytree(stack.paths["demo-short"], folder)
+    r = stack.admin.post(stack.cp + "/v1/load_lora_adapter", json={
+        "lora_name": "edited-short", "lora_path": str(folder), "base_model": "demo", "engines": []})
+    assert r.status_code == 200, r.text
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4096}))
+    refused = complete(stack.e1, "edited-short")
+    assert refused.status_code == 409, refused.text
+    assert "changed since" in refused.json()["error"]["message"]
+    listed = httpx.get(stack.e1.url + "/v1/lora_adapters", timeout=30).json()["adapters"]
+    assert "edited-short" not in {a["name"] for a in listed}
 
 
 def test_an_engine_token_is_only_good_for_its_own_bookkeeping(stack: SimpleNamespace) -> None:

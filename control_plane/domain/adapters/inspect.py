@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from shared.manifest import files_digest
-from shared.peft import CONFIG_NAME, PICKLE_NAME, TARGET_MODULES, WEIGHTS_NAME, AdapterFilesError, TargetSpec
+from shared.peft import (
+    CONFIG_NAME,
+    PICKLE_NAME,
+    TARGET_MODULES,
+    WEIGHTS_NAME,
+    AdapterFilesError,
+    TargetSpec,
+    resolve_under_roots,
+)
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.[^.]+)?\.weight$")
 _MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$")
@@ -79,8 +87,8 @@ def _inside_roots(path: str, roots: tuple[str, ...]) -> Path:
     if not roots:
         raise AdapterFilesError("no adapter roots are configured (LORAPLANE_ADAPTER_ROOTS / --adapter-roots), "
                                 "so no adapter path is accepted", param="lora_path")
-    resolved = Path(path).expanduser().resolve()
-    if not any(resolved.is_relative_to(root) for root in roots):
+    resolved = resolve_under_roots(path, roots)
+    if resolved is None:
         raise AdapterFilesError(f"adapter path {path!r} is outside the allowed adapter roots", param="lora_path")
     return resolved
 

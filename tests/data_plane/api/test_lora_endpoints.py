@@ -235,10 +235,11 @@ def test_the_base_models_name_is_refused_as_an_adapter_name(client, adapter_root
     assert client.get("/v1/lora_adapters").json()["adapters"] == []
 
 
-@pytest.mark.parametrize("kind", ["nul", "long", "long-component"])
+@pytest.mark.parametrize("kind", ["nul", "long", "long-component", "unknown-user"])
 def test_nul_or_overlong_paths_are_400_not_500(client, adapter_root, kind):
     path = {"nul": f"{adapter_root}/demo-poet\0x", "long": f"{adapter_root}/" + "a/" * 1000,
-            "long-component": f"{adapter_root}/" + "a" * 2000}[kind]
+            "long-component": f"{adapter_root}/" + "a" * 2000,
+            "unknown-user": "~nosuchuser-loraplane/x"}[kind]  # expanduser raises for an unknown user
     error = assert_openai_error(client.post(LOAD, json={"lora_name": "p", "lora_path": path}), 400)
     assert error["param"] == "lora_path"
     assert load(client, adapter_root, "demo-poet").status_code == 200  # and the engine is fine
@@ -256,8 +257,15 @@ def test_listings_show_paths_to_admin_callers_only(engine, demo_model_dir, adapt
             assert body.status_code == 200 and str(adapter_root) not in body.text
             assert body.json()["adapters"][0]["path"] is None
             assert str(adapter_root) not in client.get("/v1/lora_stats", headers=headers).text
+            models = client.get("/v1/models", headers=headers)  # vLLM's `root` is where the files lie
+            assert models.status_code == 200 and str(adapter_root) not in models.text
+            assert str(demo_model_dir) not in models.text
+            assert {m["id"]: m["root"] for m in models.json()["data"]}["demo-poet"] == "demo-poet"
+            assert client.get("/v1/models/demo-poet", headers=headers).json()["root"] == "demo-poet"
         [adapter] = client.get("/v1/lora_adapters", headers=admin).json()["adapters"]
         assert adapter["path"] == str(adapter_root / "demo-poet")
+        roots = {m["id"]: m["root"] for m in client.get("/v1/models", headers=admin).json()["data"]}
+        assert roots["demo-poet"] == str(adapter_root / "demo-poet")
 
 
 def test_expected_sha256_refuses_other_content_and_loads_nothing(client, adapter_root):

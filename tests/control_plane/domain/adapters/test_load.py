@@ -154,10 +154,11 @@ async def test_a_base_models_name_is_refused_before_anything_is_recorded(client:
     assert (await client.get("/v1/lora_adapters", headers=reader())).json()["total"] == 0
 
 
-@pytest.mark.parametrize("kind", ["nul", "2000-characters", "long-component"])
+@pytest.mark.parametrize("kind", ["nul", "2000-characters", "long-component", "unknown-user"])
 async def test_nul_or_overlong_paths_are_400(client: AsyncTestClient, demo: dict, kind: str) -> None:
     path = {"nul": f"{demo['demo-short']}\0x", "2000-characters": f"{demo['root']}/" + "a/" * 1000,
-            "long-component": f"{demo['root']}/" + "a" * 300}[kind]
+            "long-component": f"{demo['root']}/" + "a" * 300,
+            "unknown-user": "~nosuchuser-loraplane/x"}[kind]
     r = await client.post("/v1/load_lora_adapter", json=load_body("p", path), headers=admin())
     assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
 
