@@ -177,13 +177,17 @@ class LoRARegistry:
 
     # ---- requests ------------------------------------------------------------------------------
     async def acquire(self, name: str) -> Lease:
-        """A Lease on `name` (the base model's name gives a no-op base lease); 404 when not served."""
+        """A Lease on `name` (the base model's name gives a no-op base lease); 404 when not served. A
+        request for a name whose load is in progress waits for it (and is 404 if the load fails)."""
         if name == self.base_name:
             return Lease.base(name)
         entry = self._active.get(name)
+        if entry is None and name in self._loading:
+            # its files are being read (a load call, or a reconcile after a restart): wait for that
+            # load's outcome instead of refusing a name that is about to be served
+            async with self._name_lock(name):
+                entry = self._active.get(name)
         if entry is None:
-            if name in self._loading:
-                raise _not_found(f"adapter {name} is still loading; retry shortly")
             if any(e.name == name for e in self._by_id.values()):
                 raise _not_found(f"adapter {name} is being unloaded")
             raise _not_found(f"The model `{name}` does not exist.")

@@ -24,7 +24,7 @@ from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.slots import AdapterEngineStats, LoRAEngineStats
 from data_plane.model.config import ModelConfig
-from shared.errors import InvalidRequestError
+from shared.errors import InvalidRequestError, LoraplaneError
 
 BASE = "demo"
 
@@ -384,7 +384,7 @@ async def wait_until(condition, timeout: float = 5.0) -> None:
 
 
 
-async def test_loading_state_is_visible_and_refuses_requests(registry, adapters):
+async def test_loading_state_is_visible_and_requests_wait_for_the_load(registry, adapters):
     gate = asyncio.Event()
     loop = asyncio.get_running_loop()
     real = registry._loader
@@ -396,11 +396,36 @@ async def test_loading_state_is_visible_and_refuses_requests(registry, adapters)
     registry._loader = slow
     task = asyncio.ensure_future(registry.load("demo-poet", str(adapters["demo-poet"])))
     await wait_until(lambda: "demo-poet" in registry.loading())
-    with pytest.raises(LoRANotFoundError, match="still loading"):
-        await registry.acquire("demo-poet")
+    waiting = asyncio.ensure_future(registry.acquire("demo-poet"))  # before: 404 "still loading"
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
     gate.set()
     await task
+    lease = await asyncio.wait_for(waiting, 5)
+    assert lease.name == "demo-poet"
+    lease.release()
     assert registry.loading() == {} and [e.name for e in registry.ready()] == ["demo-poet"]
+
+
+async def test_a_request_waiting_for_a_failed_load_is_404(registry, adapters, tmp_path):
+    gate = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    real = registry._loader
+
+    def slow(path: str):
+        asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(5)
+        return real(path)
+
+    registry._loader = slow
+    missing = adapters["demo-poet"].parent / "no-such-adapter"
+    task = asyncio.ensure_future(registry.load("ghost", str(missing)))
+    await wait_until(lambda: "ghost" in registry.loading())
+    waiting = asyncio.ensure_future(registry.acquire("ghost"))
+    gate.set()
+    with pytest.raises(LoraplaneError):
+        await task
+    with pytest.raises(LoRANotFoundError):
+        await asyncio.wait_for(waiting, 5)
 
 
 @pytest.mark.parametrize("name", ["a\0b", "a\u202eb", "name\n", "../lora_stats", "a/./b", "x" * 129])
