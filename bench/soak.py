@@ -19,53 +19,19 @@ import contextlib
 import json
 import os
 import random
-import secrets
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from stack import stack  # bench/stack.py: run as `python bench/soak.py`
 from tqdm import tqdm
 
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
 
-REPO = Path(__file__).resolve().parents[1]
-ADMIN, READ, ENGINE_ADMIN, ENGINE_CP = (secrets.token_urlsafe(16) for _ in range(4))
 ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
-ENGINE_NAME = "soak-engine"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _process(cmd: list[str], env: dict[str, str], log: Path, url: str) -> Iterator[subprocess.Popen]:
-    with log.open("w") as out:
-        process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{cmd[3]} did not start; see {log}:\n{log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def process_figures(pid: int) -> dict[str, int]:
@@ -117,8 +83,9 @@ def quantile(values: list[float], q: float) -> float | None:
 
 
 class Soak:
-    def __init__(self, cp: str, engine: str, folders: dict[str, dict[str, Path]]) -> None:
+    def __init__(self, cp: str, engine: str, folders: dict[str, dict[str, Path]], admin_token: str) -> None:
         self.cp = cp
+        self.admin_token = admin_token
         self.engine = engine
         self.folders = folders  # version key ("v1"/"v2") -> adapter -> folder
         self.latencies: list[tuple[float, float]] = []  # (finished at, seconds)
@@ -163,7 +130,7 @@ class Soak:
                     self.in_flight -= 1
 
     async def churn(self) -> None:
-        headers = {"Authorization": f"Bearer {ADMIN}"}
+        headers = {"Authorization": f"Bearer {self.admin_token}"}
         rng = random.Random(0)
         active = dict.fromkeys(ADAPTERS, 1)
         async with httpx.AsyncClient(base_url=self.cp, headers=headers, timeout=60) as client:
@@ -249,27 +216,9 @@ def main() -> int:
         folders = {f"v{seed + 1}": write_demo_adapters(base, tmp / "adapters" / f"s{seed}", seed=seed)
                    for seed in (0, 1)}
         database_url = args.database_url or f"sqlite+aiosqlite:///{tmp / 'control.db'}"
-        cp_port, engine_port = _free_port(), _free_port()
-        cp, engine = f"http://127.0.0.1:{cp_port}", f"http://127.0.0.1:{engine_port}"
-        cp_env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
-                  "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_ADMIN, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE_NAME}={ENGINE_CP}",
-                  "LORAPLANE_DATABASE_URL": database_url, "LORAPLANE_RECONCILE_INTERVAL_S": "2",
-                  "LORAPLANE_LOG_LEVEL": "warning"}
-        engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": ENGINE_ADMIN, "LORAPLANE_CONTROL_PLANE_TOKEN": ENGINE_CP}
-        cp_cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(cp_port),
-                  "--adapter-root", str(tmp / "adapters")]
-        engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name", "demo",
-                      "--port", str(engine_port), "--device", "cpu", "--enable-lora", "--lora-roots", str(tmp / "adapters"),
-                      "--control-plane", cp, "--engine-name", ENGINE_NAME, "--max-model-len", "256",
-                      "--num-kv-blocks", "128", "--log-level", "warning"]
-        with _process(cp_cmd, cp_env, tmp / "control.log", cp) as cp_proc, \
-                _process(engine_cmd, engine_env, tmp / "engine.log", engine) as engine_proc:
-            admin = httpx.Client(base_url=cp, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
-            deadline = time.monotonic() + 30
-            while not any(e["name"] == ENGINE_NAME for e in admin.get("/v1/engines").json()["data"]):
-                if time.monotonic() > deadline:
-                    raise SystemExit("the engine did not register")
-                time.sleep(0.2)
+        with stack(tmp, base, tmp / "adapters", database_url) as running:
+            cp, engine, cp_proc, engine_proc = running.cp, running.engine, running.cp_proc, running.engine_proc
+            admin = running.admin()
             for version in ("v2", "v1"):  # two versions of each adapter, v1 active
                 for name in ADAPTERS:
                     r = admin.post("/v1/load_lora_adapter", json={
@@ -278,7 +227,7 @@ def main() -> int:
             for name in ADAPTERS:
                 admin.post(f"/v1/lora_adapters/{name}/activate", json={"version": 1}).raise_for_status()
 
-            soak = Soak(cp, engine, folders)
+            soak = Soak(cp, engine, folders, running.admin_token)
             total_s = args.minutes * 60
             bar = tqdm(total=int(total_s), desc="soak", unit="s", file=sys.stderr)
 
@@ -295,7 +244,7 @@ def main() -> int:
             admin.close()
         start, end = samples["start"], samples["end"]
         figures: dict = {"benchmark": "soak", "minutes": args.minutes, "concurrency": args.concurrency,
-                         "database": "sqlite" if database_url.startswith("sqlite") else "postgresql",
+                         "database_kind": "sqlite" if database_url.startswith("sqlite") else "postgresql",
                          "requests": soak.statuses, "admin_calls": soak.admin_statuses}
         for proc in ("control_plane", "engine"):
             figures[proc] = {key: {"start": start[proc][key], "end": end[proc][key],

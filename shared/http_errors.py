@@ -15,8 +15,19 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 
 from shared.errors import LoraplaneError, NotFoundError, PayloadTooLargeError
+from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
 
 logger = logging.getLogger(__name__)
+
+# A schema pattern is a contract for machines; a person reading a 400 gets the rule in words.
+_PATTERN_WORDS = {ADAPTER_NAME_PATTERN: f"a valid name ({ADAPTER_NAME_DESCRIPTION})"}
+
+
+def readable(message: str) -> str:
+    """msgspec's "Expected `str` matching regex '…'" with the rule in words, where we have them."""
+    for pattern, words in _PATTERN_WORDS.items():
+        message = message.replace(f"`str` matching regex {pattern!r}", words)
+    return message
 
 
 def error_response(exc: LoraplaneError) -> Response[dict[str, Any]]:
@@ -54,7 +65,7 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response[dict
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
         # msgspec names the offending field: pass it on as the OpenAI `param`
         first = exc.extra[0] if isinstance(exc.extra[0], dict) else {}
-        message = f"{exc.detail}: {first.get('message', '')}".rstrip(": ")
+        message = readable(f"{exc.detail}: {first.get('message', '')}".rstrip(": "))
         return error_body(status, message, param=first.get("key"))
     if status < 500:
         return error_body(status, str(exc.detail))

@@ -1,0 +1,94 @@
+"""A control plane and one engine as real processes on loopback, for the bench scripts (soak, attacks).
+
+`stack(tmp, base, adapter_root, database_url)` starts `loraplane control` and `loraplane engine
+--enable-lora --control-plane …` on the demo model with fresh secrets (passed through the environment
+only), waits until the engine has registered, and stops both on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE_NAME = "bench-engine"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def process(cmd: list[str], env: dict[str, str], log: Path, url: str) -> Iterator[subprocess.Popen]:
+    """Start `cmd`, wait until `url`/health answers 200, and terminate (then kill) it on exit."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{cmd[3]} did not start; see {log}:\n{log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@dataclass
+class Stack:
+    cp: str  # control plane base URL
+    engine: str  # engine base URL
+    cp_proc: subprocess.Popen
+    engine_proc: subprocess.Popen
+    admin_token: str  # the control plane's
+    engine_admin_token: str  # the engine's admin endpoints'
+    database_url: str
+
+    def admin(self) -> httpx.Client:
+        return httpx.Client(base_url=self.cp, headers={"Authorization": f"Bearer {self.admin_token}"}, timeout=60)
+
+
+@contextlib.contextmanager
+def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_flags: str) -> Iterator[Stack]:
+    admin, read, engine_admin, engine_cp = (secrets.token_urlsafe(16) for _ in range(4))
+    cp_port, engine_port = free_port(), free_port()
+    cp, engine = f"http://127.0.0.1:{cp_port}", f"http://127.0.0.1:{engine_port}"
+    cp_env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": admin, "LORAPLANE_READ_TOKENS": read,
+              "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE_NAME}={engine_cp}",
+              "LORAPLANE_DATABASE_URL": database_url, "LORAPLANE_RECONCILE_INTERVAL_S": "2",
+              "LORAPLANE_LOG_LEVEL": "warning"}
+    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
+    cp_cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(cp_port), "--adapter-root", str(adapter_root)]
+    engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name", "demo",
+                  "--port", str(engine_port), "--device", "cpu", "--enable-lora", "--lora-roots", str(adapter_root),
+                  "--control-plane", cp, "--engine-name", ENGINE_NAME, "--max-model-len", "256",
+                  "--num-kv-blocks", "128", "--log-level", "warning", *engine_flags]
+    with process(cp_cmd, cp_env, tmp / "control.log", cp) as cp_proc, \
+            process(engine_cmd, engine_env, tmp / "engine.log", engine) as engine_proc:
+        running = Stack(cp, engine, cp_proc, engine_proc, admin, engine_admin, database_url)
+        with running.admin() as client:
+            deadline = time.monotonic() + 30
+            while not any(e["name"] == ENGINE_NAME for e in client.get("/v1/engines").json()["data"]):
+                if time.monotonic() > deadline:
+                    raise SystemExit("the engine did not register with the control plane")
+                time.sleep(0.2)
+        yield running
