@@ -61,6 +61,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     reconciler = Reconciler(sessions, gate, engine_client, settings)
 
     async def apply_migrations(_: Litestar) -> None:
+        await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
         if settings.migrate_on_start:
             await migrate.upgrade(engine)
         await reconciler.start()

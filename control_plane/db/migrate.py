@@ -21,6 +21,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
@@ -34,6 +35,31 @@ def alembic_config(connection: Connection | None = None) -> Config:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["connection"] = connection
     return cfg
+
+
+class DatabaseCorruptError(RuntimeError):
+    """The database file fails its integrity check: serving from it could lose or invent state."""
+
+
+async def check_integrity(engine: AsyncEngine) -> None:
+    """SQLite: `PRAGMA quick_check` before anything else reads the file, so a damaged database stops the
+    start with a message saying what to do, instead of reading as healthy (`SELECT 1` still works on a
+    file whose tables are damaged) and failing later, call by call. PostgreSQL checks itself."""
+    if engine.dialect.name != "sqlite":
+        return
+    where = engine.url.database or ":memory:"
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text("PRAGMA quick_check"))).scalars().all()
+    except DBAPIError as exc:  # not a database at all ("file is not a database")
+        raise DatabaseCorruptError(_corrupt(where, str(exc.orig))) from None
+    if rows != ["ok"]:
+        raise DatabaseCorruptError(_corrupt(where, "; ".join(str(r) for r in rows[:5])))
+
+
+def _corrupt(where: str, finding: str) -> str:
+    return (f"the control plane's SQLite database {where} is corrupt (quick_check: {finding[:300]}); restore it "
+            "from a backup, or move it away to start with an empty registry (engines then register again)")
 
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
