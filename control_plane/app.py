@@ -26,6 +26,7 @@ from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
 from control_plane.reconciler import Reconciler
 from control_plane.settings import ControlPlaneSettings
+from control_plane.uow import database_error_handlers
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
 
@@ -61,7 +62,6 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     reconciler = Reconciler(sessions, gate, engine_client, settings)
 
     async def apply_migrations(_: Litestar) -> None:
-        await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
         if settings.migrate_on_start:
             await migrate.upgrade(engine)
         await reconciler.start()
@@ -85,7 +85,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],
         state=State(state),
-        exception_handlers=exception_handlers(),
+        exception_handlers={**exception_handlers(), **database_error_handlers()},  # lost DB connection: 503
         middleware=[app_metrics.middleware],
         openapi_config=OpenAPIConfig(title="loraplane control plane", version=VERSION, path="/schema"),
     )

@@ -9,8 +9,12 @@ Per engine: read its GET /v1/lora_adapters, then
 Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
 
 Several replicas on one PostgreSQL never reconcile one engine at once: each engine is taken with
-`SELECT … FOR UPDATE SKIP LOCKED` and held until its answers are recorded; a replica that finds the row
-locked skips that engine this round. SQLite (a single replica) ends its read before calling the engine
+`SELECT … FOR NO KEY UPDATE SKIP LOCKED` and held until its answers are recorded; a replica that finds the
+row locked skips that engine this round. (NO KEY: admin calls inserting placements for the engine take a
+key-share lock on its row and must not wait for a round's engine calls.) Before writing, the round locks
+the engine's placement rows in ascending id, the one order every placement writer uses
+(domain/adapters/placement.py), so it cannot deadlock with a push being recorded on another replica; a
+deadlock or a lost connection while recording anyway leaves the engine to the next round. SQLite (a single replica) ends its read before calling the engine
 and writes under the write gate afterwards, as every SQLite writer here does.
 
 Engines are reconciled independently and concurrently: each engine call is bounded by the client's
@@ -30,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
 from control_plane.db.session import WriteGate
+from control_plane.domain.adapters.placement import lock_placements
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
@@ -107,7 +112,7 @@ class Reconciler:
     async def _reconcile_engine(self, name: str) -> EngineRound:
         async with self.sessions() as session:
             engine = await session.scalar(select(Engine).where(Engine.name == name)
-                                          .with_for_update(skip_locked=True))
+                                          .with_for_update(skip_locked=True, key_share=True))
             if engine is None:  # deleted, or another replica holds it right now
                 return EngineRound(name, [], [], [], skipped=True)
             rows = (await session.execute(
@@ -125,8 +130,11 @@ class Reconciler:
                 logger.info("reconcile: engine %s unreachable: %s", name, exc.message)
                 return EngineRound(name, [], [], [], skipped=True)
             held = {a.name: a for a in listing.adapters if a.state != "draining"}
-            done = await self._converge(session, url, rows, held)
+            with session.no_autoflush:  # nothing is written before the rows are locked, in order
+                done = await self._converge(session, url, rows, held)
             async with self.gate.hold():
+                with session.no_autoflush:
+                    await lock_placements(session, Placement.engine_id == engine.id)
                 await session.commit()
             done.engine = name
             return done

@@ -4,6 +4,10 @@ SQLite is opened in WAL mode with foreign keys on and a busy timeout. Its write 
 funnelled through one in-process lock (`WriteGate`): two deferred SQLite transactions that both read and
 then write deadlock, and SQLite answers that with an immediate "database is locked" rather than waiting.
 PostgreSQL needs no such gate: unique constraints and row locks order concurrent writers there.
+
+PostgreSQL connections can die under a call (a restart, a failover, `pg_terminate_backend`): the pool
+pings each connection as it is checked out (`pool_pre_ping`), a connection that failed mid-query is
+invalidated, and `failure_kind` tells callers (control_plane.uow) which errors are worth another attempt.
 """
 
 from __future__ import annotations
@@ -12,15 +16,47 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 from advanced_alchemy.extensions.litestar import AsyncSessionConfig, SQLAlchemyAsyncConfig
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from control_plane.settings import ControlPlaneSettings
 
 SQLITE_BUSY_TIMEOUT_S = 30
+# SQLSTATEs: class 08 is "connection exception"; 57P01-57P03 are the server shutting the session down.
+_LOST_SQLSTATES = ("57P01", "57P02", "57P03")
+# deadlock_detected, serialization_failure: PostgreSQL rolled the transaction back; running it again is safe.
+_CONFLICT_SQLSTATES = ("40P01", "40001")
+FailureKind = Literal["lost", "conflict"]
+
+
+def failure_kind(exc: BaseException) -> FailureKind | None:
+    """`lost`: the database connection broke (the call may be retried on a new one); `conflict`: a deadlock
+    or serialization failure that rolled the transaction back; None: any other error (a bug, a constraint).
+
+    SQLAlchemy wraps the driver's error (`.orig`, whose `__cause__` is asyncpg's own): look down the chain."""
+    if not isinstance(exc, DBAPIError | ConnectionError) and not type(exc).__module__.startswith("asyncpg"):
+        return None  # not the database's (a timeout of our own, a bug)
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 8 and current not in seen:
+        seen.append(current)
+        if getattr(current, "connection_invalidated", False) or isinstance(current, ConnectionError):
+            return "lost"
+        state = str(getattr(current, "sqlstate", None) or "")
+        if state.startswith("08") or state in _LOST_SQLSTATES:
+            return "lost"
+        if state in _CONFLICT_SQLSTATES:
+            return "conflict"
+        if type(current).__name__ in ("InternalClientError", "ConnectionDoesNotExistError") or \
+                "connection is closed" in str(current):
+            return "lost"  # asyncpg's own words for a connection that is gone (or left in a broken state)
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+    return None
 
 
 def create_engine(settings: ControlPlaneSettings) -> AsyncEngine:

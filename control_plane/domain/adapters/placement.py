@@ -3,6 +3,12 @@
 It records desired state on `placements` rows, inside the caller's transaction, and returns one
 PushOrder per engine; after the commit, control_plane.domain.adapters.push carries them out. The
 reconciler that reads `desired` vs `observed` later starts from the same rows.
+
+Lock order (PostgreSQL): every writer of placement rows takes them in one order, ascending id, before it
+changes any (`lock_placements`): the planner's callers all the adapter's rows, the pusher the rows it
+records, the reconciler one engine's rows. Writers that also lock an engine or adapter row take that one
+first. Without this a reconcile on one replica and a push recorded on another deadlocked (each held a
+row the other was about to update).
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
@@ -37,6 +43,16 @@ class PushOrder:
     version: int | None = None  # load: the version's number (named in errors)
 
 
+async def lock_placements(session: AsyncSession, where: ColumnElement[bool]) -> None:
+    """Lock the placement rows matching `where`, in ascending id (see the module doc). SQLite has no row
+    locks (its writers are serialised by the write gate) and ignores FOR UPDATE."""
+    await session.execute(select(Placement.id).where(where).order_by(Placement.id).with_for_update())
+
+
+def of_adapter(adapter_id: int) -> ColumnElement[bool]:
+    return Placement.adapter_version_id.in_(select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter_id))
+
+
 class PlacementPlanner:
     def __init__(self, stale_after_s: float = 30.0) -> None:
         self.stale_after_s = stale_after_s
@@ -48,11 +64,13 @@ class PlacementPlanner:
         """Desire `version` on every healthy engine of the adapter's base model (or the named ones);
         the adapter's other versions on those engines are desired absent (the switch)."""
         engines = await self._engines(session, adapter.base_model, engine_names)
+        await lock_placements(session, of_adapter(adapter.id))
         return [await self._set(session, adapter, version, engine, desired) for engine in engines]
 
     async def switch(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion) -> list[PushOrder]:
         """After activation: every engine holding some version of the adapter is to hold `version`,
         with the same desired state (loaded or pinned) it had."""
+        await lock_placements(session, of_adapter(adapter.id))
         rows = (await session.execute(
             select(Engine, Placement.desired).join(Placement, Placement.engine_id == Engine.id)
             .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
@@ -67,6 +85,7 @@ class PlacementPlanner:
 
     async def withdraw(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
         """Desire every version of the adapter absent everywhere (unload); one order per engine."""
+        await lock_placements(session, of_adapter(adapter.id))
         rows = (await session.execute(
             select(Placement, Engine).join(Engine, Engine.id == Placement.engine_id)
             .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
@@ -89,6 +108,7 @@ class PlacementPlanner:
                                                            Engine.base_model == adapter.base_model))
         if engine is None:
             return
+        await lock_placements(session, of_adapter(adapter.id))
         held = await session.scalar(select(Placement).where(
             Placement.engine_id == engine.id, Placement.adapter_version_id == version.id,
             Placement.desired.in_(_HOLDING)))

@@ -13,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, and_, or_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import AdapterVersion, DesiredState, ObservedState, Placement
+from control_plane.db.models import DesiredState, ObservedState, Placement
 from control_plane.db.session import WriteGate
-from control_plane.domain.adapters.placement import PushOrder
+from control_plane.domain.adapters.placement import PushOrder, lock_placements, of_adapter
 from control_plane.domain.adapters.schemas import EngineOutcome
 from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.uow import transact
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +66,26 @@ class Pusher:
                                   f"{order.sha256[:16]}…")
 
     async def _record(self, orders: list[PushOrder], outcomes: list[EngineOutcome]) -> None:
-        async with self.gate.hold():
-            try:
-                for order, outcome in zip(orders, outcomes, strict=True):
-                    await self._record_one(order, outcome)
-                await self.session.commit()
-            except Exception:
-                # The engines' answers are already in the reply; the reconciler re-reads them later.
-                await self.session.rollback()
-                logger.exception("could not record the engines' answers to a push")
+        async def record(session: AsyncSession) -> None:
+            await lock_placements(session, self._touched(orders))  # ascending id, as every placement writer
+            for order, outcome in zip(orders, outcomes, strict=True):
+                await self._record_one(order, outcome)
+
+        try:
+            # idempotent (it writes what the engines answered), so retried on deadlocks and lost connections
+            await transact(self.session, self.gate, record, what="recording a push", idempotent=True)
+        except Exception:
+            # The engines' answers are already in the reply; the reconciler re-reads them later.
+            logger.exception("could not record the engines' answers to a push")
+
+    @staticmethod
+    def _touched(orders: list[PushOrder]) -> ColumnElement[bool]:
+        """The rows `_record_one` may update: the orders' own, and the loaded adapters' other versions on
+        those engines."""
+        ids = [i for order in orders for i in order.placement_ids]
+        loads = [and_(Placement.engine_id == o.engine_id, of_adapter(o.adapter_id))
+                 for o in orders if o.action == "load" and o.adapter_id is not None]
+        return or_(Placement.id.in_(ids), *loads)
 
     async def _record_one(self, order: PushOrder, outcome: EngineOutcome) -> None:
         observed = {"loaded": ObservedState.LOADED, "unloaded": ObservedState.ABSENT}.get(
@@ -82,8 +94,7 @@ class Pusher:
                                    .values(observed=observed, last_error=outcome.error))
         if outcome.outcome == "loaded" and order.adapter_id is not None:
             # load_inplace replaced whatever version of the adapter the engine held before
-            others = select(AdapterVersion.id).where(AdapterVersion.adapter_id == order.adapter_id)
             await self.session.execute(update(Placement).where(
                 Placement.engine_id == order.engine_id, Placement.id.not_in(order.placement_ids),
-                Placement.adapter_version_id.in_(others), Placement.desired == DesiredState.ABSENT.value,
+                of_adapter(order.adapter_id), Placement.desired == DesiredState.ABSENT.value,
             ).values(observed=ObservedState.ABSENT.value, last_error=None))

@@ -1,5 +1,6 @@
 """AdapterService: the registry's rules. Controllers make one call here; every change goes through
-control_plane.uow.Mutation (one transaction + audit row, retried when a concurrent call wins a race)."""
+control_plane.uow.Mutation (one transaction + audit row, retried when a concurrent call wins a race, on
+deadlocks and on a database connection lost before the commit)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from control_plane.auth import Principal
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, Placement
 from control_plane.domain.adapters import queries, schemas
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
-from control_plane.domain.adapters.placement import PlacementPlanner, PushOrder
+from control_plane.domain.adapters.placement import PlacementPlanner, PushOrder, lock_placements, of_adapter
 from control_plane.domain.adapters.push import Pusher
 from control_plane.settings import ControlPlaneSettings
-from control_plane.uow import Mutation
+from control_plane.uow import Mutation, read, transact
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
 
 _HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
@@ -116,6 +117,7 @@ class AdapterService:
         async def work(session: AsyncSession, _: Any) -> schemas.AdapterDeleted:
             adapter = await queries.require_adapter(session, name, for_update=True)
             versions = select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter.id)
+            await lock_placements(session, of_adapter(adapter.id))  # the one order of placement writers
             held = await session.scalar(select(func.count()).select_from(Placement).where(
                 Placement.adapter_version_id.in_(versions), Placement.desired.in_(_HOLDING)))
             if held:
@@ -130,11 +132,12 @@ class AdapterService:
 
         return await self.mutation.run(actor, "delete_lora_adapter", name, work)
 
+    # Reads are retried on a fresh connection when the database connection broke under them (uow.read).
     async def list(self, query: queries.AdapterQuery) -> schemas.AdapterPage:
-        return await queries.list_adapters(self.session, query)
+        return await read(self.session, lambda: queries.list_adapters(self.session, query), "list adapters")
 
     async def get(self, name: str) -> schemas.AdapterDetail:
-        return await queries.adapter_detail(self.session, name)
+        return await read(self.session, lambda: queries.adapter_detail(self.session, name), f"get adapter {name!r}")
 
     async def resolve(self, name: str, base_model: str | None, engine: str | None,
                       actor: Principal) -> schemas.AdapterResolved:
@@ -142,16 +145,17 @@ class AdapterService:
         token or an admin token), it is recorded as placed there, so later unloads and activations reach
         it too; like a heartbeat this is the engine's own bookkeeping, not an audited admin call."""
         if engine is None or actor.kind not in ("admin", "engine"):
-            adapter, version = await queries.active_version(self.session, name, base_model)
+            adapter, version = await read(self.session, lambda: queries.active_version(self.session, name, base_model),
+                                          f"resolve {name!r}")
         else:
-            async with self.mutation.gate.hold():
-                try:
-                    adapter, version = await queries.active_version(self.session, name, base_model)
-                    await self.planner.adopt(self.session, adapter, version, engine)
-                    await self.session.commit()
-                except BaseException:
-                    await self.session.rollback()
-                    raise
+            async def adopt(session: AsyncSession) -> tuple[Adapter, AdapterVersion]:
+                found = await queries.active_version(session, name, base_model)
+                await self.planner.adopt(session, *found, engine)
+                return found
+
+            # idempotent (the placement exists afterwards either way): retried even if the COMMIT was cut off
+            adapter, version = await transact(self.session, self.mutation.gate, adopt,
+                                              what=f"resolve {name!r} for engine {engine!r}", idempotent=True)
         return schemas.AdapterResolved(name=adapter.name, version=version.number, uri=version.uri,
                                        sha256=version.sha256)
 

@@ -19,7 +19,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.auth import Principal, require_engine
-from control_plane.db.models import Engine, EngineState, Placement
+from control_plane.db.models import Adapter, Engine, EngineState, Placement
 from control_plane.db.session import WriteGate
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.health import effective_state, now
@@ -27,8 +27,8 @@ from control_plane.domain.engines.urls import check_engine_url
 from control_plane.engine_client import safe_url, sanitize
 from control_plane.reconciler import Reconciler
 from control_plane.settings import ControlPlaneSettings
-from control_plane.uow import Mutation
-from shared.errors import NotFoundError
+from control_plane.uow import Mutation, read, transact
+from shared.errors import InvalidRequestError, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class EngineService:
             return await check_engine_url(req.url, self.settings.engine_allowed_networks)
 
         async def work(session: AsyncSession, url: str) -> Engine:
+            await _refuse_adapter_names(session, req.base_model)
             engine = await session.scalar(select(Engine).where(Engine.name == req.name).with_for_update())
             if engine is None:
                 engine = Engine(name=req.name)
@@ -66,28 +67,28 @@ class EngineService:
 
     async def heartbeat(self, name: str, req: schemas.EngineHeartbeat, actor: Principal) -> schemas.Engine:
         require_engine(actor, name)
-        async with self.gate.hold():
-            try:
-                engine = await self._require(name)
-                engine.last_heartbeat = now()
-                before = engine.state
-                if req.draining or before == EngineState.DRAINING.value:
-                    engine.state = EngineState.DRAINING.value  # draining stays draining until it registers
-                elif not req.healthy:
-                    engine.state = EngineState.UNHEALTHY.value
-                else:
-                    engine.state = EngineState.HEALTHY.value
-                if engine.state != before:
-                    logger.warning("engine %s is now %s%s", name, engine.state,
-                                   f": {sanitize(req.reason)}" if req.reason else "")
-                if req.slots_used is not None:
-                    engine.slots_used = req.slots_used
-                if req.slots_total is not None:
-                    engine.slots_total = req.slots_total
-                await self.session.commit()
-            except BaseException:
-                await self.session.rollback()
-                raise
+
+        async def beat(session: AsyncSession) -> Engine:
+            engine = await self._require(name, session)
+            engine.last_heartbeat = now()
+            before = engine.state
+            if req.draining or before == EngineState.DRAINING.value:
+                engine.state = EngineState.DRAINING.value  # draining stays draining until it registers
+            elif not req.healthy:
+                engine.state = EngineState.UNHEALTHY.value
+            else:
+                engine.state = EngineState.HEALTHY.value
+            if engine.state != before:
+                logger.warning("engine %s is now %s%s", name, engine.state,
+                               f": {sanitize(req.reason)}" if req.reason else "")
+            if req.slots_used is not None:
+                engine.slots_used = req.slots_used
+            if req.slots_total is not None:
+                engine.slots_total = req.slots_total
+            return engine
+
+        # idempotent (the latest state and time), so retried even when the connection broke in the COMMIT
+        engine = await transact(self.session, self.gate, beat, what=f"heartbeat of engine {name!r}", idempotent=True)
         return self._engine(engine)
 
     async def drain(self, name: str, actor: Principal) -> schemas.Engine:
@@ -106,12 +107,14 @@ class EngineService:
             engine=r.engine, loaded=r.loaded, unloaded=r.unloaded, failed=r.failed, skipped=r.skipped) for r in rounds])
 
     async def list(self) -> schemas.EngineList:
-        engines = (await self.session.scalars(select(Engine).order_by(Engine.name))).all()
+        engines = await read(self.session, self._all, "list engines")
         return schemas.EngineList(data=[self._engine(e) for e in engines])
 
     async def delete(self, name: str, actor: Principal) -> schemas.EngineDeleted:
         async def work(session: AsyncSession, _: Any) -> schemas.EngineDeleted:
-            engine = await self._require(name, session)
+            # The engine row first (FOR UPDATE: after a reconcile of it ends), then its placements: the
+            # reconciler takes them in that order too, so the two cannot deadlock.
+            engine = await self._require(name, session, for_update=True)
             # Explicit, as for adapters: SQLite enforces ON DELETE CASCADE only where the pragma is on.
             await session.execute(delete(Placement).where(Placement.engine_id == engine.id))
             await session.execute(delete(Engine).where(Engine.id == engine.id))
@@ -119,8 +122,12 @@ class EngineService:
 
         return await self.mutation.run(actor, "delete_engine", name, work)
 
-    async def _require(self, name: str, session: AsyncSession | None = None) -> Engine:
-        engine = await (session or self.session).scalar(select(Engine).where(Engine.name == name))
+    async def _all(self) -> list[Engine]:
+        return list((await self.session.scalars(select(Engine).order_by(Engine.name))).all())
+
+    async def _require(self, name: str, session: AsyncSession | None = None, *, for_update: bool = False) -> Engine:
+        stmt = select(Engine).where(Engine.name == name)
+        engine = await (session or self.session).scalar(stmt.with_for_update() if for_update else stmt)
         if engine is None:
             raise NotFoundError(f"no engine named {name!r} is registered", param="name")
         return engine
@@ -130,3 +137,13 @@ class EngineService:
                               state=effective_state(e, self.settings.engine_stale_after_s),
                               last_heartbeat=e.last_heartbeat, slots_total=e.slots_total, slots_used=e.slots_used,
                               created_at=e.created_at, updated_at=e.updated_at)
+
+
+async def _refuse_adapter_names(session: AsyncSession, base_model: str) -> None:
+    """The mirror of the adapters' rule (domain/adapters/service.py): a base model may not be named like a
+    registered adapter. The engine would answer that `model` with its base model, so requests meant for
+    the adapter would silently get the base, and the adapter could never be placed there."""
+    if await session.scalar(select(Adapter.name).where(Adapter.name == base_model).limit(1)) is not None:
+        raise InvalidRequestError(f"base_model {base_model!r} is the name of a registered adapter; requests for "
+                                  "that model name would be ambiguous, so serve the base under another name",
+                                  param="base_model")
