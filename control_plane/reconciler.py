@@ -33,7 +33,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
-from control_plane.db.session import WriteGate
+from control_plane.db.session import WriteGate, failure_kind
 from control_plane.domain.adapters.placement import lock_placements
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.engine_client import EngineCallError, EngineClient
@@ -105,8 +105,12 @@ class Reconciler:
             logger.warning("reconcile of engine %s took longer than %d engine calls; left for the next round",
                            name, ROUND_CALLS)
             return EngineRound(name, [], [], [], skipped=True)
-        except Exception:
-            logger.exception("reconcile of engine %s failed", name)
+        except Exception as exc:
+            if failure_kind(exc) is None:
+                logger.exception("reconcile of engine %s failed", name)
+            else:  # rolled back (a deadlock, a lost connection): the next round starts over, nothing is lost
+                logger.warning("reconcile of engine %s: database %s; left for the next round", name,
+                               "connection lost" if failure_kind(exc) == "lost" else "deadlock")
             return EngineRound(name, [], [], [], skipped=True)
 
     async def _reconcile_engine(self, name: str) -> EngineRound:

@@ -5,13 +5,20 @@ order while a push recorded on the other replica updated the loaded row first an
 older rows on that engine (lower ids): each held a row the other wanted. Here a push is recorded while
 another connection holds the higher row; recording in ascending id, it already holds the lower one while
 it waits (before: it waited holding nothing, and took the lower row after the higher, the other order).
+
+The reconciler holds its engine's row for a whole round (engine calls included) FOR NO KEY UPDATE, which a
+load inserting a placement for that engine (a key-share lock on it) does not wait for; FOR UPDATE made
+every load for the engine wait for the round, with the load's own placement rows locked meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import asyncpg
+import httpx
+import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
@@ -23,6 +30,7 @@ from control_plane.domain.adapters.schemas import EngineOutcome
 from control_plane.engine_client import EngineClient
 from tests.control_plane.conftest import admin
 from tests.control_plane.domain.adapters.helpers import add_engines
+from tests.control_plane.domain.engines.peers import Reply, always, serve
 from tests.control_plane.test_db_connection_loss import _dsn, cp, pg_settings  # noqa: F401 (fixtures)
 from tests.control_plane.test_deadlock_retry import _wait_until_blocked
 
@@ -86,3 +94,43 @@ async def _placements(url: str) -> list[asyncpg.Record]:
         return await conn.fetch("SELECT id, observed, last_error FROM placements")
     finally:
         await conn.close()
+
+
+DRIP_S = 0.2  # per byte of the slow engine's every answer: a round on it holds the engine row ~3 s
+
+
+@pytest.fixture
+def settings(pg_settings):  # noqa: ANN001, ANN201, F811 (the app of `concurrent_client`)
+    return dataclasses.replace(pg_settings, engine_timeout_s=10, reconcile_interval_s=3600)
+
+
+async def test_a_load_does_not_wait_for_a_reconcile_round_of_its_engine(
+        concurrent_client: httpx.AsyncClient, demo: dict, settings) -> None:  # noqa: ANN001
+    url = settings.database_url
+    with serve(always(Reply(body=b'{"adapters":[]}', drip_s=DRIP_S))) as slow:
+        r = await concurrent_client.post("/v1/engines/register", headers=admin(),
+                                         json={"name": "e1", "url": slow.url, "base_model": "demo", "slots_total": 4})
+        assert r.status_code == 200, r.text
+        prober = await asyncpg.connect(_dsn(url), timeout=5)
+        try:
+            while not slow.seen:  # the registration's reconcile round is asking the engine: e1's row is held
+                await asyncio.sleep(0.01)
+            assert await _engine_row_locked(prober)
+            load = asyncio.create_task(concurrent_client.post("/v1/load_lora_adapter", headers=admin(), json={
+                "lora_name": "alpha", "lora_path": str(demo["demo-pirate"]), "base_model": "demo", "engines": ["e1"]}))
+            while not await prober.fetchval("SELECT count(*) FROM adapter_versions"):  # the load committed ...
+                assert not load.done(), load.result().text
+                await asyncio.sleep(0.01)
+            assert await _engine_row_locked(prober), "the load waited for the reconcile round to end"  # ... first
+            assert (await load).status_code in (200, 207, 502)  # its push to the slow engine: whatever it says
+        finally:
+            await prober.close()
+
+
+async def _engine_row_locked(conn: asyncpg.Connection) -> bool:
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM engines WHERE name = 'e1' FOR NO KEY UPDATE NOWAIT")
+    except asyncpg.LockNotAvailableError:
+        return True
+    return False
