@@ -7,8 +7,9 @@ migrations are applied at start; errors are OpenAI-style bodies; metrics live on
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 from advanced_alchemy.extensions.litestar import SQLAlchemyPlugin
 from litestar import Litestar, Response, get
 from litestar.datastructures import State
@@ -29,12 +30,17 @@ from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import database_error_handlers
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
+from shared.openapi import document_app, route_doc
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
 
 
-@get("/health", operation_id="health", tags=["system"])
+class Health(msgspec.Struct):
+    status: Literal["ok"]
+
+
+@get("/health", operation_id="health", tags=["system"], opt=route_doc(response=Health, errors=(503,)))
 async def health(db_session: AsyncSession) -> dict[str, str]:
     """200 while the database answers; 503 (OpenAI-style body) when it does not."""
     try:
@@ -51,6 +57,12 @@ async def metrics(state: State) -> Response[bytes]:
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
+def _contract_errors(handler: Any) -> list[int]:
+    """Statuses every guarded route may answer besides its own: 401/403 (the guards) and 503 (the
+    database is unavailable; /health lists its own)."""
+    return [401, 403, 503] if handler.resolve_guards() else []
+
+
 def create_app(settings: ControlPlaneSettings) -> Litestar:
     engine = create_engine(settings)
     app_metrics = ControlPlaneMetrics()
@@ -62,6 +74,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     reconciler = Reconciler(sessions, gate, engine_client, settings)
 
     async def apply_migrations(_: Litestar) -> None:
+        await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
         if settings.migrate_on_start:
             await migrate.upgrade(engine)
         await reconciler.start()
@@ -79,7 +92,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "stats_cache": StatsCache(),  # each engine's last figures for GET /v1/lora_stats
         "audit_sessions": sessions,
     }
-    return Litestar(
+    app = Litestar(
         route_handlers=[health, metrics, AdapterController, EngineController, StatsController],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
@@ -87,5 +100,9 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         state=State(state),
         exception_handlers={**exception_handlers(), **database_error_handlers()},  # lost DB connection: 503
         middleware=[app_metrics.middleware],
-        openapi_config=OpenAPIConfig(title="loraplane control plane", version=VERSION, path="/schema"),
+        # handlers' docstrings are their operations' descriptions
+        openapi_config=OpenAPIConfig(title="loraplane control plane", version=VERSION, path="/schema",
+                                     use_handler_docstrings=True),
     )
+    document_app(app, extra_errors=_contract_errors)
+    return app

@@ -15,15 +15,20 @@ what the decoder enforces), errors as `ErrorResponse`, streams as `text/event-st
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
-from litestar import Litestar
+from litestar import Litestar, Request, Response
 from litestar._openapi.plugin import OpenAPIPlugin
 from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
+
+from shared.errors import InvalidRequestError
+from shared.http_errors import readable
 
 _REF = "#/components/schemas/{name}"
 
@@ -69,6 +74,14 @@ class RouteDoc:
     # an example request body (or a callable making one for the app): what a working call looks like
     example: Any = None
     media_type: str | None = None  # a success body that is not JSON (e.g. Prometheus text): its type
+    # other statuses that answer with the success body (e.g. 207/502 of a push: some/all engines failed)
+    alternates: tuple[int, ...] = ()
+    # document the operation at this path, not the route's: for a `{name:path}` route whose handler
+    # matches a suffix itself (`…/{name}/activate`); path_params: each `{param}`'s JSON schema
+    path: str | None = None
+    path_params: dict[str, dict[str, Any]] | None = None
+    operation_id: str | None = None  # with `path`: this operation's id (one handler, several paths)
+    request_required: bool = True  # False: the body may be left out
 
 
 def route_doc(
@@ -81,11 +94,26 @@ def route_doc(
     status: int = 200,
     example: Any = None,
     media_type: str | None = None,
+    alternates: Iterable[int] = (),
+    path: str | None = None,
+    path_params: dict[str, Any] | None = None,
+    operation_id: str | None = None,
+    request_required: bool = True,
 ) -> dict[str, Any]:
-    """The `opt` of a route handler that `document_app` reads."""
+    """The `opt` of a route handler that `document_app` reads. path_params: each `{param}` of `path`
+    and its type (str when not named)."""
     errors = tuple(sorted(set(errors)))
-    doc = RouteDoc(request, response, stream, errors, response_description, status, example, media_type)
+    # schemas now: handlers are deep-copied, and msgspec.Meta cannot be
+    params = {name: msgspec.json.schema(kind) for name, kind in (path_params or {}).items()}
+    doc = RouteDoc(request, response, stream, errors, response_description, status, example, media_type,
+                   tuple(alternates), path, params, operation_id, request_required)
     return {"route_doc": doc}
+
+
+def route_docs(*opts: dict[str, Any]) -> dict[str, Any]:
+    """The `opt` of one handler documented as several operations, each `route_doc(path=…)`: a handler
+    that tells `…/{name}/heartbeat` from `…/{name}/drain` itself."""
+    return {"route_doc": tuple(opt["route_doc"] for opt in opts)}
 
 
 def _resolve(source: TypeSource | None, app: Litestar) -> type | None:
@@ -103,25 +131,64 @@ def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Itera
     extra_errors: statuses the app adds to some handlers (e.g. 401 where a guard needs a key)."""
     document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()  # cached: every renderer serves it
     found: list[tuple[dict[str, Any], RouteDoc, dict[str, type | None]]] = []
+    moved: list[tuple[dict[str, Any], str]] = []  # (path item, method) documented elsewhere (`path`)
     for route in app.routes:
         if not isinstance(route, HTTPRoute):
             continue
         path_item = document.get("paths", {}).get(route.path_format, {})
         for handler in route.route_handlers:
-            doc = handler.opt.get("route_doc")
-            if not isinstance(doc, RouteDoc):
-                continue
-            resolved = {k: _resolve(getattr(doc, k), app) for k in ("request", "response", "stream")}
-            example = doc.example(app) if callable(doc.example) else doc.example
-            errors = set(doc.errors) | set(extra_errors(handler) if extra_errors else ())
-            doc = RouteDoc(**{**doc.__dict__, "errors": tuple(sorted(errors)), "example": example})
-            found += [(path_item[m.lower()], doc, resolved) for m in handler.http_methods if m.lower() in path_item]
+            docs = handler.opt.get("route_doc")
+            for doc in docs if isinstance(docs, tuple) else (docs,):
+                if not isinstance(doc, RouteDoc):
+                    continue
+                if doc.path is not None:
+                    methods = [m.lower() for m in handler.http_methods if m.lower() in path_item]
+                    target = _relocate(document, path_item, methods, doc)
+                    moved += [(path_item, m) for m in methods if target is not path_item]
+                    found += _found(app, target, handler, doc, extra_errors, methods)
+                else:
+                    found += _found(app, path_item, handler, doc, extra_errors)
+    for path_item, method in moved:
+        path_item.pop(method, None)
+    document["paths"] = {path: item for path, item in document.get("paths", {}).items()
+                         if any(k in item for k in ("get", "post", "put", "patch", "delete"))}
     types = list(dict.fromkeys([ErrorResponse, *(t for _, _, r in found for t in r.values() if t is not None)]))
     refs, components = msgspec.json.schema_components(types, ref_template=_REF)
     ref_of = dict(zip(types, refs, strict=True))
     document.setdefault("components", {}).setdefault("schemas", {}).update(components)
     for operation, doc, resolved in found:
         _rewrite(operation, doc, resolved, ref_of)
+
+
+def _found(app: Litestar, path_item: dict[str, Any], handler: HTTPRouteHandler, doc: RouteDoc,
+           extra_errors: Callable[[HTTPRouteHandler], Iterable[int]] | None,
+           methods: Iterable[str] | None = None) -> list[tuple[dict[str, Any], RouteDoc, dict[str, type | None]]]:
+    resolved = {k: _resolve(getattr(doc, k), app) for k in ("request", "response", "stream")}
+    example = doc.example(app) if callable(doc.example) else doc.example
+    errors = set(doc.errors) | set(extra_errors(handler) if extra_errors else ())
+    doc = RouteDoc(**{**doc.__dict__, "errors": tuple(sorted(errors)), "example": example})
+    methods = [m.lower() for m in handler.http_methods] if methods is None else methods
+    return [(path_item[m], doc, resolved) for m in methods if m in path_item]
+
+
+def _relocate(document: dict[str, Any], path_item: dict[str, Any], methods: list[str], doc: RouteDoc) -> dict:
+    """Copy the generated operations to `doc.path`, their path parameters the ones `doc.path` names."""
+    assert doc.path is not None
+    target = document.setdefault("paths", {}).setdefault(doc.path, {})
+    names = re.findall(r"\{(\w+)\}", doc.path)
+    for method in methods:
+        operation = copy.deepcopy(path_item[method])
+        params = [p for p in operation.get("parameters", []) if p.get("in") != "path"]
+        schemas = doc.path_params or {}
+        path = [{"name": n, "in": "path", "required": True, "schema": schemas.get(n, {"type": "string"})}
+                for n in names]
+        operation["parameters"] = path + params
+        if doc.operation_id is not None:
+            operation["operationId"] = doc.operation_id
+        if doc.request is None:
+            operation.pop("requestBody", None)
+        target[method] = operation
+    return target
 
 
 def _event_schema(chunk: dict[str, Any], ref_of: dict[type, dict]) -> dict[str, Any]:
@@ -154,7 +221,7 @@ def _rewrite(
 ) -> None:
     request, response, stream, example = resolved["request"], resolved["response"], resolved["stream"], doc.example
     if request is not None:
-        operation["requestBody"] = {"required": True, "content": _json(ref_of[request])}
+        operation["requestBody"] = {"required": doc.request_required, "content": _json(ref_of[request])}
         if example is not None:
             operation["requestBody"]["content"]["application/json"]["example"] = example
     ok: dict[str, Any] = {"description": doc.response_description}
@@ -165,9 +232,77 @@ def _rewrite(
     if stream is not None:
         ok.setdefault("content", {})["text/event-stream"] = {"schema": _event_schema(ref_of[stream], ref_of)}
     responses = {str(doc.status): ok}
+    for status in doc.alternates:
+        responses[str(status)] = {**ok, "description": ERROR_DESCRIPTIONS.get(status, "Partial success.")}
     for status in doc.errors:
         responses[str(status)] = {
             "description": ERROR_DESCRIPTIONS.get(status, "Error."),
             "content": _json(ref_of[ErrorResponse]),
         }
     operation["responses"] = responses
+
+
+_METHODS = ("get", "put", "post", "delete", "patch")
+
+
+def options_response(request: Request) -> Response[None]:
+    """An OPTIONS answer whose `Allow` lists the methods documented for the path asked: for one
+    `{name:path}` route serving several documented paths (`…/{name}`, `…/{name}/activate`), where
+    Litestar's own would list every method of the route."""
+    allow = ", ".join(["OPTIONS", *documented_methods(request.app, request.url.path)])
+    return Response(None, status_code=204, headers={"Allow": allow})
+
+
+def documented_methods(app: Litestar, path: str) -> list[str]:
+    """The methods `app`'s document lists for `path` (its most literal matching path template): the
+    `Allow` of an OPTIONS answer where one `{name:path}` route serves several documented paths."""
+    document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
+    best: tuple[int, dict[str, Any]] | None = None
+    for template, item in document.get("paths", {}).items():
+        parts = re.split(r"(\{\w+\})", template)
+        pattern = "".join(".+" if part.startswith("{") else re.escape(part) for part in parts)
+        literal = sum(len(part) for part in parts if not part.startswith("{"))
+        if re.fullmatch(pattern, path) and (best is None or literal > best[0]):
+            best = (literal, item)
+    return [m.upper() for m in _METHODS if best is not None and m in best[1]]
+
+
+T = TypeVar("T")
+_AT = re.compile(r"`\$\.?([^`]*)`")  # "… - at `$.labels`", "… - at `key` in `$.labels`"
+
+
+def decode_body(body: bytes, kind: type[T]) -> T:
+    """`body` decoded strictly as the document says: Litestar's own body decoding coerces (`0` passes
+    as a bool, `"1"` as an int), so a schema-violating request would be accepted. JSON Schema counts
+    2.0 as an integer, so integral floats are retried as integers. Errors are 400s naming the field.
+    (data_plane.api.protocol.decode_request does the same for the engine's generation bodies.)"""
+    if not body.strip():
+        raise InvalidRequestError("The request body is empty; expected a JSON object.")
+    try:
+        try:
+            return msgspec.json.decode(body, type=kind)
+        except msgspec.ValidationError as exc:
+            if "got `float`" not in str(exc):
+                raise
+            return msgspec.convert(_as_ints(msgspec.json.decode(body)), type=kind)
+    except msgspec.ValidationError as exc:
+        where = _AT.findall(str(exc))
+        raise InvalidRequestError(f"Invalid request: {readable(str(exc))}", param=where[-1] if where else None) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequestError(f"Malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise InvalidRequestError("The JSON body is nested too deeply.") from None
+
+
+def _as_ints(value: Any) -> Any:
+    """Integral floats as ints, throughout (iteratively: the value may be nested deeply)."""
+    root = [value]
+    stack: list[Any] = [root]
+    while stack:
+        container = stack.pop()
+        for key, item in list(container.items() if isinstance(container, dict) else enumerate(container)):
+            if isinstance(item, float) and item.is_integer():
+                container[key] = int(item)
+            elif isinstance(item, dict | list):
+                stack.append(item)
+    return root[0]

@@ -22,7 +22,7 @@ async def test_openapi_lists_every_handler_with_operation_id_and_description(cli
     ops = [op for path in doc["paths"].values() for op in path.values()]
     assert {op["operationId"] for op in ops} >= {
         "health", "loadLoraAdapter", "unloadLoraAdapter", "listLoraAdapters", "getLoraAdapter",
-        "activateLoraAdapter", "deleteLoraAdapter", "resolveLoraAdapter", "registerEngine", "engineHeartbeatOrDrain",
+        "activateLoraAdapter", "deleteLoraAdapter", "resolveLoraAdapter", "registerEngine", "engineHeartbeat", "drainEngine",
         "listEngines", "deleteEngine", "reconcileEngines", "loraStats"}
     assert all(op.get("description") or op.get("summary") for op in ops)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, Response, delete, get, post
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post, route
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
@@ -23,8 +24,14 @@ from control_plane.domain.adapters.service import AdapterService
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.names import name_problem
+from shared.openapi import decode_body, options_response, route_doc
 
 _ACTIVATE = "/activate"
+# Every route may also answer 401/403 (its guards) and 503 (the database is unavailable): the app adds
+# those (control_plane.app); here each route lists what its own handler and service raise.
+_PUSH = (207, 502)  # a push answers the success body with these when some / all engines failed
+_MUTATION_ERRORS = (400, 404, 409, 413)
+_NAME = {"name": schemas.AdapterName}
 
 
 async def provide_adapter_service(db_session: AsyncSession, state: State) -> AdapterService:
@@ -41,9 +48,12 @@ class AdapterController(Controller):
     dependencies = {"service": Provide(provide_adapter_service), "principal": Provide(provide_principal)}
 
     @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
-          opt={"audit_action": "load_lora_adapter"})
+          opt={"audit_action": "load_lora_adapter",
+               **route_doc(request=schemas.AdapterCreate, response=schemas.AdapterLoaded, alternates=_PUSH,
+                           errors=_MUTATION_ERRORS, example={"lora_name": "org/adapter",
+                                                             "lora_path": "/srv/adapters/org/adapter"})})
     async def load(self, service: AdapterService, principal: Principal,
-                   data: schemas.AdapterCreate) -> Response[schemas.AdapterLoaded]:
+                   request: Request) -> Response[schemas.AdapterLoaded]:
         """Register an adapter folder and pin it as the active version (idempotent), then push it.
 
         The files are validated (config, rank, targets, safetensors header, location under the adapter
@@ -53,39 +63,47 @@ class AdapterController(Controller):
         in the answer says how each did. Status: 200 all engines loaded it (or none was involved), 207
         some failed, 502 all failed — the version is recorded and pinned in every case.
         """
-        loaded = await service.load(data, principal)
+        loaded = await service.load(decode_body(await request.body(), schemas.AdapterCreate), principal)
         return Response(loaded, status_code=schemas.push_status(loaded.engines))
 
     @post("/unload_lora_adapter", status_code=200, guards=[admin_guard], operation_id="unloadLoraAdapter",
-          opt={"audit_action": "unload_lora_adapter"})
+          opt={"audit_action": "unload_lora_adapter",
+               **route_doc(request=schemas.AdapterUnload, response=schemas.AdapterUnloaded, alternates=_PUSH,
+                           errors=_MUTATION_ERRORS)})
     async def unload(self, service: AdapterService, principal: Principal,
-                     data: schemas.AdapterUnload) -> Response[schemas.AdapterUnloaded]:
+                     request: Request) -> Response[schemas.AdapterUnloaded]:
         """Desire the adapter absent on every engine and tell them (they drain in-flight requests); the
         registry keeps its versions. Status as for loads: 200, 207 (some engines failed), 502 (all)."""
-        unloaded = await service.unload(data, principal)
+        unloaded = await service.unload(decode_body(await request.body(), schemas.AdapterUnload), principal)
         return Response(unloaded, status_code=schemas.push_status(unloaded.engines))
 
-    @get("/lora_adapters", operation_id="listLoraAdapters")
+    @get("/lora_adapters", operation_id="listLoraAdapters", opt=route_doc(response=schemas.AdapterPage, errors=(400,)))
     async def list_adapters(
         self, service: AdapterService,
         limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 100,
-        offset: Annotated[int, Parameter(ge=0)] = 0,
-        base_model: str | None = None,
-        name_prefix: str | None = None,
-        label: Annotated[list[str] | None, Parameter(description="key=value or key; repeat to AND",
-                                                     max_items=schemas.MAX_LABELS)] = None,
+        offset: Annotated[int, Parameter(ge=0, le=schemas.MAX_OFFSET)] = 0,
+        # not Optional: Litestar documents `X | None` as a oneOf whose constraints sit beside it
+        base_model: Annotated[str, Parameter(max_length=256, description="empty: any")] = "",
+        name_prefix: Annotated[str, Parameter(max_length=128)] = "",
+        label: Annotated[tuple[schemas.LabelFilter, ...], Parameter(
+            description="key=value or key; repeat to AND", max_items=schemas.MAX_LABELS,
+            schema_extra={"items": msgspec.json.schema(schemas.LabelFilter)})] = (),
     ) -> schemas.AdapterPage:
         """A page of registered adapters ordered by name, filtered by base model, name prefix and labels."""
-        query = AdapterQuery(limit=limit, offset=offset, base_model=base_model, name_prefix=name_prefix,
-                             labels=label or [])
+        query = AdapterQuery(limit=limit, offset=offset, base_model=base_model or None,
+                             name_prefix=name_prefix or None, labels=list(label))
         return await service.list(query)
 
-    @get("/lora_adapters/{name:path}", operation_id="getLoraAdapter")
+    @get("/lora_adapters/{name:path}", operation_id="getLoraAdapter",
+         opt=route_doc(response=schemas.AdapterDetail, errors=(400, 404), path="/v1/lora_adapters/{name}",
+                       path_params=_NAME))
     async def get_adapter(self, service: AdapterService, name: str) -> schemas.AdapterDetail:
         """One adapter with all its versions and its placements on engines."""
         return await service.get(name.lstrip("/"))
 
-    @get("/resolve/{name:path}", operation_id="resolveLoraAdapter", opt={"engine_role": True})
+    @get("/resolve/{name:path}", operation_id="resolveLoraAdapter",
+         opt={"engine_role": True, **route_doc(response=schemas.AdapterResolved, errors=(400, 404),
+                                               path="/v1/resolve/{name}", path_params=_NAME)})
     async def resolve(self, service: AdapterService, principal: Principal, name: str,
                       base_model: str | None = None, engine: str | None = None) -> schemas.AdapterResolved:
         """What an engine should load to serve `model` = `name`: the active version's folder and sha256
@@ -102,24 +120,35 @@ class AdapterController(Controller):
             engine = principal.engine
         return await service.resolve(name, base_model, engine, principal)
 
-    @post("/lora_adapters/{target:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter",
-          opt={"audit_action": "activate_lora_adapter"})
-    async def activate(self, service: AdapterService, principal: Principal, target: str,
-                       data: schemas.AdapterActivate) -> Response[schemas.AdapterActivated]:
+    @post("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter",
+          opt={"audit_action": "activate_lora_adapter",
+               **route_doc(request=schemas.AdapterActivate, response=schemas.AdapterActivated, alternates=_PUSH,
+                           errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/activate", path_params=_NAME)})
+    async def activate(self, service: AdapterService, principal: Principal, name: str,
+                       request: Request) -> Response[schemas.AdapterActivated]:
         """Make an existing version the pin (`/v1/lora_adapters/{name}/activate`): roll back or forward.
 
         Engines holding the adapter load the version in place: new requests get it at once, in-flight
         ones finish on the old. Status as for loads: 200, 207 (some engines failed), 502 (all).
         """
-        target = target.lstrip("/")
+        target = name.lstrip("/")
         if not target.endswith(_ACTIVATE) or len(target) == len(_ACTIVATE):
             raise NotFoundError(f"No route for POST /v1/lora_adapters/{target}; did you mean …/{target}/activate?")
+        data = decode_body(await request.body(), schemas.AdapterActivate)
         activated = await service.activate(target.removesuffix(_ACTIVATE), data, principal)
         return Response(activated, status_code=schemas.push_status(activated.engines))
 
     @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapter",
-            opt={"audit_action": "delete_lora_adapter"})
+            opt={"audit_action": "delete_lora_adapter",
+                 **route_doc(response=schemas.AdapterDeleted, errors=(400, 404, 409), path="/v1/lora_adapters/{name}",
+                             path_params=_NAME)})
     async def delete_adapter(self, service: AdapterService, principal: Principal,
                              name: str) -> schemas.AdapterDeleted:
         """Remove an adapter and all its versions; refused (409) while any engine should still hold it."""
         return await service.delete(name.lstrip("/"), principal)
+
+    @route("/lora_adapters/{name:path}", http_method="OPTIONS", include_in_schema=False)
+    async def _options(self, request: Request) -> Response[None]:
+        """The methods documented for this path (one route serves several documented paths). Named to
+        sort first: Litestar gives the first handler registered on a path its own OPTIONS, which wins."""
+        return options_response(request)

@@ -20,9 +20,14 @@ AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, descript
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 63, 256
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY)]
 LabelValue = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_VALUE)]
-Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(
-    max_length=MAX_LABELS, description=f"at most {MAX_LABELS} labels; keys 1–{MAX_LABEL_KEY} characters, "
-                                       f"values at most {MAX_LABEL_VALUE}")]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=MAX_LABELS)]
+LABELS_RULE = msgspec.Meta(description=f"at most {MAX_LABELS} labels; keys 1–{MAX_LABEL_KEY} characters, "
+                                       f"values at most {MAX_LABEL_VALUE}")
+# A page offset beyond any real registry: an unbounded one overflowed the database's integer (a 500).
+MAX_OFFSET = 1 << 31
+MAX_VERSION = (1 << 31) - 1  # a version number the database's integer column holds (larger was a 500)
+# A listing's label filter: `key` (present) or `key=value` (equal).
+LabelFilter = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY + 1 + MAX_LABEL_VALUE)]
 MAX_NAMED_ENGINES = 1024  # engine names follow the adapter name rule (shared.names)
 # A folder path: no NUL (the OS cannot take one; it used to be a 500) and bounded in length.
 AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern="^[^\\x00]*$",
@@ -38,7 +43,7 @@ class AdapterCreate(msgspec.Struct, kw_only=True):
     pinned: bool = False
     engines: Annotated[list[AdapterName], msgspec.Meta(max_length=MAX_NAMED_ENGINES)] | None = None
     description: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
-    labels: Labels | None = None
+    labels: Annotated[Labels | None, LABELS_RULE] = None  # described beside the union: the document shows it
 
 
 class AdapterUnload(msgspec.Struct, kw_only=True):
@@ -50,7 +55,7 @@ class AdapterUnload(msgspec.Struct, kw_only=True):
 class AdapterActivate(msgspec.Struct, kw_only=True):
     """POST /v1/lora_adapters/{name}/activate: which existing version becomes the pin."""
 
-    version: Annotated[int, msgspec.Meta(ge=1)]
+    version: Annotated[int, msgspec.Meta(ge=1, le=MAX_VERSION)]
 
 
 class EngineOutcome(msgspec.Struct, kw_only=True):

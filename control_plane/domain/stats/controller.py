@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.auth import read_guard
 from control_plane.domain.stats import schemas
 from control_plane.domain.stats.service import StatsService
+from shared.openapi import route_doc
 
 
 async def provide_stats_service(db_session: AsyncSession, state: State) -> StatsService:
@@ -22,7 +23,7 @@ class StatsController(Controller):
     guards = [read_guard]
     dependencies = {"service": Provide(provide_stats_service)}
 
-    @get("/lora_stats", operation_id="loraStats")
+    @get("/lora_stats", operation_id="loraStats", opt=route_doc(response=schemas.LoraStats))
     async def lora_stats(self, service: StatsService) -> schemas.LoraStats:
         """Per adapter across the healthy engines: requests by outcome, tokens, loads and evictions summed;
         TTFT and end-to-end p50/p99 from the engines' summed histograms; a row per engine with its

@@ -85,5 +85,5 @@ async def test_engines_auth_and_validation(client: AsyncTestClient) -> None:
 async def test_openapi_documents_the_engine_handlers(client: AsyncTestClient) -> None:
     doc = (await client.get("/schema/openapi.json")).json()
     ops = {op["operationId"]: op for path in doc["paths"].values() for op in path.values()}
-    for op_id in ("registerEngine", "engineHeartbeatOrDrain", "listEngines", "deleteEngine"):
+    for op_id in ("registerEngine", "engineHeartbeat", "drainEngine", "listEngines", "deleteEngine"):
         assert ops[op_id].get("description") or ops[op_id].get("summary")
