@@ -269,13 +269,24 @@ def documented_methods(app: Litestar, path: str) -> list[str]:
 
 T = TypeVar("T")
 _AT = re.compile(r"`\$\.?([^`]*)`")  # "… - at `$.labels`", "… - at `key` in `$.labels`"
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def field_of(message: str) -> str | None:
+    """The field a msgspec error is about, as the OpenAI `param`: 'Expected `int`, got `str` - at
+    `$.messages[0].role`' → 'messages[0].role'; 'Object missing required field `model`' → 'model'."""
+    where = _AT.findall(message)
+    missing = _MISSING.search(message)
+    parts = [p for p in (where[-1] if where else "", missing.group(1) if missing else "") if p]
+    return ".".join(parts) or None
 
 
 def decode_body(body: bytes, kind: type[T]) -> T:
     """`body` decoded strictly as the document says: Litestar's own body decoding coerces (`0` passes
     as a bool, `"1"` as an int), so a schema-violating request would be accepted. JSON Schema counts
     2.0 as an integer, so integral floats are retried as integers. Errors are 400s naming the field.
-    (data_plane.api.protocol.decode_request does the same for the engine's generation bodies.)"""
+    Both apps decode every JSON body through this (the engine's generation routes via
+    data_plane.api.protocol.decode_request)."""
     if not body.strip():
         raise InvalidRequestError("The request body is empty; expected a JSON object.")
     try:
@@ -286,11 +297,10 @@ def decode_body(body: bytes, kind: type[T]) -> T:
                 raise
             return msgspec.convert(_as_ints(msgspec.json.decode(body)), type=kind)
     except msgspec.ValidationError as exc:
-        where = _AT.findall(str(exc))
-        raise InvalidRequestError(f"Invalid request: {readable(str(exc))}", param=where[-1] if where else None) from None
+        raise InvalidRequestError(f"Invalid request: {readable(str(exc))}", param=field_of(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequestError(f"Malformed JSON body: {exc}") from None
-    except RecursionError:
+    except RecursionError:  # even in an ignored field: arrays nested thousands deep
         raise InvalidRequestError("The JSON body is nested too deeply.") from None
 
 

@@ -6,7 +6,6 @@ type is a 400 that names the field. Every optional field accepts `null`, which m
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -15,6 +14,7 @@ from msgspec import Meta
 
 from data_plane.engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from shared.errors import InvalidRequestError
+from shared.openapi import decode_body
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -238,52 +238,15 @@ def request_types(
 
 # Fields that are accepted only absent, null or empty: say so rather than quote the length rule.
 _UNSUPPORTED = {"logit_bias", "tools", "suffix", "response_format.type"}
-_PATH = re.compile(r"at `\$\.?([^`]*)`")
-_MISSING = re.compile(r"missing required field `([^`]+)`")
 
 
 def decode_request(body: bytes, kind: type[T]) -> T:
-    """Decode a JSON body into `kind`; malformed JSON or a wrong type is a 400 naming the field."""
-    if not body.strip():
-        raise InvalidRequestError("The request body is empty; expected a JSON object.")
+    """Decode a JSON body into `kind` strictly (shared.openapi.decode_body); malformed JSON or a wrong
+    type is a 400 naming the field, and a field we accept only empty says that it is unsupported."""
     try:
-        try:
-            return msgspec.json.decode(body, type=kind)
-        except msgspec.ValidationError as exc:
-            if "got `float`" not in str(exc):
-                raise
-            # JSON Schema (so the OpenAPI contract) counts 2.0 as an integer; msgspec does not
-            return msgspec.convert(_integral_floats_as_ints(msgspec.json.decode(body)), type=kind)
-    except msgspec.ValidationError as exc:
-        param = _field_of(str(exc))
-        if param in _UNSUPPORTED:
-            raise InvalidRequestError(f"{param} is not supported: {exc}", param=param) from None
-        raise InvalidRequestError(f"Invalid request: {exc}", param=param) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequestError(f"Malformed JSON body: {exc}") from None
-    except RecursionError:  # even in an ignored field: arrays nested thousands deep
-        raise InvalidRequestError("The JSON body is nested too deeply.") from None
-
-
-def _integral_floats_as_ints(value: Any) -> Any:
-    """2.0 → 2 throughout a decoded JSON value (iteratively: it may be deeply nested)."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    stack = [value] if isinstance(value, dict | list) else []
-    while stack:
-        container = stack.pop()
-        items = list(container.items() if isinstance(container, dict) else enumerate(container))
-        for key, item in items:
-            if isinstance(item, float) and item.is_integer():
-                container[key] = int(item)
-            elif isinstance(item, dict | list):
-                stack.append(item)
-    return value
-
-
-def _field_of(message: str) -> str | None:
-    """'Expected `int`, got `str` - at `$.messages[0].role`' → 'messages[0].role'."""
-    path = _PATH.search(message)
-    missing = _MISSING.search(message)
-    parts = [p for p in (path.group(1) if path else "", missing.group(1) if missing else "") if p]
-    return ".".join(parts) or None
+        return decode_body(body, kind)
+    except InvalidRequestError as exc:
+        if exc.param in _UNSUPPORTED:
+            detail = exc.message.removeprefix("Invalid request: ")
+            raise InvalidRequestError(f"{exc.param} is not supported: {detail}", param=exc.param) from None
+        raise

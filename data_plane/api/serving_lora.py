@@ -48,12 +48,12 @@ class UnloadLoRAAdapterRequest(msgspec.Struct):
 
 
 def decode_admin_request(body: bytes, kind: type[T]) -> T:
-    """decode_request, with the name rule spelled out when `lora_name` breaks it (msgspec would only
-    quote the pattern)."""
+    """decode_request, with the refusal of a `lora_name` that breaks the name rule worded as the
+    registry words it (so every way a bad name is refused reads the same)."""
     try:
         return decode_request(body, kind)
     except InvalidRequestError as exc:
-        if exc.param == "lora_name" and "regex" in exc.message:
+        if exc.param == "lora_name" and ADAPTER_NAME_DESCRIPTION in exc.message:
             raise InvalidRequestError(f"lora_name is not a valid adapter name: {ADAPTER_NAME_DESCRIPTION}",
                                       param="lora_name") from None
         raise

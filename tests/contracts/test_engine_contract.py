@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
-from tests.data_plane.api.conftest import REPO_ROOT, SERVED_NAME, run_engine
+from tests.contracts.schemathesis_run import run_schemathesis
+from tests.data_plane.api.conftest import SERVED_NAME, run_engine
 
 pytest.importorskip("schemathesis")
 
@@ -37,21 +36,11 @@ def test_the_engine_honours_its_openapi_contract(tmp_path, monkeypatch):
     with run_engine(model, tmp_path / "engine.log", *flags) as engine:
         env = {
             **os.environ,
-            "PYTHONPATH": str(REPO_ROOT),  # the hooks module: tests.contracts.hooks
-            "CONTRACT_ADMIN_TOKEN": token,
+            "CONTRACT_ADMIN_TOKEN": token,  # for the hooks module, tests.contracts.hooks
             "CONTRACT_MODELS": f"{SERVED_NAME},{ADAPTER}",
             "CONTRACT_ADAPTER_PATH": str(adapter),
         }
-        cmd = [
-            str(Path(sys.executable).with_name("st")), "--config-file", str(CONFIG), "--no-color", "run",
-            f"{engine.url}/schema/openapi.json",
-            "--checks", "all",
-            "--phases", "examples,coverage,fuzzing,stateful",
-            "--max-time", str(MAX_TIME_S),
-        ]  # fmt: skip
-        result = subprocess.run(
-            cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=MAX_TIME_S + 120
-        )
+        result = run_schemathesis(engine.url, CONFIG, env, MAX_TIME_S)
         assert engine.process.poll() is None, engine.log_tail()
     output = result.stdout + result.stderr
     # non-zero on any failure or error; warnings (e.g. most random adapter paths lying outside
