@@ -52,7 +52,7 @@ def calls_to(cp: str, route: str) -> float:
 
 def other_calls(cp: str) -> float:
     """Calls to anything but register, heartbeat, resolve and /metrics."""
-    mine = {"/v1/engines/register", "/v1/engines/{target}", RESOLVE_ROUTE, "/metrics", "/health"}
+    mine = {"/v1/engines/register", "/v1/engines/{name}", RESOLVE_ROUTE, "/metrics", "/health"}  # {name}: heartbeats
     return sum(n for (r, _), n in cp_requests(cp).items() if r not in mine)
 
 
