@@ -38,6 +38,7 @@ from control_plane.domain.adapters.placement import lock_placements
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
+from control_plane.uow import read
 from shared.engine_admin import AdapterListing
 
 logger = logging.getLogger(__name__)
@@ -92,8 +93,11 @@ class Reconciler:
 
     async def reconcile_all(self) -> list[EngineRound]:
         async with self.sessions() as session:
-            names = list((await session.scalars(
-                select(Engine.name).where(healthy_clause(self.settings.engine_stale_after_s)))).all())
+            async def healthy() -> list[str]:
+                return list((await session.scalars(
+                    select(Engine.name).where(healthy_clause(self.settings.engine_stale_after_s)))).all())
+
+            names = await read(session, healthy, "reconcile: list engines")  # again on a fresh connection
         return list(await asyncio.gather(*(self.reconcile_engine(n) for n in names)))
 
     async def reconcile_engine(self, name: str) -> EngineRound:

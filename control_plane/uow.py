@@ -42,6 +42,7 @@ P = TypeVar("P")
 logger = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8  # lost unique-constraint races (each one means another call made progress)
 DB_ATTEMPTS = 4  # broken connections, deadlocks: a fresh connection each time, with a growing pause
+DB_PAUSE_S = 0.08
 
 
 class DatabaseUnavailableError(OverloadedError):
@@ -69,6 +70,11 @@ async def _pause(attempt: int) -> None:
     await asyncio.sleep(random.uniform(0, 0.005 * attempt))  # jitter: let the winner commit
 
 
+async def _pause_for_database(attempt: int) -> None:
+    # longer: a restarting server or a failover takes a moment; 4 attempts span about half a second
+    await asyncio.sleep(random.uniform(0.5, 1.0) * DB_PAUSE_S * attempt)
+
+
 def _retryable(exc: BaseException, what: str, attempt: int) -> bool:
     """Whether `exc` from a transaction that did not commit is worth another attempt (it is logged)."""
     kind = failure_kind(exc)
@@ -91,7 +97,7 @@ async def read(session: AsyncSession, query: Callable[[], Awaitable[T]], what: s
             await reset(session)
             if attempt == DB_ATTEMPTS:
                 raise DatabaseUnavailableError() from None
-        await _pause(attempt)
+        await _pause_for_database(attempt)
     raise AssertionError("unreachable")
 
 
@@ -102,6 +108,7 @@ async def transact(session: AsyncSession, gate: WriteGate, work: Callable[[Async
     lost race, rerun too (ConflictError after MAX_ATTEMPTS)."""
     db_failures = 0
     for attempt in range(1, MAX_ATTEMPTS + 1):
+        failures_before = db_failures
         async with gate.hold():
             committing = False
             try:
@@ -129,7 +136,7 @@ async def transact(session: AsyncSession, gate: WriteGate, work: Callable[[Async
             except BaseException:
                 await reset(session)
                 raise
-        await _pause(attempt)
+        await (_pause_for_database(db_failures) if db_failures > failures_before else _pause(attempt))
     raise AssertionError("unreachable")
 
 
