@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.data_plane.api.conftest import REPO_ROOT, SERVED_NAME, EngineServer, _wait_until_serving
+from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 ADMIN, READ, ENGINE_ADMIN = "faults-admin-token", "faults-read-token", "faults-engine-admin-token"
 RECONCILE_S = 1.0  # LORAPLANE_RECONCILE_INTERVAL_S: "converged within 2 intervals" is 2 s
@@ -34,12 +34,6 @@ ENGINE_TIMEOUT_S = 3.0
 ENGINE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "96", "--max-num-seqs", "8", "--max-loras", "4",
                 "--num-threads", "1", "--shutdown-timeout-s", "20", "--log-level", "warning")
 PG_URL = os.environ.get("LORAPLANE_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_dsn(url: str) -> str:
