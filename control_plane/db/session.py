@@ -7,18 +7,22 @@ PostgreSQL needs no such gate: unique constraints and row locks order concurrent
 
 PostgreSQL connections can die under a call (a restart, a failover, `pg_terminate_backend`): the pool
 pings each connection as it is checked out (`pool_pre_ping`), a connection that failed mid-query is
-invalidated, and `failure_kind` tells callers (control_plane.uow) which errors are worth another attempt.
+invalidated, and `failure_kind` tells callers (control_plane.db.transaction) which errors are worth another attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Literal
 
 from advanced_alchemy.extensions.litestar import AsyncSessionConfig, SQLAlchemyAsyncConfig
+from advanced_alchemy.extensions.litestar._utils import delete_aa_scope_state, get_aa_scope_state
+from advanced_alchemy.extensions.litestar.plugins.init.config.common import SESSION_TERMINUS_ASGI_EVENTS
+from litestar.types import Message, Scope
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -26,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from control_plane.settings import ControlPlaneSettings
 
+logger = logging.getLogger(__name__)
 SQLITE_BUSY_TIMEOUT_S = 30
 # SQLSTATEs: class 08 is "connection exception"; 57P01-57P03 are the server shutting the session down.
 _LOST_SQLSTATES = ("57P01", "57P02", "57P03")
@@ -79,16 +84,40 @@ def create_engine(settings: ControlPlaneSettings) -> AsyncEngine:
 
 
 def plugin_config(engine: AsyncEngine) -> SQLAlchemyAsyncConfig:
-    """One session per request (dependency `db_session`), closed by the plugin after the response.
+    """One session per request (dependency `db_session`), closed as the response starts.
 
-    Services commit themselves (see control_plane.uow), so the plugin's default before-send handler, which
-    only closes the session, is the right one: nothing is committed implicitly.
+    Services commit themselves (see control_plane.db.transaction), so closing is all that is left to do: nothing is
+    committed implicitly. The plugin's own handler closes too, but a close that fails (the server ended the
+    connection after the handler's last statement, so the implicit rollback cannot be sent) would turn an
+    answered call into a 500; `close_request_session` invalidates that connection instead.
     """
-    return SQLAlchemyAsyncConfig(
+    config = SQLAlchemyAsyncConfig(
         engine_instance=engine,
         session_config=AsyncSessionConfig(expire_on_commit=False),
         create_all=False,  # Alembic owns the schema
     )
+    # the plugin makes each config's scope key unique (a process may build several apps), so read it back
+    config.before_send_handler = _session_closer(config.session_scope_key)
+    return config
+
+
+def _session_closer(scope_key: str) -> Callable[[Message, Scope], Awaitable[None]]:
+    async def close_request_session(message: Message, scope: Scope) -> None:
+        session = get_aa_scope_state(scope, scope_key)
+        if session is None or message["type"] not in SESSION_TERMINUS_ASGI_EVENTS:
+            return
+        delete_aa_scope_state(scope, scope_key)
+        try:
+            await session.close()
+        except Exception as exc:
+            if failure_kind(exc) is None:
+                raise
+            logger.warning("closing a request's session: database connection lost (%s); discarding it",
+                           type(exc).__name__)
+            with contextlib.suppress(Exception):
+                await session.invalidate()  # the broken connection leaves the pool instead of returning
+
+    return close_request_session
 
 
 class WriteGate:

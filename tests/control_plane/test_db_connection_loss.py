@@ -55,12 +55,16 @@ class Killer:
         self.countdown: int | None = None  # statements to let through, then kill
         self.every = False  # kill before every statement (a database that keeps failing)
         self.on_commit = False
+        self.on_rollback = False  # the rollback of a request's session as it is closed after the handler
         self.kills = 0
         event.listen(engine.sync_engine, "before_cursor_execute", self._statement)
         event.listen(engine.sync_engine, "commit", self._commit)
+        event.listen(engine.sync_engine, "rollback", self._rollback)
 
-    def arm(self, nth: int | None = None, *, every: bool = False, on_commit: bool = False) -> None:
+    def arm(self, nth: int | None = None, *, every: bool = False, on_commit: bool = False,
+            on_rollback: bool = False) -> None:
         self.countdown, self.every, self.on_commit, self.kills = nth, every, on_commit, 0
+        self.on_rollback = on_rollback
 
     def _kill(self, conn) -> None:  # noqa: ANN001
         pid = conn.connection.dbapi_connection._connection.get_server_pid()
@@ -79,6 +83,11 @@ class Killer:
     def _commit(self, conn) -> None:  # noqa: ANN001
         if self.on_commit:
             self.on_commit = False
+            self._kill(conn)
+
+    def _rollback(self, conn) -> None:  # noqa: ANN001
+        if self.on_rollback:
+            self.on_rollback = False
             self._kill(conn)
 
 
@@ -186,6 +195,23 @@ async def test_a_commit_cut_off_answers_503_for_a_mutation_and_is_retried_for_a_
     # the registry is whole: reads answer, and the activation retried by the client goes through
     r = await client.post("/v1/lora_adapters/alpha/activate", json={"version": 1}, headers=admin())
     assert r.status_code == 200 and r.json()["active_version"] == 1, r.text
+
+
+async def test_a_connection_terminated_after_the_last_statement_keeps_the_answer(
+        cp: tuple[AsyncTestClient, Killer], demo: dict, pg_settings: ControlPlaneSettings) -> None:
+    """The handler is done and its answer built; the server then ends the connection, so the rollback
+    that closing the request's session sends fails (before: that close failure turned the answer into a
+    500). The answer stands, and the broken connection is discarded rather than returned to the pool."""
+    client, killer = cp
+    await _setup(client, demo, pg_settings.database_url)
+    for call in ("get adapter", "list adapters", "list engines"):  # reads: their transaction is still open
+        method, path, body, token = CALLS[call]
+        killer.arm(on_rollback=True)
+        r = await client.request(method, path, json=body, headers=token)
+        assert killer.kills == 1, f"{path}: the close sent no rollback, so nothing was tested"
+        assert r.status_code == 200, f"{path}: {r.text}"
+        killer.arm()
+        assert (await client.request(method, path, json=body, headers=token)).status_code == 200
 
 
 async def test_a_database_that_keeps_failing_answers_503_never_500(
