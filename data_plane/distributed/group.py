@@ -18,16 +18,16 @@ import torch
 import torch.multiprocessing as mp
 
 from data_plane.config import EngineConfig
+from data_plane.distributed.collectives import broadcast_from_rank0
 from data_plane.distributed.parallel_state import (
-    broadcast_from_rank0,
     destroy_group,
     free_tcp_init_method,
     init_group,
     launched_by_torchrun,
     set_cpu_threads,
 )
-from data_plane.engine.step_input import StepInput
 from data_plane.lora.weights import LoRAAdapterWeights
+from data_plane.model.step_input import StepInput
 from shared.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)

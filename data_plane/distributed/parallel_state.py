@@ -13,8 +13,6 @@ import socket
 import torch
 import torch.distributed as dist
 
-from data_plane.distributed.comm_stats import timed_collective
-
 # a rank that stops answering fails collectives after this long instead of hanging the engine forever
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -53,11 +51,3 @@ def set_cpu_threads(num_threads: int | None, tp_size: int) -> None:
 def destroy_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def broadcast_from_rank0(message: object = None) -> object:
-    """Rank 0 sends `message` (any picklable object, tensors included); every rank returns it."""
-    box = [message]
-    with timed_collective():
-        dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from data_plane.engine.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
 from data_plane.engine.scheduler import SchedulerOutput
 from data_plane.engine.sequence import Sequence
-from data_plane.engine.step_input import StepInput
-from data_plane.lora.batch import LoRABatch
 from data_plane.lora.slots import LoRASlotManager
+from data_plane.model.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
+from data_plane.model.lora_batch import LoRABatch
+from data_plane.model.step_input import StepInput
 
 
 class BatchBuilder:

@@ -8,7 +8,7 @@ import torch
 
 from data_plane.config import EngineConfig
 from data_plane.distributed.group import TensorParallelGroup
-from data_plane.engine.step_input import StepInput
+from data_plane.model.step_input import StepInput
 
 logger = logging.getLogger(__name__)
 

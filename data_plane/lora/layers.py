@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_plane.lora.batch import LoRABatch
+from data_plane.distributed.collectives import tensor_parallel_all_reduce
 from data_plane.lora.ops import lora_expand, lora_shrink, lora_shrink_expand
 from data_plane.lora.weights import LoRAModuleWeights
-from data_plane.model.layers.parallel import tensor_parallel_all_reduce
+from data_plane.model.lora_batch import LoRABatch
 
 
 @dataclass(frozen=True)

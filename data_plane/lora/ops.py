@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from data_plane.lora.batch import LoRABatch
+from data_plane.model.lora_batch import LoRABatch
 
 Lanes = list[tuple[int, int]]  # (first output column, width) of each lane
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_plane.engine.step_input import AttentionMetadata
+from data_plane.model.attention_metadata import AttentionMetadata
 
 
 class PagedAttention(nn.Module):

@@ -8,19 +8,19 @@ Every linear receives the step's LoRA batch explicitly (`lora`); the base layers
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import nn
 
-from data_plane.engine.step_input import AttentionMetadata
 from data_plane.model.attention import PagedAttention
+from data_plane.model.attention_metadata import AttentionMetadata
 from data_plane.model.config import ModelConfig
 from data_plane.model.layers.activation import SiluAndMul
 from data_plane.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from data_plane.model.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from data_plane.model.layers.norm import RMSNorm
 from data_plane.model.layers.rotary import RotaryEmbedding, apply_rotary
+from data_plane.model.lora_batch import LoRABatch
 from data_plane.model.weights import load_llama_weights
 
 
@@ -36,7 +36,7 @@ class LlamaMLP(nn.Module):
         )
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor, lora: Any = None) -> torch.Tensor:  # x: [T, hidden]
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, hidden]
         return self.down_proj(self.act_fn(self.gate_up_proj(x, lora)), lora)
 
 
@@ -76,7 +76,7 @@ class LlamaAttention(nn.Module):
         sin: torch.Tensor,  # [T, D/2]
         kv_cache: torch.Tensor,  # [2, num_slots, Hkv, D]
         attn: AttentionMetadata,
-        lora: Any = None,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x, lora)  # [T, (H + 2 Hkv) * D]
@@ -107,7 +107,7 @@ class LlamaDecoderLayer(nn.Module):
         sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
-        lora: Any = None,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, attn, lora)
         return h + self.mlp(self.post_attention_layernorm(h), lora)
@@ -132,7 +132,7 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,  # [T]
         kv_caches: list[torch.Tensor],
         attn: AttentionMetadata,
-        lora: Any = None,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [T, hidden]
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb.cos_sin(positions)
@@ -164,7 +164,7 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [T]
         kv_caches: list[torch.Tensor],  # per layer [2, num_slots, Hkv, D]
         attn: AttentionMetadata,
-        lora: Any = None,
+        lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [T, hidden]
         return self.model(input_ids, positions, kv_caches, attn, lora)
 

@@ -10,12 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_plane.model.layers.parallel import (
-    check_full_shape,
-    new_parameter,
-    tensor_parallel_all_gather,
-    tensor_parallel_all_reduce,
-)
+from data_plane.distributed.collectives import tensor_parallel_all_gather, tensor_parallel_all_reduce
+from data_plane.model.layers.parallel import ShardId, check_full_shape, new_parameter
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -42,7 +38,7 @@ class VocabParallelEmbedding(nn.Module):
             self.weight = new_parameter(self.num_embeddings_per_partition, embedding_dim)
             self.weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         check_full_shape(loaded_weight, (self.num_embeddings, self.embedding_dim))
         n = self.vocab_end - self.vocab_start
         param.data[:n].copy_(loaded_weight[self.vocab_start : self.vocab_end])

@@ -10,19 +10,13 @@ LoRA wrappers (data_plane/lora) can replace these modules without touching the m
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_plane.model.layers.parallel import (
-    check_full_shape,
-    copy_checked,
-    divide,
-    new_parameter,
-    tensor_parallel_all_reduce,
-)
+from data_plane.distributed.collectives import tensor_parallel_all_reduce
+from data_plane.model.layers.parallel import ShardId, check_full_shape, copy_checked, divide, new_parameter
+from data_plane.model.lora_batch import LoRABatch
 
 
 class LinearBase(nn.Module):
@@ -55,10 +49,10 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, lora: Any = None) -> torch.Tensor:  # x: [T, in] -> [T, out]
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in] -> [T, out]
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -77,7 +71,7 @@ class ColumnParallelLinear(LinearBase):
         out_pp = divide(output_size, tp_size, "output_size")
         super().__init__(input_size, output_size, input_size, out_pp, bias, tp_rank, tp_size)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         check_full_shape(loaded_weight, (self.output_size, *param.shape[1:]))
         n = self.output_size_per_partition
         copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n))
@@ -98,7 +92,7 @@ class MergedColumnParallelLinear(LinearBase):
             input_size, sum(output_sizes), input_size, sum(self.output_sizes_per_partition), bias, tp_rank, tp_size
         )
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         if shard_id not in range(len(self.output_sizes)):
             raise ValueError(f"shard_id must be an output index 0..{len(self.output_sizes) - 1}, got {shard_id!r}")
         check_full_shape(loaded_weight, (self.output_sizes[shard_id], *param.shape[1:]))
@@ -151,7 +145,7 @@ class QKVParallelLinear(LinearBase):
     def output_sizes_per_partition(self) -> list[int]:
         return [self.q_size, self.kv_size, self.kv_size]
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         if shard_id == "q":
             full, n, offset, src_index = self.total_num_heads * self.head_dim, self.q_size, 0, self.tp_rank
         elif shard_id in ("k", "v"):
@@ -183,7 +177,7 @@ class RowParallelLinear(LinearBase):
         super().__init__(input_size, output_size, in_pp, output_size, bias, tp_rank, tp_size)
         self.reduce_results = reduce_results
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: Any = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         if param.dim() == 1:  # bias: replicated
             copy_checked(param.data, loaded_weight)
             return
@@ -191,7 +185,7 @@ class RowParallelLinear(LinearBase):
         n = self.input_size_per_partition
         copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * n, n))
 
-    def forward(self, x: torch.Tensor, lora: Any = None) -> torch.Tensor:  # x: [T, in / tp] -> [T, out]
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in / tp] -> [T, out]
         if self.tp_size == 1:
             return F.linear(x, self.weight, self.bias)
         y = F.linear(x, self.weight)

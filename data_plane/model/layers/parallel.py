@@ -1,7 +1,6 @@
-"""Tensor-parallel helpers shared by the layers: shard arithmetic, shape-checked weight copies, collectives.
+"""Tensor-parallel helpers shared by the layers: shard arithmetic and shape-checked weight copies.
 
-World size is 1 today. The collectives below are the only places a layer talks to other ranks;
-they are never called when tp_size == 1, so the single-device path makes no torch.distributed call.
+The collectives the layers call live in data_plane/distributed/collectives.py.
 """
 
 from __future__ import annotations
@@ -9,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from data_plane.distributed.comm_stats import timed_collective
+# which part of a fused parameter a checkpoint tensor fills: an output index (gate/up) or "q"/"k"/"v"
+ShardId = int | str | None
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -36,26 +36,6 @@ def check_full_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
         raise ValueError(f"shape {tuple(loaded.shape)} does not match the expected {expected}")
 
 
-def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None) -> None:
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
     """Replicated parameters (norms): every rank holds the full tensor."""
     copy_checked(param.data, loaded_weight)
-
-
-def tensor_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """TP hook: sum the partial results of all tensor-parallel ranks (row-parallel linear, vocab-parallel
-    embedding). Uses the default process group; data_plane/distributed owns its creation."""
-    import torch.distributed as dist
-
-    with timed_collective():
-        dist.all_reduce(x)
-    return x
-
-
-def tensor_parallel_all_gather(x: torch.Tensor) -> torch.Tensor:
-    """TP hook: concatenate each rank's shard along the last dim (vocab-parallel logits)."""
-    import torch.distributed as dist
-
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    with timed_collective():
-        dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts, dim=-1)

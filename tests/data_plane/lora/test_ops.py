@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from data_plane.lora.batch import LoRABatch
 from data_plane.lora.ops import lora_shrink_expand
+from data_plane.model.lora_batch import LoRABatch
 
 SLOTS, R, IN, OUTS = 3, 4, 16, (12, 5)  # two lanes, like gate/up
 CPU = torch.device("cpu")

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_plane.engine.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
 from data_plane.model.attention import PagedAttention
+from data_plane.model.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
 
 H, HKV, D, BS = 4, 2, 8, 4
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from data_plane.engine.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
+from data_plane.model.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
 from data_plane.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from data_plane.model.llama import LlamaForCausalLM
 from data_plane.model.loader import load_model
