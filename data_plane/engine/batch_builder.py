@@ -9,6 +9,7 @@ from data_plane.engine.sequence import Sequence
 from data_plane.lora.slots import LoRASlotManager
 from data_plane.model.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
 from data_plane.model.lora_batch import LoRABatch
+from data_plane.model.sampler import SamplingRow
 from data_plane.model.step_input import StepInput
 
 
@@ -64,3 +65,18 @@ class BatchBuilder:
 
     def _slot(self, seq: Sequence) -> int:
         return -1 if seq.adapter_id == 0 else self.lora_slots.slot(seq.adapter_id)
+
+
+def sampling_rows(seqs: list[Sequence]) -> list[SamplingRow]:
+    """What the sampler needs of each sequence, in the order of the logits rows (lists are shared, not copied)."""
+    rows = []
+    for seq in seqs:
+        p = seq.sampling_params
+        rows.append(SamplingRow(
+            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
+            repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
+            presence_penalty=p.presence_penalty, logprobs=p.logprobs,
+            below_min_tokens=len(seq.output_token_ids) < p.min_tokens, stop_token_ids=p.stop_token_ids,
+            prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids, generator=seq.generator,
+        ))
+    return rows

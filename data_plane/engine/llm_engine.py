@@ -17,7 +17,7 @@ from data_plane.config import EngineConfig
 from data_plane.device import resolve_device
 from data_plane.distributed.group import TensorParallelGroup
 from data_plane.distributed.parallel_state import set_cpu_threads
-from data_plane.engine.batch_builder import BatchBuilder
+from data_plane.engine.batch_builder import BatchBuilder, sampling_rows
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.output_processor import OutputProcessor
@@ -185,7 +185,7 @@ class LLMEngine:
         try:
             step_input, seqs = self.builder.build(sched)
             logits = self.runner.forward(step_input)  # [S, vocab]
-            sampled = self.sampler(logits, seqs)
+            sampled = self.sampler(logits, sampling_rows(seqs))
         except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
             raise
         except Exception as exc:  # a failing batch fails its requests, never the engine

@@ -11,14 +11,32 @@ Logprobs are taken from log_softmax of the *raw* model logits (vLLM's default "r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from data_plane.engine.sequence import Sequence
-
 # Below this temperature a row is treated as greedy (as vLLM does): dividing by it would overflow.
 _SAMPLING_EPS = 1e-5
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs of one sequence (one row of logits), as plain values; the engine builds
+    it from the sequence's SamplingParams and tokens (data_plane/engine/batch_builder.py)."""
+
+    temperature: float = 1.0
+    top_k: int = -1  # -1: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: int | None = None  # how many top logprobs to return; None: none at all
+    below_min_tokens: bool = False  # min_tokens not reached yet: eos and stop_token_ids get -inf
+    stop_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None  # a seeded request's own; None: the global RNG
 
 
 @dataclass
@@ -33,16 +51,15 @@ class Sampler:
     def __init__(self, eos_token_ids: set[int]) -> None:
         self.eos_token_ids = set(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-        """logits: [S, V] float32 for the last position of each sequence, in the order of seqs."""
-        params = [seq.sampling_params for seq in seqs]
-        needs_min_tokens = [len(s.output_token_ids) < s.sampling_params.min_tokens for s in seqs]
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        """logits: [S, V] float32 for the last position of each sequence, one SamplingRow per row."""
+        needs_min_tokens = [r.below_min_tokens for r in rows]
         has_penalties = any(
             p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-            for p in params
+            for p in rows
         )
-        wants_logprobs = any(p.logprobs is not None for p in params)
-        is_greedy = [p.temperature < _SAMPLING_EPS for p in params]
+        wants_logprobs = any(p.logprobs is not None for p in rows)
+        is_greedy = [p.temperature < _SAMPLING_EPS for p in rows]
 
         # Fast path: plain greedy decoding needs nothing but the argmax.
         if all(is_greedy) and not has_penalties and not any(needs_min_tokens) and not wants_logprobs:
@@ -51,52 +68,49 @@ class Sampler:
         raw_logits = logits
         logits = logits.float()  # [S, V]
         if has_penalties:
-            logits = _apply_penalties(logits, seqs)
+            logits = _apply_penalties(logits, rows)
         if any(needs_min_tokens):
-            logits = self._mask_stop_tokens(logits, seqs, needs_min_tokens)
+            logits = self._mask_stop_tokens(logits, rows)
 
         token_ids = logits.argmax(dim=-1)  # [S] greedy choice; replaced below for sampled rows
         if not all(is_greedy):
-            sampled = self._sample(logits, seqs, is_greedy)
+            sampled = self._sample(logits, rows, is_greedy)
             greedy_mask = torch.tensor(is_greedy, device=logits.device)
             token_ids = torch.where(greedy_mask, token_ids, sampled)
 
         token_list: list[int] = token_ids.tolist()
-        logprobs = _gather_logprobs(raw_logits, seqs, token_ids) if wants_logprobs else None
+        logprobs = _gather_logprobs(raw_logits, rows, token_ids) if wants_logprobs else None
         return SamplerOutput(token_ids=token_list, logprobs=logprobs)
 
-    def _mask_stop_tokens(
-        self, logits: torch.Tensor, seqs: list[Sequence], needs_min_tokens: list[bool]
-    ) -> torch.Tensor:
+    def _mask_stop_tokens(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Set eos and stop_token_ids to -inf on rows that have not yet produced min_tokens."""
         vocab_size = logits.shape[1]
-        rows: list[int] = []
+        row_index: list[int] = []
         cols: list[int] = []
-        for i, (seq, needed) in enumerate(zip(seqs, needs_min_tokens, strict=True)):
-            if not needed:
+        for i, row in enumerate(rows):
+            if not row.below_min_tokens:
                 continue
-            stop_ids = self.eos_token_ids | set(seq.sampling_params.stop_token_ids)
+            stop_ids = self.eos_token_ids | set(row.stop_token_ids)
             ids = [t for t in stop_ids if 0 <= t < vocab_size]
-            rows.extend([i] * len(ids))
+            row_index.extend([i] * len(ids))
             cols.extend(ids)
-        if not rows:
+        if not row_index:
             return logits
         logits = logits.clone()
-        index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+        index = (torch.tensor(row_index, device=logits.device), torch.tensor(cols, device=logits.device))
         logits[index] = float("-inf")
         return logits
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], is_greedy: list[bool]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], is_greedy: list[bool]) -> torch.Tensor:
         """Draw one token per row from the filtered softmax; returns [S] (greedy rows: don't care)."""
         vocab_size = logits.shape[1]
         device = logits.device
-        params = [seq.sampling_params for seq in seqs]
         # Greedy rows get neutral parameters so they cannot produce inf/NaN; their draw is discarded.
-        rows = list(zip(params, is_greedy, strict=True))
-        temperature = torch.tensor([1.0 if g else p.temperature for p, g in rows], device=device)
-        top_k = [vocab_size if g or p.top_k <= 0 else min(p.top_k, vocab_size) for p, g in rows]
-        top_p = [1.0 if g else p.top_p for p, g in rows]
-        min_p = [0.0 if g else p.min_p for p, g in rows]
+        pairs = list(zip(rows, is_greedy, strict=True))
+        temperature = torch.tensor([1.0 if g else p.temperature for p, g in pairs], device=device)
+        top_k = [vocab_size if g or p.top_k <= 0 else min(p.top_k, vocab_size) for p, g in pairs]
+        top_p = [1.0 if g else p.top_p for p, g in pairs]
+        min_p = [0.0 if g else p.min_p for p, g in pairs]
 
         logits = logits / temperature.unsqueeze(1)  # [S, V]
         if any(k < vocab_size for k in top_k) or any(p < 1.0 for p in top_p):
@@ -112,11 +126,11 @@ class Sampler:
         # Exponential race: argmax(probs / q) with q ~ Exp(1) i.i.d. is a categorical draw. Seeded rows
         # draw their own q row with their generator, so their tokens do not depend on the rest of the batch.
         q = torch.empty_like(probs)
-        if any(seq.generator is None for seq in seqs):
+        if any(row.generator is None for row in rows):
             q.exponential_()
-        for i, seq in enumerate(seqs):
-            if seq.generator is not None and not is_greedy[i]:
-                q[i].exponential_(generator=seq.generator)
+        for i, row in enumerate(rows):
+            if row.generator is not None and not is_greedy[i]:
+                q[i].exponential_(generator=row.generator)
         q.clamp_(min=torch.finfo(q.dtype).tiny)  # q == 0 would turn a masked token's 0/0 into NaN
         return (probs / q).argmax(dim=-1)  # [S]
 
@@ -147,19 +161,18 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Repetition (prompt + output), frequency and presence (output only) penalties. logits: [S, V]."""
     vocab_size = logits.shape[1]
     device = logits.device
-    params = [seq.sampling_params for seq in seqs]
-    rep = torch.tensor([p.repetition_penalty for p in params], device=device).unsqueeze(1)  # [S, 1]
-    freq = torch.tensor([p.frequency_penalty for p in params], device=device).unsqueeze(1)
-    pres = torch.tensor([p.presence_penalty for p in params], device=device).unsqueeze(1)
+    rep = torch.tensor([p.repetition_penalty for p in rows], device=device).unsqueeze(1)  # [S, 1]
+    freq = torch.tensor([p.frequency_penalty for p in rows], device=device).unsqueeze(1)
+    pres = torch.tensor([p.presence_penalty for p in rows], device=device).unsqueeze(1)
 
-    output_counts = _bin_counts([s.output_token_ids for s in seqs], vocab_size, device)  # [S, V]
+    output_counts = _bin_counts([r.output_token_ids for r in rows], vocab_size, device)  # [S, V]
     output_mask = output_counts > 0
     if bool((rep != 1.0).any()):
-        prompt_mask = _bin_counts([s.prompt_token_ids for s in seqs], vocab_size, device) > 0
+        prompt_mask = _bin_counts([r.prompt_token_ids for r in rows], vocab_size, device) > 0
         seen = prompt_mask | output_mask  # [S, V]
         # vLLM/CTRL rule: shrink positive logits, push negative ones further down
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
@@ -180,21 +193,21 @@ def _bin_counts(token_lists: list[list[int]], vocab_size: int, device: torch.dev
 
 
 def _gather_logprobs(
-    raw_logits: torch.Tensor, seqs: list[Sequence], token_ids: torch.Tensor
+    raw_logits: torch.Tensor, rows: list[SamplingRow], token_ids: torch.Tensor
 ) -> list[dict[int, float]]:
     """Raw-logit logprobs of the sampled token and of each row's top-n tokens (sampled first)."""
-    rows = [i for i, s in enumerate(seqs) if s.sampling_params.logprobs is not None]
-    row_index = torch.tensor(rows, device=raw_logits.device)
+    asking = [i for i, r in enumerate(rows) if r.logprobs is not None]
+    row_index = torch.tensor(asking, device=raw_logits.device)
     logprobs = torch.log_softmax(raw_logits[row_index].float(), dim=-1)  # [R, V]
     sampled_lp = logprobs.gather(1, token_ids[row_index].unsqueeze(1)).squeeze(1).tolist()  # [R]
-    max_n = min(max(seqs[i].sampling_params.logprobs or 0 for i in rows), logprobs.shape[1])
+    max_n = min(max(rows[i].logprobs or 0 for i in asking), logprobs.shape[1])
     top_lp, top_ids = logprobs.topk(max_n, dim=-1)  # [R, max_n]
     top_lp_list, top_ids_list = top_lp.tolist(), top_ids.tolist()
     sampled_list = token_ids.tolist()
 
-    out: list[dict[int, float]] = [{} for _ in seqs]
-    for r, i in enumerate(rows):
-        n = seqs[i].sampling_params.logprobs or 0
+    out: list[dict[int, float]] = [{} for _ in rows]
+    for r, i in enumerate(asking):
+        n = rows[i].logprobs or 0
         entry = {sampled_list[i]: sampled_lp[r]}
         for tok, lp in zip(top_ids_list[r][:n], top_lp_list[r][:n], strict=True):
             entry.setdefault(tok, lp)

@@ -20,7 +20,7 @@ def _prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:
     return [[rng.randrange(1, vocab) for _ in range(n)] for n in lengths]
 
 
-def _hf_greedy(path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def _hf_greedy(path, prompts: list[list[int]], max_new_tokens: int, **generate_kwargs) -> list[list[int]]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # the engine runs with ignore_eos
     out = []
@@ -28,7 +28,7 @@ def _hf_greedy(path, prompts: list[list[int]], max_new_tokens: int) -> list[list
         ids = torch.tensor([prompt])
         with torch.no_grad():
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=0)
+                                 do_sample=False, pad_token_id=0, **generate_kwargs)
         out.append(gen[0, len(prompt):].tolist())
     return out
 
@@ -42,6 +42,16 @@ def test_greedy_matches_transformers(engine_checkpoints, family):
     assert all(len(set(t)) > 4 for t in expected), "the oracle collapsed; the checkpoint is too degenerate"
     got = [run(engine, [p], greedy(32))[0] for p in prompts]
     assert got == expected
+
+
+def test_repetition_penalty_matches_transformers(engine_checkpoints):
+    """The engine hands the sampler each sequence's prompt and output so far (engine/batch_builder.py)."""
+    path = engine_checkpoints["llama"]
+    engine = make_engine(path)
+    prompts = _prompts(engine.vocab_size, [4, 11], seed=4)
+    expected = _hf_greedy(path, prompts, 24, repetition_penalty=1.3)
+    assert expected != _hf_greedy(path, prompts, 24), "the penalty changed nothing; the test could not fail"
+    assert run(engine, prompts, greedy(24, repetition_penalty=1.3)) == expected
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

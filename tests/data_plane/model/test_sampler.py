@@ -13,41 +13,42 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from data_plane.engine.sampling_params import SamplingParams
-from data_plane.engine.sequence import Request, Sequence
-from data_plane.model.sampler import Sampler, _apply_penalties, apply_min_p, apply_top_k_top_p
+from data_plane.model.sampler import Sampler, SamplingRow, _apply_penalties, apply_min_p, apply_top_k_top_p
 
 EOS = 2
 
 
-def make_seq(
-    i: int,
+def make_row(
     prompt: list[int] | None = None,
     output: list[int] | None = None,
     seed: int | None = None,
+    min_tokens: int = 0,
     **params: object,
-) -> Sequence:
-    sp = SamplingParams(seed=seed, **params)  # type: ignore[arg-type]
-    req = Request(request_id=f"r{i}", prompt_token_ids=prompt or [0, 1], sampling_params=sp)
-    seq = Sequence(seq_id=i, request=req, index=0, output_token_ids=list(output or []))
-    if seed is not None:
-        seq.generator = torch.Generator().manual_seed(seed)
-    return seq
+) -> SamplingRow:
+    """One sequence's row as the engine builds it: min_tokens is pending while the output is shorter."""
+    output = list(output or [])
+    return SamplingRow(
+        prompt_token_ids=prompt or [0, 1],
+        output_token_ids=output,
+        below_min_tokens=len(output) < min_tokens,
+        generator=None if seed is None else torch.Generator().manual_seed(seed),
+        **params,  # type: ignore[arg-type]
+    )
 
 
 def test_greedy_fast_path_equals_argmax() -> None:
     logits = torch.randn(8, 1000, generator=torch.Generator().manual_seed(0))
-    seqs = [make_seq(i, temperature=0.0) for i in range(8)]
-    out = Sampler({EOS})(logits, seqs)
+    rows = [make_row(temperature=0.0) for _ in range(8)]
+    out = Sampler({EOS})(logits, rows)
     assert out.token_ids == logits.argmax(-1).tolist()
     assert out.logprobs is None
 
 
 def test_greedy_rows_in_a_mixed_batch_equal_argmax() -> None:
     logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(1))
-    seqs = [make_seq(i, temperature=0.0 if i % 2 == 0 else 1.0, top_k=5) for i in range(6)]
+    rows = [make_row(temperature=0.0 if i % 2 == 0 else 1.0, top_k=5) for i in range(6)]
     before = logits.clone()
-    out = Sampler({EOS})(logits, seqs)
+    out = Sampler({EOS})(logits, rows)
     expected = logits.argmax(-1).tolist()
     assert [out.token_ids[i] for i in (0, 2, 4)] == [expected[i] for i in (0, 2, 4)]
     assert torch.equal(logits, before)  # the caller's logits are not modified
@@ -60,22 +61,21 @@ def test_repetition_penalty_matches_transformers() -> None:
     penalties = [1.0, 1.3, 0.7, 2.0]
     prompts = [[1, 5, 7], [3, 3, 9, 11], [0, 20], [4]]
     outputs = [[2], [12, 3], [], [40, 41, 4]]
-    seqs = [
-        make_seq(i, prompt=prompts[i], output=outputs[i], temperature=0.0, repetition_penalty=penalties[i])
+    rows = [
+        make_row(prompt=prompts[i], output=outputs[i], temperature=0.0, repetition_penalty=penalties[i])
         for i in range(4)
     ]
-    ours = _apply_penalties(logits, seqs)
+    ours = _apply_penalties(logits, rows)
     for i in range(4):
         input_ids = torch.tensor([prompts[i] + outputs[i]])
         oracle = RepetitionPenaltyLogitsProcessor(penalties[i])(input_ids, logits[i : i + 1].clone())
         torch.testing.assert_close(ours[i : i + 1], oracle)
-        assert Sampler({EOS})(logits[i : i + 1], [seqs[i]]).token_ids == [int(oracle.argmax())]
+        assert Sampler({EOS})(logits[i : i + 1], [rows[i]]).token_ids == [int(oracle.argmax())]
 
 
 def test_presence_and_frequency_penalty_arithmetic() -> None:
     logits = torch.tensor([[0.0, -1.0, 1.0, 2.0, 0.5, 0.0]])
-    seq = make_seq(
-        0,
+    row = make_row(
         prompt=[3],
         output=[1, 1, 2],
         frequency_penalty=0.5,
@@ -85,7 +85,7 @@ def test_presence_and_frequency_penalty_arithmetic() -> None:
     # token 1: -1 * 2 (repetition) - 2 * 0.5 - 0.25 = -3.25; token 2: 1 / 2 - 0.5 - 0.25 = -0.25
     # token 3 is in the prompt only: repetition applies, frequency/presence do not -> 2 / 2 = 1
     expected = torch.tensor([[0.0, -3.25, -0.25, 1.0, 0.5, 0.0]])
-    torch.testing.assert_close(_apply_penalties(logits, [seq]), expected)
+    torch.testing.assert_close(_apply_penalties(logits, [row]), expected)
 
 
 @pytest.mark.parametrize("top_k", [1, 3, 17, 64])
@@ -127,8 +127,8 @@ def test_sampled_tokens_stay_inside_the_filtered_set() -> None:
             apply_top_k_top_p(logits[:1], torch.tensor([30]), torch.tensor([0.8])), torch.tensor([0.05])
         )
     )[0]
-    seqs = [make_seq(i, temperature=1.0, top_k=30, top_p=0.8, min_p=0.05, seed=i) for i in range(2000)]
-    out = Sampler({EOS})(logits, seqs)
+    rows = [make_row(temperature=1.0, top_k=30, top_p=0.8, min_p=0.05, seed=i) for i in range(2000)]
+    out = Sampler({EOS})(logits, rows)
     assert all(kept[t] for t in out.token_ids)
     assert len(set(out.token_ids)) > 1  # it really samples
 
@@ -136,10 +136,10 @@ def test_sampled_tokens_stay_inside_the_filtered_set() -> None:
 def test_temperature_sampling_frequencies_match_softmax() -> None:
     n, temperature = 20_000, 0.7
     base = torch.tensor([1.0, 0.5, 0.0, -0.5, -1.5])
-    seqs = [make_seq(i, temperature=temperature) for i in range(n)]
+    rows = [make_row(temperature=temperature) for _ in range(n)]
     with torch.random.fork_rng():
         torch.manual_seed(6)
-        out = Sampler({EOS})(base.expand(n, 5).contiguous(), seqs)
+        out = Sampler({EOS})(base.expand(n, 5).contiguous(), rows)
     observed = torch.bincount(torch.tensor(out.token_ids), minlength=5).double()
     expected = torch.softmax(base.double() / temperature, dim=0) * n
     chi2 = float(((observed - expected) ** 2 / expected).sum())
@@ -153,15 +153,15 @@ def test_seeded_rows_are_reproducible_and_independent_of_batch() -> None:
     sampler = Sampler({EOS})
 
     def run(batch_size: int, position: int) -> list[int]:
-        target = make_seq(0, temperature=0.9, top_p=0.95, seed=1234)
-        others = [make_seq(i + 1, temperature=1.0, seed=None if i % 2 else i) for i in range(batch_size - 1)]
-        seqs = others[:position] + [target] + others[position:]
+        target = make_row(temperature=0.9, top_p=0.95, seed=1234)
+        others = [make_row(temperature=1.0, seed=None if i % 2 else i) for i in range(batch_size - 1)]
+        rows = others[:position] + [target] + others[position:]
         for logits in step_logits:
-            batch = torch.randn(len(seqs), vocab)
+            batch = torch.randn(len(rows), vocab)
             batch[position] = logits
-            out = sampler(batch, seqs)
-            for seq, tok in zip(seqs, out.token_ids, strict=True):
-                seq.output_token_ids.append(tok)
+            out = sampler(batch, rows)
+            for row, tok in zip(rows, out.token_ids, strict=True):
+                row.output_token_ids.append(tok)
         return target.output_token_ids
 
     alone = run(1, 0)
@@ -176,12 +176,12 @@ def test_min_tokens_masks_eos_and_stop_token_ids() -> None:
     logits[:, EOS] = 10.0
     logits[:, 7] = 9.0
     logits[:, 4] = 8.0
-    seqs = [
-        make_seq(0, temperature=0.0, min_tokens=2, stop_token_ids=[7], output=[5]),
-        make_seq(1, temperature=0.0, min_tokens=2, stop_token_ids=[7], output=[5, 5]),
-        make_seq(2, temperature=1.0, min_tokens=2, ignore_eos=True, stop_token_ids=[7], seed=0),
+    rows = [
+        make_row(temperature=0.0, min_tokens=2, stop_token_ids=[7], output=[5]),
+        make_row(temperature=0.0, min_tokens=2, stop_token_ids=[7], output=[5, 5]),
+        make_row(temperature=1.0, min_tokens=2, stop_token_ids=[7], seed=0),
     ]
-    out = Sampler({EOS})(logits, seqs)
+    out = Sampler({EOS})(logits, rows)
     assert out.token_ids[0] == 4  # eos and stop id masked while output is shorter than min_tokens
     assert out.token_ids[1] == EOS  # min_tokens reached: eos allowed again
     assert out.token_ids[2] not in (EOS, 7)
@@ -189,12 +189,12 @@ def test_min_tokens_masks_eos_and_stop_token_ids() -> None:
 
 def test_logprobs_are_raw_log_softmax_with_top_ids() -> None:
     logits = torch.randn(3, 40, generator=torch.Generator().manual_seed(8))
-    seqs = [
-        make_seq(0, temperature=0.0, logprobs=5, repetition_penalty=1.5, prompt=[int(logits[0].argmax())]),
-        make_seq(1, temperature=1.0, logprobs=0, seed=3),
-        make_seq(2, temperature=0.0),
+    rows = [
+        make_row(temperature=0.0, logprobs=5, repetition_penalty=1.5, prompt=[int(logits[0].argmax())]),
+        make_row(temperature=1.0, logprobs=0, seed=3),
+        make_row(temperature=0.0),
     ]
-    out = Sampler({EOS})(logits, seqs)
+    out = Sampler({EOS})(logits, rows)
     assert out.logprobs is not None
     reference = torch.log_softmax(logits, dim=-1)
     for i, n in ((0, 5), (1, 0)):
