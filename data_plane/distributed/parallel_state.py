@@ -1,7 +1,7 @@
 """Creating and tearing down the tensor-parallel process group.
 
 Backend per device: gloo on CPU, nccl on CUDA, hccl on Ascend NPU. One group holds every rank; rank 0
-runs the API and the scheduler, the others only follow its broadcasts (see group.py).
+runs the API and the scheduler, the others only follow its broadcasts (data_plane/engine/tp_group.py).
 """
 
 from __future__ import annotations

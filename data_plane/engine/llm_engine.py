@@ -9,14 +9,10 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from data_plane.config import EngineConfig
-from data_plane.device import resolve_device
-from data_plane.distributed.group import TensorParallelGroup
-from data_plane.distributed.parallel_state import set_cpu_threads
 from data_plane.engine.batch_builder import BatchBuilder, sampling_rows
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
@@ -25,10 +21,9 @@ from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sampling_params import SamplingParams, sample_seed
 from data_plane.engine.scheduler import Scheduler
 from data_plane.engine.sequence import FinishReason, Request, Sequence
-from data_plane.lora.model_lora import enable_lora
+from data_plane.engine.worker import build_runner
 from data_plane.lora.slots import LoRAEngineStats, LoRASlotManager
 from data_plane.lora.weights import LoRAAdapterWeights
-from data_plane.model.loader import load_model
 from data_plane.model.sampler import Sampler
 from data_plane.tokenizer import Tokenizer
 from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
@@ -100,24 +95,9 @@ class LLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """Load the model and tokenizer named by the config (slow: reads the checkpoint)."""
-        device = resolve_device(config.device)
-        tp = config.tensor_parallel_size
-        tp_group = TensorParallelGroup(config, device) if tp > 1 else None  # workers start loading now
-        model, model_config = load_model(Path(config.model), dtype=config.dtype, device=device, tp_size=tp)
-        config.finalize(model_config.max_position_embeddings)
-        if device.type == "cpu":
-            set_cpu_threads(config.num_threads, tp)
+        built = build_runner(config, rank=0)  # spawns the other ranks of a tensor-parallel engine
         tokenizer = Tokenizer.from_pretrained(config.tokenizer)
-        dtype = next(model.parameters()).dtype
-        lora_slots = None
-        if config.enable_lora:
-            lora_slots = enable_lora(model, config.max_loras, config.max_lora_rank, config.lora_fused_row_allreduce)
-        runner = ModelRunner(model, config, device, dtype, tp_group)
-        if tp_group is not None:
-            tp_group.start(runner.num_blocks)
-            if lora_slots is not None:
-                lora_slots.mirror = tp_group.write_lora_slot
-        return cls(config, runner, tokenizer, model_config.vocab_size, lora_slots)
+        return cls(config, built.runner, tokenizer, built.model_config.vocab_size, built.lora_slots)
 
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, request: Request) -> None:

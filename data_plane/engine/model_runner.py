@@ -7,7 +7,7 @@ import logging
 import torch
 
 from data_plane.config import EngineConfig
-from data_plane.distributed.group import TensorParallelGroup
+from data_plane.engine.tp_group import TensorParallelGroup
 from data_plane.model.step_input import StepInput
 
 logger = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ class LoRASlotManager:
     def __init__(self, layers: list[list[LinearWithLoRA]], max_loras: int) -> None:
         self.layers = layers  # per decoder layer, its LoRA-wrapped linears
         self.max_loras = max_loras
-        # tensor parallel: rank 0 sends every slot write to the other ranks first (distributed/group.py)
+        # tensor parallel: rank 0 sends every slot write to the other ranks first (engine/tp_group.py)
         self.mirror: Callable[[int, LoRAAdapterWeights | None], None] | None = None
         self.slot_owner: list[int | None] = [None] * max_loras  # slot -> adapter id
         self.slot_rank: list[int] = [0] * max_loras  # rank of the adapter in each slot (0 = empty)

@@ -1,4 +1,4 @@
-"""Rank 0's handle on the tensor-parallel workers, and the workers' loop.
+"""The tensor-parallel message protocol: rank 0's handle on the workers, and what the workers follow.
 
 Rank 0 owns the API, the scheduler and sampling. Before each forward pass it broadcasts the step's
 StepInput (token ids, positions, block tables, slot mapping, adapter ids and per-token LoRA slots),
@@ -9,10 +9,7 @@ never disagree with rank 0 about which adapter a token uses.
 
 from __future__ import annotations
 
-import logging
-import os
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
 import torch.multiprocessing as mp
@@ -24,19 +21,19 @@ from data_plane.distributed.parallel_state import (
     free_tcp_init_method,
     init_group,
     launched_by_torchrun,
-    set_cpu_threads,
 )
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.step_input import StepInput
 from shared.errors import EngineDeadError
 
-logger = logging.getLogger(__name__)
+# what a spawned rank runs: (rank, config, init_method); worker.worker_main
+WorkerMain = Callable[[int, EngineConfig, str], None]
 
 
 class TensorParallelGroup:
     """Held by rank 0: spawns ranks 1..N-1 (or finds them under torchrun) and broadcasts to them."""
 
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+    def __init__(self, config: EngineConfig, device: torch.device, worker: WorkerMain) -> None:
         self.size = config.tensor_parallel_size
         self.processes: list[mp.Process] = []
         if launched_by_torchrun():
@@ -45,14 +42,14 @@ class TensorParallelGroup:
             init_method = free_tcp_init_method()
             ctx = mp.get_context("spawn")
             for rank in range(1, self.size):
-                proc = ctx.Process(target=worker_main, args=(rank, config, init_method), name=f"tp-rank-{rank}", daemon=True)
+                proc = ctx.Process(target=worker, args=(rank, config, init_method), name=f"tp-rank-{rank}", daemon=True)
                 proc.start()
                 self.processes.append(proc)
         init_group(0, self.size, device, init_method)
 
     def start(self, num_kv_blocks: int) -> None:
         """After rank 0 has sized its KV cache: every rank allocates the same number of blocks."""
-        self._send(("init", num_kv_blocks))
+        self._send(("init", num_kv_blocks))  # received by receive_num_kv_blocks() on every worker
 
     def run_step(self, step: StepInput) -> None:
         self._send(("step", step))
@@ -82,41 +79,23 @@ class TensorParallelGroup:
         return None
 
 
-def worker_main(rank: int, config: EngineConfig, init_method: str) -> None:
-    """Ranks 1..N-1: load this rank's shard, then run whatever rank 0 broadcasts, until shutdown."""
-    # imported here: model_runner imports this module
-    from data_plane.device import resolve_device
-    from data_plane.engine.model_runner import ModelRunner
-    from data_plane.lora.model_lora import enable_lora
-    from data_plane.model.loader import load_model
-
-    logging.basicConfig(level=logging.WARNING)
-    device = resolve_device(config.device)
-    if device.type != "cpu":
-        device = torch.device(device.type, rank)
-    if device.type == "cpu":
-        set_cpu_threads(config.num_threads, config.tensor_parallel_size)
-    init_group(rank, config.tensor_parallel_size, device, init_method)  # first, so all ranks load at once
-    model, model_config = load_model(
-        Path(config.model), dtype=config.dtype, device=device, tp_rank=rank, tp_size=config.tensor_parallel_size
-    )
-    slots = (
-        enable_lora(model, config.max_loras, config.max_lora_rank, config.lora_fused_row_allreduce)
-        if config.enable_lora
-        else None
-    )
+def receive_num_kv_blocks() -> int:
+    """On a worker: the number of KV blocks rank 0 sized its cache to (TensorParallelGroup.start)."""
     kind, num_kv_blocks = broadcast_from_rank0()
     assert kind == "init"
-    config = replace(config, num_kv_blocks=num_kv_blocks)
-    config.finalize(model_config.max_position_embeddings)
-    runner = ModelRunner(model, config, device, next(model.parameters()).dtype)
+    return num_kv_blocks
+
+
+def follow_rank0(
+    forward: Callable[[StepInput], object], write_slot: Callable[[int, LoRAAdapterWeights | None], None] | None
+) -> None:
+    """On a worker: run each step and LoRA slot write rank 0 broadcasts, until it sends shutdown."""
     while True:
         message = broadcast_from_rank0()
         if message[0] == "step":
-            runner.forward(message[1])
+            forward(message[1])
         elif message[0] == "lora_write":
-            slots.write_slot(message[1], message[2])
+            assert write_slot is not None, "rank 0 wrote a LoRA slot on an engine without LoRA"
+            write_slot(message[1], message[2])
         elif message[0] == "shutdown":
-            break
-    destroy_group()
-    os._exit(0)  # skip interpreter teardown: nothing is left to flush
+            return

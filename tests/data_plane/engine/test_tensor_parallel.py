@@ -24,7 +24,7 @@ KINDS = ["patterns", "rslora", "attention"]
 def _drive(spec: dict, **engine) -> dict:
     spec = {**spec, "engine": {"max_loras": 2, "max_lora_rank": 64, **engine}}
     result = subprocess.run(
-        [sys.executable, "-m", "tests.data_plane.distributed.tp_driver", json.dumps(spec)],
+        [sys.executable, "-m", "tests.data_plane.engine.tp_driver", json.dumps(spec)],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -3,7 +3,7 @@
 A separate process per engine: torch.distributed allows one process group per process, and rank 0
 of a tensor-parallel engine spawns its workers. Used by test_tensor_parallel.py.
 
-    python -m tests.data_plane.distributed.tp_driver SPEC_JSON
+    python -m tests.data_plane.engine.tp_driver SPEC_JSON
 """
 
 from __future__ import annotations
