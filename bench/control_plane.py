@@ -72,7 +72,7 @@ def control_plane(tmp: Path, database_url: str, adapter_root: Path) -> contextli
     env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
            "LORAPLANE_ENGINE_TOKEN": ENGINE_TOKEN, "LORAPLANE_RECONCILE_INTERVAL_S": "3600"}
     cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(port), "--database-url", database_url,
-           "--adapter-root", str(adapter_root), "--log-level", "warning"]
+           "--lora-roots", str(adapter_root), "--log-level", "warning"]
     return _process(cmd, tmp / f"control-{port}.log", env, f"http://127.0.0.1:{port}", "control plane")
 
 

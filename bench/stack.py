@@ -77,7 +77,7 @@ def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_
               "LORAPLANE_DATABASE_URL": database_url, "LORAPLANE_RECONCILE_INTERVAL_S": "2",
               "LORAPLANE_LOG_LEVEL": "warning"}
     engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
-    cp_cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(cp_port), "--adapter-root", str(adapter_root)]
+    cp_cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(cp_port), "--lora-roots", str(adapter_root)]
     engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name", "demo",
                   "--port", str(engine_port), "--device", "cpu", "--enable-lora", "--lora-roots", str(adapter_root),
                   "--control-plane", cp, "--engine-name", ENGINE_NAME, "--max-model-len", "256",

@@ -100,6 +100,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         state=State(state),
         exception_handlers={**exception_handlers(), **database_error_handlers()},  # lost DB connection: 503
         middleware=[app_metrics.middleware],
+        logging_config=None,  # the process configures logging at its edge (shared/logging_setup.py), not the app
         # handlers' docstrings are their operations' descriptions
         openapi_config=OpenAPIConfig(title="loraplane control plane", version=VERSION, path="/schema",
                                      use_handler_docstrings=True),

@@ -1,6 +1,6 @@
 """`loraplane control`: run the control plane, or manage its database schema.
 
-    loraplane control [--host H] [--port P] [--database-url URL] [--adapter-root DIR ...]
+    loraplane control [--host H] [--port P] [--database-url URL] [--lora-roots DIR ...] [--log-format text|json]
     loraplane control db upgrade [REVISION] | downgrade REVISION | current
 
 Tokens come only from the environment (a flag would leave them in the process list and shell history):
@@ -10,15 +10,23 @@ LORAPLANE_ENGINE_ADMIN_TOKEN (old name LORAPLANE_ENGINE_TOKEN: the engines' --ad
 pushes). LORAPLANE_ENGINE_ALLOWED_NETWORKS (CIDR, comma-separated): engine URLs must lie in them.
 LORAPLANE_ENGINE_TIMEOUT_S (10): total deadline of one engine call. LORAPLANE_ENGINE_STALE_AFTER_S (30):
 heartbeats missed for this long make an engine unhealthy.
+
+Adapter roots are spelled as on the engine: --lora-roots DIR… (LORAPLANE_LORA_ROOTS); the old
+--adapter-root DIR (LORAPLANE_ADAPTER_ROOTS) still works and warns that it is deprecated.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
+import warnings
 
 from control_plane.settings import ControlPlaneSettings
+from shared.logging_setup import add_log_format_argument, configure_logging
+
+logger = logging.getLogger("loraplane.control")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,10 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (LORAPLANE_HOST; default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (LORAPLANE_PORT; default 8080)")
     p.add_argument("--database-url", help="sqlite+aiosqlite:///… or postgresql+asyncpg://… (LORAPLANE_DATABASE_URL)")
-    p.add_argument("--adapter-root", action="append", dest="adapter_roots", metavar="DIR",
-                   help="directory adapters may be registered from; repeat (LORAPLANE_ADAPTER_ROOTS)")
+    p.add_argument("--lora-roots", nargs="+", action="extend", metavar="DIR",
+                   help="directories adapters may be registered from; repeatable (LORAPLANE_LORA_ROOTS, "
+                   "the OS path separator or commas between them)")
+    p.add_argument("--adapter-root", action="append", metavar="DIR",
+                   help="deprecated: the old name of --lora-roots (one directory per flag)")
     p.add_argument("--reconcile-interval-s", type=float, help="LORAPLANE_RECONCILE_INTERVAL_S")
     p.add_argument("--log-level", help="LORAPLANE_LOG_LEVEL (default info)")
+    add_log_format_argument(p, env_default=False)  # the settings read LORAPLANE_LOG_FORMAT
     sub = p.add_subparsers(dest="command")
     db = sub.add_parser("db", help="database schema (Alembic)").add_subparsers(dest="db_command", required=True)
     up = db.add_parser("upgrade", help="migrate to REVISION (default head)")
@@ -43,18 +55,34 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        settings = ControlPlaneSettings.from_env(
-            host=args.host, port=args.port, database_url=args.database_url,
-            adapter_roots=tuple(args.adapter_roots) if args.adapter_roots else None,
-            reconcile_interval_s=args.reconcile_interval_s, log_level=args.log_level,
-            migrate_on_start=False if args.command == "db" else None,
-        )
+        settings, deprecations = settings_from_args(args)
     except ValueError as exc:
         print(f"loraplane control: {exc}", file=sys.stderr)
         return 2
+    configure_logging(settings.log_level, settings.log_format)
+    for deprecation in deprecations:
+        logger.warning("%s", deprecation)
     if args.command == "db":
         return asyncio.run(_db(settings, args.db_command, getattr(args, "revision", None)))
     return _serve(settings)
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[ControlPlaneSettings, list[str]]:
+    """The settings from flags over `LORAPLANE_*` variables, and the deprecated spellings used (said once
+    logging is set up, in the format the settings choose)."""
+    roots = [*(args.lora_roots or ()), *(args.adapter_root or ())]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FutureWarning)
+        if args.adapter_root:
+            warnings.warn("--adapter-root is deprecated; use --lora-roots DIR… (the same directories)",
+                          FutureWarning, stacklevel=1)
+        settings = ControlPlaneSettings.from_env(
+            host=args.host, port=args.port, database_url=args.database_url,
+            adapter_roots=tuple(roots) if roots else None,
+            reconcile_interval_s=args.reconcile_interval_s, log_level=args.log_level,
+            log_format=args.log_format, migrate_on_start=False if args.command == "db" else None,
+        )
+    return settings, [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
 
 
 async def _db(settings: ControlPlaneSettings, command: str, revision: str | None) -> int:
@@ -82,7 +110,8 @@ def _serve(settings: ControlPlaneSettings) -> int:
 
     from control_plane.app import create_app
 
-    print(f"loraplane control plane on http://{settings.host}:{settings.port} ({settings.safe_database_url})",
-          file=sys.stderr)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    logger.info("control plane on http://%s:%d (%s)", settings.host, settings.port, settings.safe_database_url)
+    # log_config=None: uvicorn's loggers keep the handler configure_logging set (one format for all)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                log_config=None)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from shared.logging_setup import LOG_FORMATS, LOG_LEVELS
 from shared.names import name_problem
 
 ENV_PREFIX = "LORAPLANE_"
@@ -36,6 +38,7 @@ class ControlPlaneSettings:
     admin_tokens: tuple[str, ...] = ()
     read_tokens: tuple[str, ...] = ()
     # Directories adapter paths must lie in; a load naming anything else is refused before files are read.
+    # --lora-roots / LORAPLANE_LORA_ROOTS, as the engine spells it (--adapter-root is the old name).
     adapter_roots: tuple[str, ...] = ()
     reconcile_interval_s: float = 30.0
     engine_timeout_s: float = 10.0
@@ -53,6 +56,7 @@ class ControlPlaneSettings:
     # Apply Alembic migrations when the app starts (the CLI's `db` commands set this off).
     migrate_on_start: bool = True
     log_level: str = "info"
+    log_format: str = "text"  # text | json (shared/logging_setup.py)
 
     def __post_init__(self) -> None:
         self.admin_tokens = tuple(self.admin_tokens)
@@ -89,8 +93,10 @@ class ControlPlaneSettings:
         if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
             raise ValueError("the engine token is empty or contains whitespace")
         self.database_url = normalize_database_url(self.database_url)
-        if self.log_level.lower() not in ("critical", "error", "warning", "info", "debug", "trace"):
+        if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"unknown log level {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"unknown log format {self.log_format!r}; expected text or json")
 
     def __repr__(self) -> str:
         return (
@@ -102,7 +108,7 @@ class ControlPlaneSettings:
             f"engine_token={'<hidden>' if self.engine_token else None}, "
             f"engine_credentials=<{len(self.engine_credentials)} engines: {sorted(self.engine_credentials)}>, "
             f"engine_allowed_networks={self.engine_allowed_networks!r}, "
-            f"migrate_on_start={self.migrate_on_start}, log_level={self.log_level!r})"
+            f"migrate_on_start={self.migrate_on_start}, log_level={self.log_level!r}, log_format={self.log_format!r})"
         )
 
     __str__ = __repr__
@@ -123,6 +129,7 @@ class ControlPlaneSettings:
         scalars = {"HOST": ("host", str), "PORT": ("port", int), "DATABASE_URL": ("database_url", str),
                    "RECONCILE_INTERVAL_S": ("reconcile_interval_s", float),
                    "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str),
+                   "LOG_FORMAT": ("log_format", str),
                    "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
@@ -141,8 +148,13 @@ class ControlPlaneSettings:
         if env.get(ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"):
             raw = env[ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"]
             values["engine_allowed_networks"] = tuple(n for n in raw.split(",") if n.strip())
-        if env.get(ENV_PREFIX + "ADAPTER_ROOTS"):
-            raw = env[ENV_PREFIX + "ADAPTER_ROOTS"].replace(os.pathsep, ",")
+        roots_var = ENV_PREFIX + "LORA_ROOTS"
+        if not env.get(roots_var) and env.get(ENV_PREFIX + "ADAPTER_ROOTS"):
+            roots_var = ENV_PREFIX + "ADAPTER_ROOTS"
+            warnings.warn(f"{roots_var} is deprecated; set {ENV_PREFIX}LORA_ROOTS (the same value)",
+                          FutureWarning, stacklevel=2)
+        if env.get(roots_var):
+            raw = env[roots_var].replace(os.pathsep, ",")
             values["adapter_roots"] = tuple(r for r in raw.split(",") if r)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -2,6 +2,10 @@
 demo model registered with it, and the demo adapters loaded through the control plane.
 
     loraplane up [--demo-dir .demo/model] [--port 8080] [--engine-port 8000] [--database-url URL]
+                 [--log-format text|json]
+
+Both children log in the one format (shared/logging_setup.py) on stderr; what `up` itself reports (each
+load, where the stack is) goes to stdout.
 
 Tokens (see ../shared/DESIGN.md § Credentials), each from the environment when set, otherwise made at
 random and written (mode 0600) under .loraplane/ — never printed, and passed to the children only
@@ -33,6 +37,8 @@ from pathlib import Path
 
 import httpx
 
+from shared.logging_setup import add_log_format_argument, configure_logging
+
 STATE_DIR = Path(".loraplane")
 DEMO_ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
 ENGINE_NAME = "local"
@@ -55,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-port", type=int, default=8000)
     p.add_argument("--database-url", help=f"default: sqlite under {STATE_DIR}/")
     p.add_argument("--device", default="auto", help="engine device (auto | cpu | cuda | npu)")
+    add_log_format_argument(p)  # of every process of the stack
     return p
 
 
@@ -86,6 +93,7 @@ def _wait(url: str, headers: dict[str, str], ok: Callable[[httpx.Response], bool
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    configure_logging("info", args.log_format)
     demo = args.demo_dir
     if not (demo / "adapters" / "demo-short" / "adapter_config.json").exists():
         from data_plane.demo.cli import main as demo_model
@@ -104,12 +112,13 @@ def main(argv: list[str]) -> int:
     # the engine reads --admin-token from LORAPLANE_ADMIN_TOKEN, --control-plane-token from LORAPLANE_CONTROL_PLANE_TOKEN
     engine_env = {**base_env, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
     control_cmd = [sys.executable, "-m", "shared.cli", "control", "--host", args.host, "--port", str(args.port),
-                   "--adapter-root", str(demo / "adapters")]
+                   "--lora-roots", str(demo / "adapters"), "--log-format", args.log_format]
     if args.database_url:
         control_cmd += ["--database-url", args.database_url]
     engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(demo), "--served-model-name", "demo",
                   "--host", args.host, "--port", str(args.engine_port), "--device", args.device, "--enable-lora",
-                  "--lora-roots", str(demo / "adapters"), "--control-plane", cp_url, "--engine-name", ENGINE_NAME]
+                  "--lora-roots", str(demo / "adapters"), "--control-plane", cp_url, "--engine-name", ENGINE_NAME,
+                  "--log-format", args.log_format]
     launch = _Launch(control_cmd, control_env, engine_cmd, engine_env, cp_url, admin, admin_file)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:

@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shared.errors import LoraplaneError
+from shared.logging_setup import add_log_format_argument, configure_logging
 
 if TYPE_CHECKING:
     from data_plane.config import EngineConfig
@@ -23,11 +24,12 @@ logger = logging.getLogger("loraplane.engine")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="loraplane engine", description="Serve a model over an OpenAI-compatible API."
+        prog="loraplane engine", description="Serve a model over an OpenAI-compatible API.",
+        usage="%(prog)s [MODEL | --model MODEL] [options]",
     )
-    p.add_argument(
-        "--model", required=True, help="Hugging Face model directory (config.json, safetensors, tokenizer)"
-    )
+    # `loraplane engine MODEL`, as `vllm serve MODEL`; --model is the same (both: they must agree)
+    p.add_argument("model_arg", nargs="?", metavar="MODEL", help="the model directory (or pass --model)")
+    p.add_argument("--model", help="Hugging Face model directory (config.json, safetensors, tokenizer)")
     p.add_argument("--served-model-name", help="name clients pass as `model` (default: the directory's name)")
     p.add_argument("--tokenizer", help="tokenizer directory (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
@@ -38,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory-mb", type=int, default=512)
     p.add_argument("--num-kv-blocks", type=int, help="overrides --kv-cache-memory-mb")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+        help="reuse the KV blocks of a shared prompt prefix (per adapter); on by default",
+    )
     p.add_argument("--max-model-len", type=int, help="default: the model's max_position_embeddings")
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int)
@@ -121,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="load an unknown `model` on demand when the control plane knows it (default: on with --control-plane)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_log_format_argument(p)
     p.add_argument(
         "--shutdown-timeout-s", type=float, default=30.0,
         help="on SIGTERM: admit nothing new, drain at the control plane, let in-flight requests finish "
@@ -134,7 +140,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     from data_plane.config import EngineConfig
 
     return EngineConfig(
-        model=args.model,
+        model=model_from_args(args),
         served_model_name=args.served_model_name,
         tokenizer=args.tokenizer,
         dtype=args.dtype,
@@ -173,6 +179,19 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         engine_name=args.engine_name,
         resolve_adapters=args.resolve_adapters,
     )
+
+
+def model_from_args(args: argparse.Namespace) -> str:
+    """The positional MODEL or --model; one of them is required and, when both are given, they agree."""
+    from data_plane.config import ConfigError
+
+    if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
+        raise ConfigError(f"the model is given twice and differently: MODEL {args.model_arg!r} and "
+                          f"--model {args.model!r}; pass one of them")
+    model = args.model_arg if args.model is None else args.model
+    if model is None:
+        raise ConfigError("no model given: loraplane engine MODEL (or --model MODEL)")
+    return model
 
 
 def parse_lora_modules(items: list[str]) -> dict[str, str]:
@@ -215,9 +234,7 @@ def torchrun_rank() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level, args.log_format)
     import uvicorn
 
     from data_plane.api.app import create_app
@@ -227,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         if torchrun_rank() > 0:  # under torchrun every rank runs this command; only rank 0 serves
-            from data_plane.engine.worker import worker_main
+            from data_plane.distributed.group import worker_main
 
             worker_main(torchrun_rank(), config, "env://")
             return 0
@@ -250,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loraplane engine: serving {config.served_model_name!r} on {url}", flush=True)
     gate = AdmissionGate(app)
     server = DrainingServer(
+        # log_config=None: uvicorn's loggers keep the process's handler (shared/logging_setup.py)
         uvicorn.Config(
-            gate, log_level=args.log_level, timeout_graceful_shutdown=5, access_log=args.log_level == "debug"
+            gate, log_level=args.log_level, log_config=None, timeout_graceful_shutdown=5,
+            access_log=args.log_level == "debug",
         ),
         gate, shutdown_timeout_s=args.shutdown_timeout_s, on_drain=on_drain,
     )

@@ -13,7 +13,7 @@ def test_defaults_use_a_sqlite_file_under_cwd() -> None:
 
 def test_env_and_overrides() -> None:
     env = {"LORAPLANE_PORT": "9000", "LORAPLANE_ADMIN_TOKENS": "aaaa,bbbb", "LORAPLANE_READ_TOKENS": "rrrr",
-           "LORAPLANE_DATABASE_URL": "postgresql://u:secret@db/x", "LORAPLANE_ADAPTER_ROOTS": "/a:/b"}
+           "LORAPLANE_DATABASE_URL": "postgresql://u:secret@db/x", "LORAPLANE_LORA_ROOTS": "/a:/b"}
     s = ControlPlaneSettings.from_env(env, port=9100, host=None)
     assert s.port == 9100 and s.host == "127.0.0.1"  # a flag beats the env; None means "not given"
     assert s.admin_tokens == ("aaaa", "bbbb") and s.read_tokens == ("rrrr",)
@@ -55,6 +55,7 @@ def test_repr_hides_tokens_and_password() -> None:
     {"reconcile_interval_s": 0}, {"database_url": "not a url"}, {"engine_stale_after_s": 0},
     {"engine_token": "has space"}, {"engine_credentials": {"e1": "same", "e2": "same"}},
     {"engine_credentials": {"e1": "same"}, "admin_tokens": ("same",)}, {"engine_allowed_networks": ("10.0.0.0/33",)},
+    {"log_format": "xml"}, {"log_level": "loud"},
 ])
 def test_invalid_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError) as info:

@@ -47,7 +47,7 @@ def control_plane(tmp: Path, adapter_root: Path, **extra_env: str) -> Iterator[s
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
            "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
            "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", **extra_env}
-    cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(port), "--adapter-root", str(adapter_root),
+    cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(port), "--lora-roots", str(adapter_root),
            "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning"]
     log = tmp / "control.log"
     with log.open("w") as out:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -37,21 +38,32 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
-    cp_port, engine_port = _free_port(), _free_port()
+def start_up(tmp_path: Path, cp_port: int, engine_port: int, *flags: str, stdout: IO[str],
+             stderr: IO[str] | int) -> subprocess.Popen:
+    """`loraplane up` in tmp_path (its state under tmp_path/.loraplane, the demo model in tmp_path/demo),
+    with no LORAPLANE_* variable of the caller's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}
     cmd = [sys.executable, "-c", "import sys; from control_plane.up import main; sys.exit(main(sys.argv[1:]))",
            "--demo-dir", str(tmp_path / "demo"), "--port", str(cp_port), "--engine-port", str(engine_port),
-           "--device", "cpu"]
+           "--device", "cpu", *flags]
+    return subprocess.Popen(cmd, cwd=tmp_path, stdout=stdout, stderr=stderr, env={**env, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_until_up(process: subprocess.Popen, out: Path, log: Path, timeout_s: float = 120) -> None:
+    """Until `up` says where the stack is (on stdout, in `out`); `log` is shown if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while "loraplane up: control plane" not in out.read_text():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+
+
+def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
+    cp_port, engine_port = _free_port(), _free_port()
     log = tmp_path / "up.log"
     with log.open("w") as out:
-        process = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**env, "PYTHONUNBUFFERED": "1"})
+        process = start_up(tmp_path, cp_port, engine_port, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while "loraplane up: control plane" not in log.read_text():
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_until_up(process, log, log)
         token_file = tmp_path / ".loraplane" / "admin-token"
         assert token_file.stat().st_mode & 0o077 == 0
         token = token_file.read_text().strip()

@@ -129,7 +129,7 @@ class Fleet:
         for i in range(2):
             port = free_port()
             proc = Proc(f"cp{i}", [sys.executable, "-m", "shared.cli", "control", "--host", "127.0.0.1",
-                                   "--port", str(port), "--adapter-root", str(adapter_root)], cp_env, self.logs)
+                                   "--port", str(port), "--lora-roots", str(adapter_root)], cp_env, self.logs)
             proc.url = f"http://127.0.0.1:{port}"
             self.cps.append(proc)
         self.engines: dict[str, Proc] = {}

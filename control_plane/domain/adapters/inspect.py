@@ -85,7 +85,7 @@ def _inspect(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
 def _inside_roots(path: str, roots: tuple[str, ...]) -> Path:
     # Checked first, so a refusal never tells whether a path outside the roots exists.
     if not roots:
-        raise AdapterFilesError("no adapter roots are configured (LORAPLANE_ADAPTER_ROOTS / --adapter-roots), "
+        raise AdapterFilesError("no adapter roots are configured (--lora-roots / LORAPLANE_LORA_ROOTS), "
                                 "so no adapter path is accepted", param="lora_path")
     resolved = resolve_under_roots(path, roots)
     if resolved is None:

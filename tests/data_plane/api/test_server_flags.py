@@ -58,3 +58,36 @@ def test_duplicate_lora_module_and_modules_without_enable_lora(model_dir):
         parse_lora_modules(["x=/a", "x=/b"])
     with pytest.raises(ConfigError, match="--enable-lora"):
         config(model_dir, "--lora-modules", "x=/a/x")
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ((), True), (("--enable-prefix-caching",), True), (("--no-enable-prefix-caching",), False)])
+def test_prefix_caching_in_both_vllm_spellings(model_dir, flags, expected):
+    assert config(model_dir, *flags).enable_prefix_caching is expected
+
+
+def test_the_model_as_a_positional_argument_like_vllm_serve(model_dir):
+    positional = config_from_args(parse(str(model_dir), "--enable-lora", "--max-loras", "2"))
+    assert positional.model == str(model_dir) and positional.max_loras == 2
+    assert config_from_args(parse(str(model_dir), "--model", str(model_dir))).model == str(model_dir)  # agreeing
+
+
+def test_two_different_models_or_none_is_a_clear_error(model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="given twice and differently"):
+        config_from_args(parse(str(model_dir), "--model", str(tmp_path / "other")))
+    with pytest.raises(ConfigError, match=r"no model given: loraplane engine MODEL \(or --model MODEL\)"):
+        config_from_args(parse("--enable-lora"))
+
+
+def test_log_format_flag_and_environment(monkeypatch):
+    assert parse("m").log_format == "text"
+    assert parse("m", "--log-format", "json").log_format == "json"
+    monkeypatch.setenv("LORAPLANE_LOG_FORMAT", "json")
+    assert parse("m").log_format == "json"
+    monkeypatch.setenv("LORAPLANE_LOG_FORMAT", "xml")
+    with pytest.raises(SystemExit):  # a bad default from the environment is refused like a bad flag
+        parse("m")
