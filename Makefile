@@ -36,9 +36,11 @@ run-engine: $(STAMP) $(DEMO_DIR)/config.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=20
 
 bench: $(STAMP) $(DEMO_DIR)/config.json
