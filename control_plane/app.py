@@ -19,15 +19,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
+from control_plane.db.transaction import database_error_handlers
 from control_plane.domain.adapters.controller import AdapterController
 from control_plane.domain.engines.controller import EngineController
+from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.domain.stats.controller import StatsController
 from control_plane.domain.stats.service import StatsCache
 from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
-from control_plane.reconciler import Reconciler
 from control_plane.settings import ControlPlaneSettings
-from control_plane.uow import database_error_handlers
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
 from shared.openapi import document_app, route_doc

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import AuditEvent
 from control_plane.db.session import WriteGate
+from control_plane.db.transaction import transact
 
 logger = logging.getLogger(__name__)
 
@@ -19,10 +20,10 @@ def event(actor: str, action: str, target: str, outcome: str) -> AuditEvent:
 
 async def record_alone(session: AsyncSession, gate: WriteGate, row: AuditEvent) -> None:
     """Commit just this row; a failure is logged, never raised — the caller's own error is what matters."""
+    async def add(session: AsyncSession) -> None:
+        session.add(row)
+
     try:
-        async with gate.hold():
-            session.add(row)
-            await session.commit()
+        await transact(session, gate, add, what=f"auditing a refused {row.action}", idempotent=False)
     except Exception:
-        await session.rollback()
         logger.exception("could not record the audit event of a refused %s", row.action)

@@ -1,8 +1,8 @@
 """A PostgreSQL deadlock (SQLSTATE 40P01) rolls the losing transaction back; a mutation that lost one is
-run again (control_plane.uow's rule: a transaction that did not commit can be retried), not answered 500.
+run again (control_plane.db.transaction's rule: a transaction that did not commit can be retried), not answered 500.
 
 Before, the fault suite logged such deadlocks between the reconciler on one replica and a push being
-recorded on the other; the lock order (domain/adapters/placement.py) removes that pair, and this rule
+recorded on the other; the lock order (domain/placements/planner.py) removes that pair, and this rule
 covers any that remain. The deadlock here is real and deterministic: the mutation's first attempt and a
 second connection each hold one engine row and ask for the other's, and the mutation, whose deadlock
 timeout is the shorter, is the one PostgreSQL aborts.

@@ -1,4 +1,4 @@
-"""Placement rows are locked in one order, ascending id, by every writer (domain/adapters/placement.py).
+"""Placement rows are locked in one order, ascending id, by every writer (domain/placements/planner.py).
 
 The deadlock the fault suite logged: the reconciler on one replica updated an engine's placements in id
 order while a push recorded on the other replica updated the loaded row first and then the adapter's
@@ -23,11 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
-from control_plane.db.session import WriteGate
-from control_plane.domain.adapters.placement import PushOrder
-from control_plane.domain.adapters.push import Pusher
-from control_plane.domain.adapters.schemas import EngineOutcome
-from control_plane.engine_client import EngineClient
+from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from tests.control_plane.conftest import admin
 from tests.control_plane.domain.adapters.helpers import add_engines
 from tests.control_plane.domain.engines.peers import Reply, always, serve
@@ -57,32 +53,32 @@ async def test_a_push_is_recorded_in_ascending_placement_id(cp, demo: dict, pg_s
                         observed=ObservedState.LOADING.value)
         session.add(new)
         await session.commit()
-        order = PushOrder(engine_id=e1.id, engine="e1", url=e1.url, adapter="alpha", action="load",
-                          desired=DesiredState.LOADED.value, placement_ids=(new.id,), path=v2.uri,
-                          adapter_id=adapter.id, sha256=v2.sha256, version=2)
+        # the engine's answer to the load of v2, as a push or a reconcile records it
+        answer = EngineAnswer(engine_id=e1.id, placement_ids=(new.id,), observed=ObservedState.LOADED,
+                              replaced_adapter_id=adapter.id)
     assert old.id < new.id
     holder = await asyncpg.connect(_dsn(url), timeout=5)
     prober = await asyncpg.connect(_dsn(url), timeout=5)
-    client_ = EngineClient("token", 1.0)
     try:
         async with sessions() as session:
-            pusher = Pusher(client_, session, WriteGate(serialize=False))
-            outcome = EngineOutcome(engine="e1", desired="loaded", outcome="loaded")
+            async def record() -> None:
+                await record_answers(session, [answer])
+                await session.commit()
+
             async with holder.transaction():
                 await holder.execute("SELECT id FROM placements WHERE id = $1 FOR UPDATE", new.id)
                 raw = await (await session.connection()).get_raw_connection()
                 pid = raw.dbapi_connection._connection.get_server_pid()
-                recording = asyncio.create_task(pusher._record([order], [outcome]))
+                recording = asyncio.create_task(record())
                 await _wait_until_blocked(prober, pid)  # waiting for the higher row ...
                 async with prober.transaction():  # ... while it already holds the lower one?
                     locked = await prober.fetch("SELECT id FROM placements WHERE id = $1 FOR UPDATE SKIP LOCKED",
                                                 old.id)
             await asyncio.wait_for(recording, 10)  # the holder committed: the recording completes
-        assert locked == [], "the push recording took the higher placement row before the lower one"
+        assert locked == [], "recording the answer took the higher placement row before the lower one"
     finally:
         await holder.close()
         await prober.close()
-        await client_.aclose()
         await engine.dispose()
     rows = {r["id"]: (r["observed"], r["last_error"]) for r in await _placements(url)}
     assert rows == {old.id: ("absent", None), new.id: ("loaded", None)}

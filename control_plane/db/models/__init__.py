@@ -8,9 +8,9 @@ from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN, Adapter
 from control_plane.db.models.adapter_version import AdapterVersion
 from control_plane.db.models.audit_event import AuditEvent
 from control_plane.db.models.engine import Engine, EngineState
-from control_plane.db.models.placement import DesiredState, ObservedState, Placement
+from control_plane.db.models.placement import HOLDING, DesiredState, ObservedState, Placement
 
 __all__ = [
-    "ADAPTER_NAME_PATTERN", "Adapter", "AdapterVersion", "AuditEvent", "DesiredState", "Engine", "EngineState",
-    "ObservedState", "Placement",
+    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "AuditEvent", "DesiredState", "Engine",
+    "EngineState", "ObservedState", "Placement",
 ]

@@ -15,6 +15,10 @@ class DesiredState(enum.StrEnum):
     PINNED = "pinned"  # loaded and never evicted from the engine's device slots
 
 
+# The desired states in which an engine is to hold the version (loaded, or loaded and pinned).
+HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
+
+
 class ObservedState(enum.StrEnum):
     ABSENT = "absent"
     LOADING = "loading"

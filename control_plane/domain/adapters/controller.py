@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.auth import Principal, admin_guard, provide_principal, read_guard, require_engine
 from control_plane.domain.adapters import schemas
-from control_plane.domain.adapters.placement import PlacementPlanner
-from control_plane.domain.adapters.push import Pusher
 from control_plane.domain.adapters.queries import MAX_PAGE, AdapterQuery
 from control_plane.domain.adapters.service import AdapterService
+from control_plane.domain.placements.planner import PlacementPlanner
+from control_plane.domain.placements.push import Pusher
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.names import name_problem

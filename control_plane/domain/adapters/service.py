@@ -11,16 +11,15 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.auth import Principal
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, Placement
+from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
+from control_plane.db.transaction import read, transact
 from control_plane.domain.adapters import queries, schemas
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
-from control_plane.domain.adapters.placement import PlacementPlanner, PushOrder, lock_placements, of_adapter
-from control_plane.domain.adapters.push import Pusher
+from control_plane.domain.placements.planner import PlacementPlanner, PushOrder, lock_placements, of_adapter
+from control_plane.domain.placements.push import Pusher
 from control_plane.settings import ControlPlaneSettings
-from control_plane.uow import Mutation, read, transact
+from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
-
-_HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
 
 
 class AdapterService:
@@ -119,7 +118,7 @@ class AdapterService:
             versions = select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter.id)
             await lock_placements(session, of_adapter(adapter.id))  # the one order of placement writers
             held = await session.scalar(select(func.count()).select_from(Placement).where(
-                Placement.adapter_version_id.in_(versions), Placement.desired.in_(_HOLDING)))
+                Placement.adapter_version_id.in_(versions), Placement.desired.in_(HOLDING)))
             if held:
                 raise ConflictError(f"adapter {name!r} is still placed on {held} engine(s); unload it first "
                                     "(POST /v1/unload_lora_adapter)")
@@ -132,7 +131,7 @@ class AdapterService:
 
         return await self.mutation.run(actor, "delete_lora_adapter", name, work)
 
-    # Reads are retried on a fresh connection when the database connection broke under them (uow.read).
+    # Reads are retried on a fresh connection when the database connection broke under them (db.transaction.read).
     async def list(self, query: queries.AdapterQuery) -> schemas.AdapterPage:
         return await read(self.session, lambda: queries.list_adapters(self.session, query), "list adapters")
 

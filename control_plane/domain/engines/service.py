@@ -21,13 +21,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.auth import Principal, require_engine
 from control_plane.db.models import Adapter, Engine, EngineState, Placement
 from control_plane.db.session import WriteGate
+from control_plane.db.transaction import read, transact
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.health import effective_state, now
 from control_plane.domain.engines.urls import check_engine_url
+from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.engine_client import safe_url, sanitize
-from control_plane.reconciler import Reconciler
 from control_plane.settings import ControlPlaneSettings
-from control_plane.uow import Mutation, read, transact
+from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
 
 logger = logging.getLogger(__name__)

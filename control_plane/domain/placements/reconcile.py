@@ -5,7 +5,7 @@ Per engine: read its GET /v1/lora_adapters, then
 - a placement desired loaded/pinned whose version (by sha256) the engine does not serve → load it
   (load_inplace, so another version of the name is replaced with in-flight requests finishing on it);
 - an adapter the engine serves that the control plane placed there but desires nowhere on it → unload;
-- record observed state and the engine's error on the placements.
+- record observed state and the engine's error on the placements (answers.record_answers, as a push does).
 Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
 
 Several replicas on one PostgreSQL never reconcile one engine at once: each engine is taken with
@@ -13,9 +13,10 @@ Several replicas on one PostgreSQL never reconcile one engine at once: each engi
 row locked skips that engine this round. (NO KEY: admin calls inserting placements for the engine take a
 key-share lock on its row and must not wait for a round's engine calls.) Before writing, the round locks
 the engine's placement rows in ascending id, the one order every placement writer uses
-(domain/adapters/placement.py), so it cannot deadlock with a push being recorded on another replica; a
-deadlock or a lost connection while recording anyway leaves the engine to the next round. SQLite (a single replica) ends its read before calling the engine
-and writes under the write gate afterwards, as every SQLite writer here does.
+(domain/placements/planner.py), so it cannot deadlock with a push being recorded on another replica; a
+deadlock or a lost connection while recording is retried (recording is idempotent), and what still
+fails leaves the engine to the next round. SQLite (a single replica) ends its read before calling the
+engine and writes under the write gate afterwards, as every SQLite writer here does.
 
 Engines are reconciled independently and concurrently: each engine call is bounded by the client's
 deadline, and one engine's failure (slow, unreachable, a malformed reply, even a bug) is that engine's
@@ -32,17 +33,24 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
+from control_plane.db.models import (
+    HOLDING,
+    Adapter,
+    AdapterVersion,
+    DesiredState,
+    Engine,
+    ObservedState,
+    Placement,
+)
 from control_plane.db.session import WriteGate, failure_kind
-from control_plane.domain.adapters.placement import lock_placements
+from control_plane.db.transaction import DatabaseUnavailableError, read, transact
 from control_plane.domain.engines.health import healthy_clause
+from control_plane.domain.placements.answers import EngineAnswer, load_recorded, record_answers
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
-from control_plane.uow import read
 from shared.engine_admin import AdapterListing
 
 logger = logging.getLogger(__name__)
-_HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
 ROUND_CALLS = 4  # one engine's round may take as long as this many engine calls at their deadline
 
 
@@ -110,11 +118,12 @@ class Reconciler:
                            name, ROUND_CALLS)
             return EngineRound(name, [], [], [], skipped=True)
         except Exception as exc:
-            if failure_kind(exc) is None:
+            kind = failure_kind(exc) or ("unavailable" if isinstance(exc, DatabaseUnavailableError) else None)
+            if kind is None:
                 logger.exception("reconcile of engine %s failed", name)
             else:  # rolled back (a deadlock, a lost connection): the next round starts over, nothing is lost
                 logger.warning("reconcile of engine %s: database %s; left for the next round", name,
-                               "connection lost" if failure_kind(exc) == "lost" else "deadlock")
+                               {"lost": "connection lost", "conflict": "deadlock"}.get(kind, "unavailable"))
             return EngineRound(name, [], [], [], skipped=True)
 
     async def _reconcile_engine(self, name: str) -> EngineRound:
@@ -138,56 +147,50 @@ class Reconciler:
                 logger.info("reconcile: engine %s unreachable: %s", name, exc.message)
                 return EngineRound(name, [], [], [], skipped=True)
             held = {a.name: a for a in listing.adapters if a.state != "draining"}
-            with session.no_autoflush:  # nothing is written before the rows are locked, in order
-                done = await self._converge(session, url, rows, held)
-            async with self.gate.hold():
-                with session.no_autoflush:
-                    await lock_placements(session, Placement.engine_id == engine.id)
-                await session.commit()
+            done, answers = await self._converge(url, engine.id, rows, held)
+
+            async def record(session: AsyncSession) -> None:
+                await record_answers(session, answers)
+
+            await transact(session, self.gate, record, what=f"recording the reconcile of engine {name!r}",
+                           idempotent=True)
             done.engine = name
             return done
 
-    async def _converge(self, session: AsyncSession, url: str, rows: list,
-                        held: dict[str, AdapterListing]) -> EngineRound:
+    async def _converge(self, url: str, engine_id: int, rows: list,
+                        held: dict[str, AdapterListing]) -> tuple[EngineRound, list[EngineAnswer]]:
+        """Call the engine for what differs; returns the round and every placement's answer to record."""
         result = EngineRound("", [], [], [])
-        wanted = {adapter for p, _, adapter in rows if p.desired in _HOLDING}
+        answers: list[EngineAnswer] = []
+
+        def observe(placement: Placement, observed: ObservedState, error: str | None = None,
+                    replaced: int | None = None) -> None:
+            answers.append(EngineAnswer(engine_id, (placement.id,), observed, error, replaced))
+
+        wanted = {adapter for p, _, adapter in rows if p.desired in HOLDING}
         for placement, version, adapter in rows:
-            if placement.desired in _HOLDING:
+            if placement.desired in HOLDING:
+                pinned = placement.desired == DesiredState.PINNED.value
                 have = held.get(adapter)
-                if have is not None and have.sha256 == version.sha256 and \
-                        have.pinned == (placement.desired == DesiredState.PINNED.value):
-                    self._observe(placement, ObservedState.LOADED, None)
-                    continue
-                try:
-                    # the recorded bytes only: the engine refuses other files (see domain/adapters/push.py)
-                    loaded = await self.client.load(url, adapter, version.uri, load_inplace=True,
-                                                    pinned=placement.desired == DesiredState.PINNED.value,
-                                                    expected_sha256=version.sha256)
-                    if loaded.sha256 != version.sha256:
-                        raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded "
-                                              f"{version.sha256[:16]}…")
-                except EngineCallError as exc:
-                    self._observe(placement, ObservedState.FAILED, exc.message)
-                    result.failed.append(adapter)
-                else:
-                    self._observe(placement, ObservedState.LOADED, None)
+                if have is None or have.sha256 != version.sha256 or have.pinned != pinned:
+                    try:
+                        # the recorded bytes only: the engine refuses other files (see answers.load_recorded)
+                        await load_recorded(self.client, url, adapter, version.uri, version.sha256, pinned=pinned)
+                    except EngineCallError as exc:
+                        observe(placement, ObservedState.FAILED, exc.message)
+                        result.failed.append(adapter)
+                        continue
                     result.loaded.append(adapter)
+                observe(placement, ObservedState.LOADED, replaced=version.adapter_id)
             elif adapter not in wanted:
                 if adapter in held and adapter not in result.unloaded:
                     try:
                         await self.client.unload(url, adapter)
                     except EngineCallError as exc:
-                        self._observe(placement, ObservedState.FAILED, exc.message)
+                        observe(placement, ObservedState.FAILED, exc.message)
                         result.failed.append(adapter)
                         continue
                     result.unloaded.append(adapter)
-                self._observe(placement, ObservedState.ABSENT, None)
-            else:  # an older version of an adapter the engine should hold: replaced in place
-                self._observe(placement, ObservedState.ABSENT, None)
-        return result
-
-    @staticmethod
-    def _observe(placement: Placement, observed: ObservedState, error: str | None) -> None:
-        if placement.observed != observed.value or placement.last_error != error:
-            placement.observed = observed.value
-            placement.last_error = error
+                observe(placement, ObservedState.ABSENT)
+            # else: an older version of an adapter the engine should hold, replaced in place by its load
+        return result, answers

@@ -1,7 +1,7 @@
 """PlacementPlanner: the seam between the registry and the engines — which engine should hold what.
 
 It records desired state on `placements` rows, inside the caller's transaction, and returns one
-PushOrder per engine; after the commit, control_plane.domain.adapters.push carries them out. The
+PushOrder per engine; after the commit, control_plane.domain.placements.push carries them out. The
 reconciler that reads `desired` vs `observed` later starts from the same rows.
 
 Lock order (PostgreSQL): every writer of placement rows takes them in one order, ascending id, before it
@@ -19,11 +19,17 @@ from typing import Literal
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
+from control_plane.db.models import (
+    HOLDING,
+    Adapter,
+    AdapterVersion,
+    DesiredState,
+    Engine,
+    ObservedState,
+    Placement,
+)
 from control_plane.domain.engines.health import healthy_clause
 from shared.errors import InvalidRequestError
-
-_HOLDING = (DesiredState.LOADED.value, DesiredState.PINNED.value)
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,7 @@ class PlacementPlanner:
         rows = (await session.execute(
             select(Engine, Placement.desired).join(Placement, Placement.engine_id == Engine.id)
             .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
-            .where(AdapterVersion.adapter_id == adapter.id, Placement.desired.in_(_HOLDING))
+            .where(AdapterVersion.adapter_id == adapter.id, Placement.desired.in_(HOLDING))
         )).all()
         best: dict[int, tuple[Engine, str]] = {}
         for engine, desired in rows:  # pinned wins over loaded when an engine held two versions
@@ -89,7 +95,7 @@ class PlacementPlanner:
         rows = (await session.execute(
             select(Placement, Engine).join(Engine, Engine.id == Placement.engine_id)
             .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
-            .where(AdapterVersion.adapter_id == adapter.id, Placement.desired.in_(_HOLDING))
+            .where(AdapterVersion.adapter_id == adapter.id, Placement.desired.in_(HOLDING))
             .order_by(Engine.name)
         )).all()
         by_engine: dict[int, tuple[Engine, list[int]]] = {}
@@ -111,7 +117,7 @@ class PlacementPlanner:
         await lock_placements(session, of_adapter(adapter.id))
         held = await session.scalar(select(Placement).where(
             Placement.engine_id == engine.id, Placement.adapter_version_id == version.id,
-            Placement.desired.in_(_HOLDING)))
+            Placement.desired.in_(HOLDING)))
         if held is None:
             await self._set(session, adapter, version, engine, DesiredState.LOADED)
             await session.execute(update(Placement).where(

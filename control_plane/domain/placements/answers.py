@@ -1,0 +1,71 @@
+"""What an engine answered, recorded on placement rows the same way for a push and for a reconcile.
+
+A load that succeeded is observed `loaded`, and the adapter's other versions on that engine, desired absent,
+are observed `absent` (loads are sent with `load_inplace`, so the engine replaced them); an unload is
+`absent`; a failure is `failed` with the engine's error in `last_error`. Rows are locked first, in the one
+order of placement writers (ascending id, see planner), and a row already saying the same is not rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, and_, or_, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import DesiredState, ObservedState, Placement
+from control_plane.domain.placements.planner import lock_placements, of_adapter
+from control_plane.engine_client import EngineCallError, EngineClient
+
+
+@dataclass(frozen=True)
+class EngineAnswer:
+    """One engine's answer about one adapter, and the placement rows that record it."""
+
+    engine_id: int
+    placement_ids: tuple[int, ...]
+    observed: ObservedState
+    error: str | None = None
+    replaced_adapter_id: int | None = None  # a load that succeeded: this adapter's other versions are gone there
+
+
+async def load_recorded(client: EngineClient, url: str, adapter: str, path: str, sha256: str, *,
+                        pinned: bool) -> None:
+    """Load a recorded version with `expected_sha256`: the engine refuses files that are not those bytes
+    (409 sha256_mismatch). An engine that answers with another digest anyway (one that ignores the field)
+    is a failure too, so `loaded` is only ever recorded for the recorded bytes."""
+    loaded = await client.load(url, adapter, path, pinned=pinned, load_inplace=True, expected_sha256=sha256)
+    if loaded.sha256 != sha256:
+        raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded {sha256[:16]}…")
+
+
+def _touched(answers: Sequence[EngineAnswer]) -> ColumnElement[bool]:
+    """The rows `record_answers` may update: the answers' own, and replaced versions on those engines."""
+    ids = [i for answer in answers for i in answer.placement_ids]
+    replaced = [and_(Placement.engine_id == a.engine_id, of_adapter(a.replaced_adapter_id))
+                for a in answers if a.replaced_adapter_id is not None]
+    return or_(Placement.id.in_(ids), *replaced)
+
+
+def _differs(observed: str, error: str | None) -> ColumnElement[bool]:
+    return or_(Placement.observed != observed, Placement.last_error.is_distinct_from(error))
+
+
+async def record_answers(session: AsyncSession, answers: Sequence[EngineAnswer]) -> None:
+    """Write the answers on their rows, inside the caller's transaction (idempotent: safe to rerun)."""
+    if not answers:
+        return
+    await lock_placements(session, _touched(answers))
+    for answer in answers:
+        observed = answer.observed.value
+        await session.execute(update(Placement).where(
+            Placement.id.in_(answer.placement_ids), _differs(observed, answer.error),
+        ).values(observed=observed, last_error=answer.error))
+        if answer.replaced_adapter_id is not None:
+            absent = ObservedState.ABSENT.value
+            await session.execute(update(Placement).where(
+                Placement.engine_id == answer.engine_id, Placement.id.not_in(answer.placement_ids),
+                of_adapter(answer.replaced_adapter_id), Placement.desired == DesiredState.ABSENT.value,
+                _differs(absent, None),
+            ).values(observed=absent, last_error=None))
