@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from data_plane.lora.metrics import AdapterLabels, LoRAMetrics
@@ -32,6 +32,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 OUTCOMES = ("ok", "error", "abort", "rejected")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_STEP_ADAPTER_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)  # distinct adapters in one step
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -42,6 +43,8 @@ class EngineStatsLike(Protocol):
     kv_blocks_used: int
     prefix_cache_queried_tokens: int
     prefix_cache_hit_tokens: int
+    num_preemptions: int
+    step_adapters: dict[int, int]  # steps by number of distinct adapters in them
 
 
 class EngineMetrics:
@@ -192,3 +195,21 @@ class _EngineStatsCollector:
             "Prompt tokens found in the prefix cache",
             value=s.prefix_cache_hit_tokens,
         )
+        yield CounterMetricFamily(
+            "loraplane_num_preemptions",  # vLLM: vllm:num_preemptions_total
+            "Running sequences preempted (KV blocks freed, recomputed later) because the KV cache was full",
+            value=s.num_preemptions,
+        )
+        yield _step_adapters_histogram(s.step_adapters)
+
+
+def _step_adapters_histogram(steps_by_count: dict[int, int]) -> HistogramMetricFamily:
+    """How many distinct LoRA adapters each engine step ran, from the engine's per-step counts."""
+    buckets = [(str(le), sum(n for k, n in steps_by_count.items() if k <= le)) for le in _STEP_ADAPTER_BUCKETS]
+    buckets.append(("+Inf", sum(steps_by_count.values())))
+    return HistogramMetricFamily(
+        "loraplane_step_adapters",
+        "Distinct LoRA adapters in one engine step (the base model not counted)",
+        buckets=buckets,
+        sum_value=sum(k * n for k, n in steps_by_count.items()),
+    )

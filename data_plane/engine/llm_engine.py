@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
@@ -172,14 +171,10 @@ class LLMEngine:
             logger.exception("step failed; failing the %d requests of this batch", len(seqs))
             return self.fail_requests({s.request.request_id for s in seqs}, exc)
 
-        now = time.monotonic()
         touched: dict[str, _RequestState] = {}
         for row, seq in enumerate(seqs):
             seq.num_computed_tokens = len(seq)
             self.block_manager.cache_full_blocks(seq)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.last_token_time = now
             self.outputs.append_token(seq, sampled.token_ids[row], sampled.logprobs[row] if sampled.logprobs else None)
             if seq.is_finished:
                 self.scheduler.remove(seq)

@@ -62,7 +62,3 @@ class SamplingParams:
         for ok, param, message in checks:
             if not ok:
                 raise InvalidRequestError(message, param=param)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0

@@ -26,7 +26,6 @@ class ScheduledPrefill:
 class SchedulerOutput:
     decodes: list[Sequence] = field(default_factory=list)
     prefills: list[ScheduledPrefill] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -68,7 +67,7 @@ class Scheduler:
             seq = queue.pop(0)
             while not self.block_manager.can_append_slot(seq):
                 victim = queue.pop() if queue else seq
-                self._preempt(victim, out)
+                self._preempt(victim)
                 if victim is seq:
                     break
             else:
@@ -107,11 +106,10 @@ class Scheduler:
             waiting[seq.adapter_id] = waiting.get(seq.adapter_id, 0) + 1
         return running, waiting
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free_seq(seq)
         seq.status = SequenceStatus.PREEMPTED
         self.waiting.appendleft(seq)
-        out.preempted.append(seq)
         self.num_preemptions += 1
 
     def remove(self, seq: Sequence) -> None:

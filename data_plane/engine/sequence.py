@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +37,6 @@ class Request:
     # the adapter's validated host weights; the engine copies them into a device slot when it schedules
     # the request (holding the reference keeps them alive even if the host cache drops them meanwhile)
     lora: LoRAAdapterWeights | None = None
-    arrival_time: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -56,8 +54,6 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (this schedule)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
-    first_token_time: float | None = None
-    last_token_time: float | None = None
     generator: torch.Generator | None = None  # per-request seed: set by the engine when seed is given
     # Detokenizer state (see data_plane/engine/detokenizer.py)
     output_text: str = ""
@@ -78,10 +74,6 @@ class Sequence:
     @property
     def prompt_token_ids(self) -> list[int]:
         return self.request.prompt_token_ids
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.request.prompt_token_ids)
 
     @property
     def all_token_ids(self) -> list[int]:

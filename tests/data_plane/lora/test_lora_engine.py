@@ -106,6 +106,8 @@ def test_mixed_batch_with_more_adapters_than_slots_matches(setup):
     assert got == want
     stats = engine.stats().lora
     assert stats.slots_total == 2 and sum(a.evictions for a in stats.adapters.values()) > 0
+    # steps counted by distinct adapters (from StepInput.adapter_ids): two slots hold at most two
+    assert max(engine.stats().step_adapters) == 2
 
 
 def test_base_requests_are_bit_identical_with_lora_enabled(setup):
