@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +40,8 @@ class EngineStats:
     prefix_cache_hit_tokens: int
     num_preemptions: int
     lora: LoRAEngineStats | None = None
+    # steps by how many distinct adapters they ran (the base model not counted), from StepInput.adapter_ids
+    step_adapters: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer, config.max_model_len)
         self.requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
+        self.step_adapters: dict[int, int] = {}  # see EngineStats.step_adapters
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -163,6 +166,8 @@ class LLMEngine:
         seqs = sched.decodes + [item.seq for item in sched.prefills]
         try:
             step_input, seqs = self.builder.build(sched)
+            used = len({a for a in step_input.adapter_ids if a})
+            self.step_adapters[used] = self.step_adapters.get(used, 0) + 1
             logits = self.runner.forward(step_input)  # [S, vocab]
             sampled = self.sampler(logits, sampling_rows(seqs))
         except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
@@ -265,5 +270,6 @@ class LLMEngine:
             prefix_cache_queried_tokens=bm.stats.queried_tokens,
             prefix_cache_hit_tokens=bm.stats.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
+            step_adapters=dict(self.step_adapters),
             lora=self.lora_slots.snapshot(*self.scheduler.adapter_counts()) if self.lora_slots else None,
         )
