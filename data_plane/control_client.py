@@ -24,7 +24,6 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -32,6 +31,7 @@ import msgspec
 from litestar import Litestar
 
 from data_plane.config import EngineConfig
+from data_plane.engine.protocol import EngineHealth
 from shared.engine_admin import EngineHeartbeat, EngineRegistration, ResolvedAdapter
 from shared.names import name_problem
 
@@ -47,7 +47,7 @@ MAX_REASON = 500
 
 class ControlPlaneClient:
     def __init__(self, url: str, token: str | None, *, name: str, engine_url: str, base_model: str,
-                 slots_total: int, engine: Any = None, heartbeat_s: float = HEARTBEAT_S,
+                 slots_total: int, engine: EngineHealth | None = None, heartbeat_s: float = HEARTBEAT_S,
                  negative_ttl_s: float = NEGATIVE_TTL_S) -> None:
         self.url = url.rstrip("/")
         self.name = name
@@ -57,7 +57,7 @@ class ControlPlaneClient:
         self.heartbeat_s = heartbeat_s
         self.negative_ttl_s = negative_ttl_s
         self.draining = False
-        self._engine = engine
+        self._engine = engine  # None: no engine behind it (a resolver alone); heartbeats say idle and healthy
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
@@ -184,16 +184,12 @@ class ControlPlaneClient:
         return True
 
     def heartbeat_body(self) -> EngineHeartbeat:
-        healthy = bool(getattr(self._engine, "healthy", True))
-        reason = None if healthy else str(getattr(self._engine, "dead_reason", None) or "engine loop stopped")
-        return EngineHeartbeat(slots_used=self._slots_used(), healthy=healthy, draining=self.draining,
-                               reason=reason[:MAX_REASON] if reason else None)
-
-    def _slots_used(self) -> int:
-        try:
-            return int(getattr(self._engine.stats().lora, "slots_used", 0))
-        except Exception:
-            return 0
+        engine = self._engine
+        if engine is None:
+            return EngineHeartbeat(slots_used=0, healthy=True, draining=self.draining, reason=None)
+        reason = None if engine.healthy else (engine.dead_reason or "engine loop stopped")[:MAX_REASON]
+        return EngineHeartbeat(slots_used=engine.stats().lora.slots_used, healthy=engine.healthy,
+                               draining=self.draining, reason=reason)
 
 
 def _error_message(r: httpx.Response) -> str:
@@ -204,7 +200,7 @@ def _error_message(r: httpx.Response) -> str:
         return ""
 
 
-def attach_control_plane(app: Litestar, engine: Any, config: EngineConfig, engine_url: str,
+def attach_control_plane(app: Litestar, engine: EngineHealth, config: EngineConfig, engine_url: str,
                          default_name: str) -> ControlPlaneClient:
     """Register, heartbeat (and resolve, unless --no-resolve-adapters) through the control plane for the
     app's lifetime. The returned client's `drain()` is for the engine's shutdown."""

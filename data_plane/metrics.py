@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from data_plane.lora.metrics import AdapterLabels, LoRAMetrics
-from data_plane.lora.stats import AdapterRequestStats
+from data_plane.lora.stats import AdapterRequestStats, LoRAStatsSource
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,9 @@ _STEP_ADAPTER_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)  # distinct adapters in one 
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 
 
-class EngineStatsLike(Protocol):
+class EngineStatsLike(LoRAStatsSource, Protocol):
+    """data_plane.engine.llm_engine.EngineStats, as far as the metrics read it."""
+
     num_running: int
     num_waiting: int
     kv_blocks_total: int

@@ -28,6 +28,7 @@ from data_plane.api.serving_completion import CompletionService
 from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
+from data_plane.engine.protocol import EngineProtocol
 from data_plane.lora.registry import Loader, LoRARegistry, loader_for
 from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
@@ -143,7 +144,7 @@ async def retrieve_model(model_id: str, request: Request, state: State) -> dict[
 @get("/health", operation_id="health", opt=route_doc(response=schemas.Health, errors=[503]))
 async def health(state: State) -> Response[Any]:
     """200 while the engine loop runs; 503 with the reason once it has died."""
-    engine = state.engine
+    engine: EngineProtocol = state.engine
     if engine.healthy:
         return Response({"status": "ok"})
     error = EngineDeadError(f"The engine is not running: {engine.dead_reason}")
@@ -166,8 +167,8 @@ async def get_version() -> dict[str, str]:
     return {"version": __version__}
 
 
-def create_app(engine: Any, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
-    """engine: an AsyncLLMEngine (not started: startup starts it inside the server's event loop).
+def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
+    """engine: an EngineProtocol (AsyncLLMEngine), not started: startup starts it inside the server's loop.
     lora_loader: how adapter folders are read (default: the PEFT loader for config's base model)."""
     assert config.max_model_len is not None, "finalize the config (load the engine) first"
     base_name = config.served_model_name or config.model

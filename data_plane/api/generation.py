@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator
-from typing import Protocol
 
 import anyio
 
 from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import FinishReason, Request
 from data_plane.lora.entry import Lease
 from data_plane.metrics import RequestMetrics
@@ -26,10 +26,6 @@ from shared.errors import EngineDeadError, LoraplaneError, OverloadedError
 logger = logging.getLogger(__name__)
 
 EngineStream = AsyncGenerator[RequestOutput, None]
-
-
-class EngineLike(Protocol):
-    def generate(self, request: Request) -> EngineStream: ...
 
 
 class Generation:
@@ -107,7 +103,7 @@ def _unloaded_error(output: RequestOutput, lease: Lease) -> LoraplaneError | Non
 
 
 async def start_generation(
-    engine: EngineLike, request: Request, metrics: RequestMetrics, lease: Lease | None = None
+    engine: EngineProtocol, request: Request, metrics: RequestMetrics, lease: Lease | None = None
 ) -> Generation:
     """Submit `request` and wait for its first output; engine refusals raise here. The Generation
     owns `lease` from here on; if the request is refused, the lease is released before raising."""
@@ -140,7 +136,7 @@ def _outcome_of(exc: BaseException) -> str:
 
 
 async def start_all(
-    engine: EngineLike, requests: list[tuple[Request, RequestMetrics, Lease | None]]
+    engine: EngineProtocol, requests: list[tuple[Request, RequestMetrics, Lease | None]]
 ) -> list[Generation]:
     """Start several requests concurrently (a batched prompt); if one is refused, close the others."""
     results = await asyncio.gather(

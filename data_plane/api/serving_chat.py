@@ -14,6 +14,7 @@ from data_plane.api.models import ModelResolver
 from data_plane.api.prompts import check_prompt_chars, off_loop
 from data_plane.api.protocol import ChatCompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
+from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
 from data_plane.lora.entry import Lease
 from data_plane.metrics import EngineMetrics
@@ -30,7 +31,7 @@ class _Choice:
 
 
 class ChatService:
-    def __init__(self, engine: Any, resolver: ModelResolver, metrics: EngineMetrics) -> None:
+    def __init__(self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len: int = engine.config.max_model_len

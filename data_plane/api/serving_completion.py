@@ -15,6 +15,7 @@ from data_plane.api.prompts import check_prompt_chars, off_loop
 from data_plane.api.protocol import CompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
 from data_plane.engine.outputs import CompletionDelta
+from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
 from data_plane.lora.entry import Lease
 from data_plane.metrics import EngineMetrics
@@ -35,7 +36,7 @@ class _Choice:
 
 
 class CompletionService:
-    def __init__(self, engine: Any, resolver: ModelResolver, metrics: EngineMetrics) -> None:
+    def __init__(self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.resolver = resolver

@@ -4,13 +4,15 @@ shapes are shared.engine_admin's."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 
 from data_plane.api.protocol import decode_request
+from data_plane.engine.protocol import EngineProtocol
 from data_plane.lora.entry import AdapterEntry, Residency
 from data_plane.lora.registry import LoRARegistry
+from data_plane.lora.slots import AdapterEngineStats
 from data_plane.lora.stats import AdapterRequestStats
 from shared import engine_admin
 from shared.errors import InvalidRequestError
@@ -64,7 +66,7 @@ class LoRAService:
     those composed from dicts are converted (and so checked) on the way out."""
 
     def __init__(
-        self, registry: LoRARegistry | None, engine: Any, request_stats: AdapterRequestStats, base_name: str
+        self, registry: LoRARegistry | None, engine: EngineProtocol, request_stats: AdapterRequestStats, base_name: str
     ) -> None:
         self._registry = registry
         self._engine = engine
@@ -91,10 +93,9 @@ class LoRAService:
     def list(self, *, show_paths: bool) -> engine_admin.AdapterList:
         """show_paths: only admin callers see where adapters lie on the engine's disk (`path` is null else)."""
         registry = self.registry
-        engine_lora = self._engine_lora()
-        per_id = engine_lora.adapters if engine_lora is not None else {}
+        engine_lora = self._engine.stats().lora
         adapters = [
-            _listing(e, registry.residency(e), per_id.get(e.adapter_id))
+            _listing(e, registry.residency(e), engine_lora.adapters.get(e.adapter_id))
             for e in sorted(registry.entries(), key=lambda e: (e.name, e.adapter_id))
         ]
         adapters += [engine_admin.AdapterListing(name=name, path=path, state="loading")
@@ -102,16 +103,12 @@ class LoRAService:
         if not show_paths:
             for adapter in adapters:
                 adapter.path = None
-        slots = engine_admin.SlotUsage(
-            used=engine_lora.slots_used if engine_lora is not None else 0,
-            total=engine_lora.slots_total if engine_lora is not None else 0,
-        )
+        slots = engine_admin.SlotUsage(used=engine_lora.slots_used, total=engine_lora.slots_total)
         return engine_admin.AdapterList(adapters=adapters, slots=slots)
 
     def stats(self) -> engine_admin.LoraStats:
         registry = self.registry
-        engine_lora = self._engine_lora()
-        per_id = engine_lora.adapters if engine_lora is not None else {}
+        per_id = self._engine.stats().lora.adapters
         by_name: dict[str, list[AdapterEntry]] = {}
         for entry in registry.entries():
             by_name.setdefault(entry.name, []).append(entry)
@@ -139,12 +136,12 @@ class LoRAService:
         base = {"name": self._base_name, "id": 0, **self._request_stats.snapshot(self._base_name)}
         return msgspec.convert({"base": base, "adapters": adapters}, engine_admin.LoraStats)
 
-    def _engine_lora(self) -> Any:
-        return getattr(self._engine.stats(), "lora", None)
 
-
-def _listing(entry: AdapterEntry, residency: Residency, engine: Any) -> engine_admin.AdapterListing:
-    """The load reply's fields plus the entry's state and queues."""
+def _listing(
+    entry: AdapterEntry, residency: Residency, engine: AdapterEngineStats | None
+) -> engine_admin.AdapterListing:
+    """The load reply's fields plus the entry's state and queues (engine: None while the engine has
+    no figures for it: it has not been scheduled since its load)."""
     return engine_admin.AdapterListing(
         **entry.info(residency),
         path=entry.path,

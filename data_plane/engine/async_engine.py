@@ -11,7 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TypeVar
 
 from data_plane.config import EngineConfig
@@ -36,12 +36,14 @@ def _settle(future: asyncio.Future, result: object, exc: BaseException | None) -
 
 
 class AsyncLLMEngine:
+    """The engine the API serves from; implements data_plane.engine.protocol.EngineProtocol."""
+
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.config = engine.config
         self.tokenizer = engine.tokenizer
         self.vocab_size = engine.vocab_size  # the model's: prompt token ids must be below it
-        self.healthy = True
+        self.healthy: bool = True
         self.dead_reason: str | None = None
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -72,7 +74,7 @@ class AsyncLLMEngine:
         await asyncio.to_thread(self.engine.shutdown)
 
     # ---- API side ------------------------------------------------------------------------------
-    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: Request) -> AsyncGenerator[RequestOutput, None]:
         if not self.healthy:
             raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
         self.engine.validate(request)
@@ -187,13 +189,13 @@ class AsyncLLMEngine:
                     self._loop.call_soon_threadsafe(self._deliver_error, payload.request_id, exc)
             elif kind == "call":
                 fn, args, future = payload
+                result, error = None, None
                 try:
                     result = fn(*args)
                 except Exception as exc:
-                    self._loop.call_soon_threadsafe(_settle, future, None, exc)
-                else:
-                    self._loop.call_soon_threadsafe(_settle, future, result, None)
-                self._stats = self.engine.stats()
+                    error = exc
+                self._stats = self.engine.stats()  # before the caller resumes: it sees its call's effect
+                self._loop.call_soon_threadsafe(_settle, future, result, error)
             elif kind == "abort":
                 aborted = self.engine.abort_request(payload)
                 if aborted is not None:

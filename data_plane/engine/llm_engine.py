@@ -39,7 +39,7 @@ class EngineStats:
     prefix_cache_queried_tokens: int
     prefix_cache_hit_tokens: int
     num_preemptions: int
-    lora: LoRAEngineStats | None = None
+    lora: LoRAEngineStats  # with LoRA off: no slots and no adapters (slots_total == 0)
     # steps by how many distinct adapters they ran (the base model not counted), from StepInput.adapter_ids
     step_adapters: dict[int, int] = field(default_factory=dict)
 
@@ -271,5 +271,9 @@ class LLMEngine:
             prefix_cache_hit_tokens=bm.stats.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             step_adapters=dict(self.step_adapters),
-            lora=self.lora_slots.snapshot(*self.scheduler.adapter_counts()) if self.lora_slots else None,
+            lora=(
+                self.lora_slots.snapshot(*self.scheduler.adapter_counts())
+                if self.lora_slots
+                else LoRAEngineStats(slots_total=0, slots_used=0, adapters={})
+            ),
         )

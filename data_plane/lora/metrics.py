@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+from data_plane.lora.slots import LoRAEngineStats
+from data_plane.lora.stats import LoRAStatsSource
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ class LoRAMetrics:
     def __init__(
         self,
         registry: CollectorRegistry,
-        stats: Callable[[], Any],
+        stats: Callable[[], LoRAStatsSource],
         adapter_names: Callable[[int], str | None],
         labels: AdapterLabels,
     ) -> None:
@@ -72,9 +74,10 @@ class LoRAMetrics:
         self._last: dict[int, tuple[str, int, int, float]] = {}
         registry.register(_LoRAGaugeCollector(self))
 
-    def lora_stats(self) -> Any:
+    def lora_stats(self) -> LoRAEngineStats | None:
+        """The engine's LoRA figures; None when reading them failed (the scrape goes on without them)."""
         try:
-            return getattr(self._stats(), "lora", None)
+            return self._stats().lora
         except Exception:
             logger.exception("engine.stats() failed during a metrics scrape")
             return None

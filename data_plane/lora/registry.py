@@ -27,6 +27,7 @@ from data_plane.lora.host_cache import HostCache
 from data_plane.lora.keyed_lock import KeyedLock
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.reader import read_off_loop
+from data_plane.lora.stats import LoRAStatsSource
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError
@@ -38,11 +39,13 @@ ABORT_GRACE_S = 10.0  # after aborting, how long to wait for the aborted request
 
 
 class LoRAEngine(Protocol):
+    """The part of the engine (data_plane.engine.protocol.EngineProtocol) the registry drives."""
+
     async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None: ...
     async def unpin_lora(self, adapter_id: int) -> None: ...
     async def remove_lora(self, adapter_id: int) -> None: ...
     def abort(self, request_id: str) -> None: ...
-    def stats(self) -> Any: ...
+    def stats(self) -> LoRAStatsSource: ...
 
 
 Loader = Callable[[str], LoRAAdapterWeights]  # path -> validated weights; raises LoRAAdapterError
@@ -96,8 +99,7 @@ class LoRARegistry:
     def residency(self, entry: AdapterEntry) -> Residency:
         if entry.pinned:  # pin_lora copied it into a slot (the engine's stats may lag one step)
             return Residency.DEVICE
-        engine_stats = _lora_stats(self._engine)
-        adapter = engine_stats.adapters.get(entry.adapter_id) if engine_stats is not None else None
+        adapter = self._engine.stats().lora.adapters.get(entry.adapter_id)
         if adapter is not None and adapter.slot is not None:
             return Residency.DEVICE
         return Residency.HOST if entry.weights is not None else Residency.DISK
@@ -317,14 +319,6 @@ def _check_name(name: str, base_name: str) -> None:
         raise InvalidRequestError(
             f"lora_name {name!r} is the base model's name; requests for it are served by the base model, "
             "so choose another adapter name", param="lora_name")
-
-
-def _lora_stats(engine: LoRAEngine) -> Any:
-    """The engine's LoRA stats, or None (LoRA off, or an engine without them)."""
-    try:
-        return getattr(engine.stats(), "lora", None)
-    except Exception:
-        return None
 
 
 def loader_for(config: EngineConfig) -> Loader:

@@ -3,6 +3,8 @@
 Prometheus has the long-term series; this answers "how is adapter X doing right now" without a
 Prometheus server: counts since the adapter was loaded, latency percentiles over the most recent
 `window` requests, and output tokens/s over the last minute (per-second buckets).
+
+`LoRAStatsSource` is the engine's side: its stats as far as the registry and the metrics read them.
 """
 
 from __future__ import annotations
@@ -11,10 +13,19 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from data_plane.lora.slots import LoRAEngineStats
 
 DEFAULT_WINDOW = 1000  # latency samples kept per adapter
 RATE_WINDOW_S = 60
+
+
+class LoRAStatsSource(Protocol):
+    """data_plane.engine.llm_engine.EngineStats is one; `lora` is there with LoRA off too (no slots)."""
+
+    @property
+    def lora(self) -> LoRAEngineStats: ...
 
 
 @dataclass

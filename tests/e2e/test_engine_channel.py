@@ -27,8 +27,11 @@ import pytest
 
 from data_plane.control_client import ControlPlaneClient
 from data_plane.demo.model_builder import write_demo_model
+from data_plane.engine.sequence import Request
 from data_plane.lora.demo_adapters import write_demo_adapters
+from shared.errors import EngineDeadError
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
+from tests.data_plane.api.engines import greedy, kill_loop_on_next_step, make_engine
 from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for
 
 RESOLVE_ROUTE = "/v1/resolve/{name}"  # route labels of the control plane's metrics
@@ -80,7 +83,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]
         reader = httpx.Client(headers={"Authorization": f"Bearer {READ}"}, timeout=30)
         wait_for(lambda: {e["name"]: e["state"] for e in reader.get(cp + "/v1/engines").json()["data"]}
                  == {"e1": "healthy", "e2": "healthy"}, "both engines to register with their engine tokens")
-        yield SimpleNamespace(cp=cp, e1=e1, e2=e2, paths=paths, reader=reader,
+        yield SimpleNamespace(cp=cp, e1=e1, e2=e2, paths=paths, reader=reader, base=base,
                               admin=httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60))
 
 
@@ -144,14 +147,22 @@ def test_an_engine_token_is_only_good_for_its_own_bookkeeping(stack: SimpleNames
     assert httpx.get(stack.cp + "/v1/engines", headers=as_e1, timeout=30).status_code == 403
 
 
-def test_drain_and_unhealthy_heartbeats_take_an_engine_out_of_placement(stack: SimpleNamespace) -> None:
+def test_drain_and_unhealthy_heartbeats_take_an_engine_out_of_placement(
+    stack: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ControlPlaneClient as the engine's heartbeat and shutdown use it, against the real control plane,
-    speaking for e1 with e1's token and a step loop that died (AsyncLLMEngine's healthy/dead_reason).
+    speaking for e1 with e1's token and a real engine whose step loop died (in this process).
     Last in the module: e1 stays draining."""
     states = {}
 
     async def run() -> None:
-        dead = SimpleNamespace(healthy=False, dead_reason="step loop died", stats=lambda: None)
+        dead = make_engine(stack.base, enable_lora=True)
+        dead.start()
+        kill_loop_on_next_step(dead, monkeypatch, "step loop died")
+        with pytest.raises(EngineDeadError):
+            async for _ in dead.generate(Request("doomed", [1, 2, 3], greedy(2))):
+                pass
+        assert not dead.healthy
         client = ControlPlaneClient(stack.cp, CP_TOKENS["e1"], name="e1", engine_url=stack.e1.url,
                                     base_model="demo", slots_total=4, engine=dead, heartbeat_s=0.2)
         await client.start()
@@ -168,6 +179,7 @@ def test_drain_and_unhealthy_heartbeats_take_an_engine_out_of_placement(stack: S
                                  for e in stack.reader.get(stack.cp + "/v1/engines").json()["data"]}["e1"]
         finally:
             await client.stop()
+            await dead.shutdown()
 
     asyncio.run(run())
     assert states == {"dead": "unhealthy", "drained": "draining"}

@@ -1,12 +1,10 @@
-"""The LoRA endpoints and the adapter request path over a scripted engine (fast; no model runs).
-
-Adapters are real PEFT folders read by the real loader; the scripted engine records what each
-Request carried. The same behaviours against a real engine process are in test_lora_api.py.
+"""The LoRA endpoints and the adapter request path in process, over a real engine on the tiny demo
+checkpoint (fast: no server process). Adapters are real PEFT folders read by the real loader. The
+same behaviours against a real engine process over HTTP are in test_lora_api.py.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +13,10 @@ import pytest
 from litestar.testing import TestClient
 
 from data_plane.api.app import create_app
+from data_plane.engine.async_engine import AsyncLLMEngine
 from data_plane.lora.demo_adapters import write_demo_adapters
-from data_plane.lora.peft_loader import load_peft_adapter
-from data_plane.model.config import ModelConfig
-from tests.data_plane.api.fakes import FakeConfig, FakeEngine
+from shared.errors import OverloadedError
+from tests.data_plane.api.engines import SERVED, fail_batches_after, make_engine, refuse_admission
 from tests.data_plane.api.test_app import assert_openai_error, sse_events
 
 TOKEN = "s3cret-admin-token"
@@ -33,26 +31,22 @@ def adapter_root(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     return root
 
 
-@pytest.fixture
-def engine() -> FakeEngine:
-    return FakeEngine()
-
-
-def app_client(engine: FakeEngine, demo_model_dir: Path, root: Path, **config) -> TestClient:
-    loader = functools.partial(
-        load_peft_adapter,
-        model_config=ModelConfig.from_pretrained(demo_model_dir),
-        max_rank=16,
-        allowed_roots=[str(root)],
-    )
-    app = create_app(engine, FakeConfig(**config), lora_loader=loader)
-    return TestClient(app, raise_server_exceptions=False)
+def app_client(demo_model_dir: Path, root: Path, **config) -> TestClient:
+    """An app over its own real engine: two device slots, adapters of rank <= 16 under `root`."""
+    engine = make_engine(demo_model_dir, max_loras=2, max_cpu_loras=4, max_lora_rank=16, lora_roots=[str(root)],
+                         **config)
+    return TestClient(create_app(engine, engine.config), raise_server_exceptions=False)
 
 
 @pytest.fixture
-def client(engine, demo_model_dir, adapter_root) -> Iterator[TestClient]:
-    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True) as c:
+def client(demo_model_dir, adapter_root) -> Iterator[TestClient]:
+    with app_client(demo_model_dir, adapter_root, enable_lora=True) as c:
         yield c
+
+
+@pytest.fixture
+def engine(client: TestClient) -> AsyncLLMEngine:
+    return client.app.state.engine
 
 
 def load(client: TestClient, root: Path, name: str, **fields):
@@ -60,7 +54,8 @@ def load(client: TestClient, root: Path, name: str, **fields):
 
 
 def chat(client: TestClient, model: str, **fields):
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True,
+            **fields}
     return client.post(CHAT, json=body)
 
 
@@ -68,8 +63,8 @@ def in_flight(client: TestClient) -> dict[str, int]:
     return {a["name"]: a["in_flight"] for a in client.get("/v1/lora_adapters").json()["adapters"]}
 
 
-def test_lora_endpoints_without_enable_lora_are_400(engine, demo_model_dir, adapter_root):
-    with app_client(engine, demo_model_dir, adapter_root) as client:
+def test_lora_endpoints_without_enable_lora_are_400(demo_model_dir, adapter_root):
+    with app_client(demo_model_dir, adapter_root) as client:
         for response in (
             load(client, adapter_root, "demo-poet"),
             client.post(UNLOAD, json={"lora_name": "demo-poet"}),
@@ -78,7 +73,7 @@ def test_lora_endpoints_without_enable_lora_are_400(engine, demo_model_dir, adap
         ):
             error = assert_openai_error(response, 400, "invalid_request_error")
             assert error["message"] == "LoRA is not enabled on this engine; start it with --enable-lora"
-        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["fake"]
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [SERVED]
 
 
 def test_load_list_models_and_requests_carry_the_adapter(client, engine, adapter_root):
@@ -88,39 +83,43 @@ def test_load_list_models_and_requests_carry_the_adapter(client, engine, adapter
     assert set(info) == {"name", "id", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes", "residency"}
     assert info["residency"] == "host" and info["rank"] == 16
     models = client.get("/v1/models").json()["data"]
-    assert [(m["id"], m["parent"]) for m in models] == [("fake", None), ("demo-poet", "fake")]
+    assert [(m["id"], m["parent"]) for m in models] == [(SERVED, None), ("demo-poet", SERVED)]
     assert models[1]["root"] == str(adapter_root / "demo-poet")
     assert client.get("/v1/models/demo-poet").json() == models[1]
 
-    assert chat(client, "demo-poet").status_code == 200
-    request = engine.requests[-1]
-    assert request.adapter_id == info["id"] and request.lora is not None
-    assert request.prefix_hash_seed == request.lora.cache_namespace != 0
-    assert chat(client, "fake").status_code == 200
-    base = engine.requests[-1]
-    assert base.adapter_id == 0 and base.prefix_hash_seed == 0 and base.lora is None
+    # the base model first, twice: the second finds the prompt's blocks in the prefix cache
+    base = [chat(client, SERVED, temperature=0, return_token_ids=True).json() for _ in range(2)]
+    assert base[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    poet = chat(client, "demo-poet", temperature=0, return_token_ids=True).json()
+    # the adapter ran: its weights were copied into a slot, its answer is its own, and its cache
+    # namespace is not the base model's (the same prompt finds none of the base's blocks)
+    assert engine.stats().lora.adapters[info["id"]].loads == 1
+    assert poet["choices"][0]["token_ids"] != base[0]["choices"][0]["token_ids"]
+    assert poet["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert base[0]["choices"][0]["token_ids"] == base[1]["choices"][0]["token_ids"]
 
     listing = client.get("/v1/lora_adapters").json()
     [adapter] = listing["adapters"]
     assert adapter["state"] == "ready" and adapter["pinned"] is False and adapter["in_flight"] == 0
     assert adapter["last_used_at"] >= adapter["loaded_at"]
-    assert listing["slots"] == {"used": 0, "total": 2}
+    assert adapter["residency"] == "device"  # it stays in its slot after the request (LRU)
+    assert listing["slots"] == {"used": 1, "total": 2}
 
 
-def test_every_ending_releases_the_lease(client, engine, adapter_root):
+def test_every_ending_releases_the_lease(client, engine, adapter_root, monkeypatch):
     load(client, adapter_root, "demo-short")
     assert chat(client, "demo-short").status_code == 200
     events = sse_events(chat(client, "demo-short", stream=True).text)
     assert events[-1] == "[DONE]"
     r = client.post("/v1/completions", json={"model": "demo-short", "prompt": ["a", "b", "c"], "max_tokens": 3})
-    assert r.status_code == 200 and len({req.adapter_id for req in engine.requests[-3:]}) == 1
+    assert r.status_code == 200
     assert_openai_error(chat(client, "demo-short", max_tokens=10_000), 400)  # refused by the engine
-    engine.error_after = 1
+    fail_batches_after(engine, monkeypatch, 1)
     assert_openai_error(chat(client, "demo-short"), 500)  # failed in the engine
-    engine.error_after = None
-    engine.overloaded = True
+    monkeypatch.undo()
+    refuse_admission(engine, monkeypatch, OverloadedError("The server is overloaded."))
     assert_openai_error(chat(client, "demo-short"), 503)
-    engine.overloaded = False
+    monkeypatch.undo()
     assert_openai_error(chat(client, "demo-short", n=0), 400)  # invalid request, before the engine
     assert in_flight(client) == {"demo-short": 0}
 
@@ -158,7 +157,8 @@ def test_idempotent_load_conflict_and_unload(client, adapter_root, demo_model_di
 def test_bad_bodies_and_refused_adapters_are_4xx(client, adapter_root, engine):
     assert_openai_error(client.post(LOAD, json={"lora_name": "x"}), 400)  # lora_path missing
     assert_openai_error(client.post(LOAD, content=b"{"), 400)
-    assert_openai_error(client.post(LOAD, json={"lora_name": "fake", "lora_path": str(adapter_root / "demo-poet")}), 400)
+    assert_openai_error(client.post(LOAD, json={"lora_name": SERVED, "lora_path": str(adapter_root / "demo-poet")}),
+                        400)
     error = assert_openai_error(load(client, adapter_root, "demo-pirate", lora_path="/etc"), 400)
     assert "outside the allowed LoRA roots" in error["message"]
     error = assert_openai_error(client.post(LOAD, json={"lora_name": "y", "lora_path": str(adapter_root / "nope")}), 400)
@@ -170,20 +170,30 @@ def test_bad_bodies_and_refused_adapters_are_4xx(client, adapter_root, engine):
 
 def test_pinned_load_takes_a_slot(client, adapter_root, engine):
     info = load(client, adapter_root, "demo-poet", pinned=True).json()
-    assert info["residency"] == "device" and engine.pinned == {info["id"]}
+    assert info["residency"] == "device"
+    held = engine.stats().lora.adapters[info["id"]]
+    assert held.pinned and held.slot is not None and held.loads == 1
     assert client.get("/v1/lora_adapters").json()["slots"] == {"used": 1, "total": 2}
     client.post(UNLOAD, json={"lora_name": "demo-poet"})
-    assert engine.pinned == set() and engine.removed == [info["id"]]
+    assert info["id"] not in engine.stats().lora.adapters and engine.stats().lora.slots_used == 0
+
+
+def test_a_pinned_load_when_every_slot_is_pinned_is_409(client, adapter_root, engine):
+    for name in ("demo-poet", "demo-short"):
+        assert load(client, adapter_root, name, pinned=True).status_code == 200
+    error = assert_openai_error(load(client, adapter_root, "demo-pirate", pinned=True), 409, "conflict_error")
+    assert "--max-loras" in error["message"]
+    assert [a["name"] for a in client.get("/v1/lora_adapters").json()["adapters"]] == ["demo-poet", "demo-short"]
 
 
 @pytest.mark.parametrize(
     ("header", "status"),
     [(None, 401), ("Basic abc", 401), ("Bearer", 401), ("Bearer wrong", 403), (f"Bearer {TOKEN}", 200)],
 )
-def test_admin_token(engine, demo_model_dir, adapter_root, caplog, header, status):
+def test_admin_token(demo_model_dir, adapter_root, caplog, header, status):
     caplog.set_level(logging.DEBUG)
     headers = {"Authorization": header} if header else {}
-    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
         r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-poet")}, headers=headers)
         assert r.status_code == status, r.text
         if status != 200:
@@ -195,16 +205,16 @@ def test_admin_token(engine, demo_model_dir, adapter_root, caplog, header, statu
     assert TOKEN not in caplog.text
 
 
-def test_stats_and_metrics_per_adapter_with_label_cap(engine, demo_model_dir, adapter_root):
-    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, max_adapter_labels=1) as client:
+def test_stats_and_metrics_per_adapter_with_label_cap(demo_model_dir, adapter_root):
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, max_adapter_labels=1) as client:
         for name in ("demo-poet", "demo-short"):
             load(client, adapter_root, name)
             assert chat(client, name).status_code == 200
-        assert chat(client, "fake").status_code == 200
+        assert chat(client, SERVED).status_code == 200
         metrics = client.get("/metrics").text
         assert 'loraplane_requests_total{adapter="demo-poet",outcome="ok"} 1.0' in metrics
         assert 'loraplane_requests_total{adapter="other",outcome="ok"} 1.0' in metrics  # past the cap
-        assert 'loraplane_requests_total{adapter="fake",outcome="ok"} 1.0' in metrics  # base: always its own
+        assert f'loraplane_requests_total{{adapter="{SERVED}",outcome="ok"}} 1.0' in metrics  # base: always its own
         assert 'adapter="demo-short"' not in metrics
         stats = client.get("/v1/lora_stats").json()
         assert stats["base"]["requests"]["ok"] == 1
@@ -214,7 +224,7 @@ def test_stats_and_metrics_per_adapter_with_label_cap(engine, demo_model_dir, ad
         assert poet["requests"]["ok"] == 1 and poet["generated_tokens"] == 4 and poet["prompt_tokens"] > 0
         assert poet["ttft_seconds"]["samples"] == 1 and poet["e2e_seconds"]["p99"] >= poet["ttft_seconds"]["p50"]
         assert poet["generated_tokens_per_second_1m"] > 0
-        assert {"loads", "evictions", "load_seconds"} <= set(poet)
+        assert poet["loads"] == 1 and poet["evictions"] == 0 and poet["load_seconds"]["total"] > 0
         client.post(UNLOAD, json={"lora_name": "demo-poet"})
         assert [a["name"] for a in client.get("/v1/lora_stats").json()["adapters"]] == ["demo-short"]
 
@@ -229,7 +239,7 @@ def test_unsafe_adapter_names_are_400_naming_lora_name(client, adapter_root, nam
 
 
 def test_the_base_models_name_is_refused_as_an_adapter_name(client, adapter_root):
-    error = assert_openai_error(client.post(LOAD, json={"lora_name": "fake", "lora_path": str(adapter_root / "demo-poet")}),
+    error = assert_openai_error(client.post(LOAD, json={"lora_name": SERVED, "lora_path": str(adapter_root / "demo-poet")}),
                                 400)
     assert error["param"] == "lora_name" and "base model's name" in error["message"]
     assert client.get("/v1/lora_adapters").json()["adapters"] == []
@@ -245,8 +255,8 @@ def test_nul_or_overlong_paths_are_400_not_500(client, adapter_root, kind):
     assert load(client, adapter_root, "demo-poet").status_code == 200  # and the engine is fine
 
 
-def test_listings_show_paths_to_admin_callers_only(engine, demo_model_dir, adapter_root):
-    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+def test_listings_show_paths_to_admin_callers_only(demo_model_dir, adapter_root):
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
         admin = {"Authorization": f"Bearer {TOKEN}"}
         assert load(client, adapter_root, "demo-poet", **{}).status_code == 401
         r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-poet")},
@@ -289,7 +299,7 @@ def test_expected_sha256_refuses_other_content_and_loads_nothing(client, adapter
     assert (held["sha256"], held["version"]) == (digest, 1)
 
 
-def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(engine, demo_model_dir, adapter_root):
+def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(demo_model_dir, adapter_root):
     import msgspec
 
     from shared import engine_admin
@@ -298,7 +308,7 @@ def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(engine, 
     from shared.openapi import ErrorResponse
 
     admin = {"Authorization": f"Bearer {TOKEN}"}
-    with app_client(engine, demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
         doc = client.get("/schema/openapi.json").json()
         paths, components = doc["paths"], doc["components"]["schemas"]
         routes = {LOAD: "post", UNLOAD: "post", "/v1/lora_adapters": "get", "/v1/lora_stats": "get"}
@@ -345,6 +355,6 @@ def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(engine, 
               engine_admin.UnloadedAdapter)
         assert seen[LOAD] == {200, 400, 401, 403, 409, 413} and seen[UNLOAD] == {200, 400, 404}
         assert all(seen[p] <= documented[p] for p in routes)
-    with app_client(engine, demo_model_dir, adapter_root) as off:  # LoRA off: the documented 400
+    with app_client(demo_model_dir, adapter_root) as off:  # LoRA off: the documented 400
         for p in ("/v1/lora_adapters", "/v1/lora_stats"):
             assert_openai_error(off.get(p), 400)

@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 from data_plane.lora.slots import AdapterEngineStats, LoRAEngineStats
 from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import EngineMetrics
-from tests.data_plane.api.fakes import FakeStats
+from tests.data_plane.api.engines import engine_stats
 
 
 def test_each_app_has_its_own_registry():
@@ -36,7 +36,7 @@ def test_request_timings():
 
 
 def test_engine_stats_are_read_at_scrape_time():
-    stats = FakeStats(num_running=2, num_waiting=1, kv_blocks_total=100, kv_blocks_used=7)
+    stats = engine_stats(num_running=2, num_waiting=1, kv_blocks_total=100, kv_blocks_used=7)
     m = EngineMetrics(lambda: stats)
     text = m.render().decode()
     assert "loraplane_running_sequences 2.0" in text and "loraplane_kv_blocks_used 7.0" in text
@@ -70,7 +70,7 @@ def test_adapter_label_cap_and_unresolved_names():
 
 
 def test_engine_lora_counters_become_monotonic_prometheus_series():
-    stats = FakeStats(lora=LoRAEngineStats(4, 1, {7: AdapterEngineStats(slot=0, running=2, waiting=1)}))
+    stats = engine_stats(lora=LoRAEngineStats(4, 1, {7: AdapterEngineStats(slot=0, running=2, waiting=1)}))
     names = {7: "poet", 8: "poet", 9: "short"}
     m = EngineMetrics(lambda: stats, base_name="base", adapter_names=names.get)
     a = stats.lora.adapters[7]

@@ -13,15 +13,22 @@ from litestar.testing import TestClient
 from data_plane.api import schemas
 from data_plane.api.app import create_app
 from shared.openapi import ErrorResponse
-from tests.data_plane.api.fakes import FakeConfig, FakeEngine
+from tests.data_plane.api.engines import MAX_MODEL_LEN, SERVED, make_engine
 from tests.data_plane.api.test_app import CHAT, COMPLETIONS, chat_body, sse_events
 
 
-def client_for(**config) -> TestClient:
-    return TestClient(create_app(FakeEngine(), FakeConfig(**config)), raise_server_exceptions=False)
+@pytest.fixture
+def client_for(demo_model_dir):
+    """An app over a real engine on the demo checkpoint, with these EngineConfig fields."""
+
+    def make(**config) -> TestClient:
+        engine = make_engine(demo_model_dir, **config)
+        return TestClient(create_app(engine, engine.config), raise_server_exceptions=False)
+
+    return make
 
 
-def test_requests_and_responses_are_typed_with_the_engines_limits():
+def test_requests_and_responses_are_typed_with_the_engines_limits(client_for):
     with client_for(max_n=3, max_stop_strings=5, max_stop_string_length=7) as client:
         doc = client.get("/schema/openapi.json").json()
     components = doc["components"]["schemas"]
@@ -36,7 +43,7 @@ def test_requests_and_responses_are_typed_with_the_engines_limits():
     assert props["n"]["anyOf"][0]["maximum"] == 3
     stop_string, stop_list = props["stop"]["anyOf"][0], props["stop"]["anyOf"][1]
     assert stop_string["maxLength"] == 7 and stop_list["maxItems"] == 5
-    assert props["max_tokens"]["anyOf"][0]["maximum"] == FakeConfig().max_model_len
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == MAX_MODEL_LEN
     assert props["seed"]["anyOf"][0]["maximum"] == 2**63 - 1
     roles = components["ChatMessage"]["properties"]["role"]["enum"]
     assert "user" in roles and "wizard" not in roles
@@ -45,12 +52,12 @@ def test_requests_and_responses_are_typed_with_the_engines_limits():
     assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
 
 
-def test_bodies_match_their_schemas():
+def test_bodies_match_their_schemas(client_for):
     with client_for() as client:
         strict = msgspec.json.decode
         strict(client.post(CHAT, json=chat_body(n=2, logprobs=True, top_logprobs=2, return_token_ids=True)).content,
                type=schemas.ChatCompletion)
-        body = {"model": "fake", "prompt": ["ab", "cd"], "max_tokens": 3, "logprobs": 1, "return_token_ids": True}
+        body = {"model": SERVED, "prompt": ["ab", "cd"], "max_tokens": 3, "logprobs": 1, "return_token_ids": True}
         strict(client.post(COMPLETIONS, json=body).content, type=schemas.Completion)
         for path, chunk in ((CHAT, schemas.ChatCompletionChunk), (COMPLETIONS, schemas.CompletionChunk)):
             req = chat_body(stream=True, stream_options={"include_usage": True}, return_token_ids=True, echo=True)
@@ -61,13 +68,13 @@ def test_bodies_match_their_schemas():
             for event in events[:-1]:
                 msgspec.convert(event, type=chunk)
         strict(client.get("/v1/models").content, type=schemas.ModelList)
-        strict(client.get("/v1/models/fake").content, type=schemas.ModelCard)
+        strict(client.get(f"/v1/models/{SERVED}").content, type=schemas.ModelCard)
         strict(client.get("/health").content, type=schemas.Health)
         strict(client.get("/version").content, type=schemas.Version)
         strict(client.get("/v1/models/nope").content, type=ErrorResponse)
 
 
-def test_a_wrong_method_is_405_with_allow():
+def test_a_wrong_method_is_405_with_allow(client_for):
     with client_for() as client:
         r = client.delete(COMPLETIONS)
     assert r.status_code == 405
@@ -75,7 +82,7 @@ def test_a_wrong_method_is_405_with_allow():
     assert r.json()["error"]["code"] == 405
 
 
-def test_the_api_key_guards_inference_only():
+def test_the_api_key_guards_inference_only(client_for):
     with client_for(api_key="sk-test-key") as client:
         doc = client.get("/schema/openapi.json").json()
         for path, method in ((CHAT, "post"), (COMPLETIONS, "post"), ("/v1/models", "get")):
@@ -88,7 +95,7 @@ def test_the_api_key_guards_inference_only():
                 assert error["code"] == "invalid_api_key" and "sk-test-key" not in json.dumps(error)
         ok = {"Authorization": "Bearer sk-test-key"}
         assert client.post(CHAT, json=chat_body(), headers=ok).status_code == 200
-        assert client.get("/v1/models/fake", headers=ok).status_code == 200
+        assert client.get(f"/v1/models/{SERVED}", headers=ok).status_code == 200
         assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
 
 

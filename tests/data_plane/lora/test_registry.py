@@ -1,7 +1,9 @@
 """LoRARegistry against a stand-in for the engine's adapter interface and the real PEFT loader.
 
-The fake engine implements only what the registry calls on an engine (pin/unpin/remove, abort,
-stats); the adapters are real PEFT folders written by data_plane.lora.demo_adapters.
+The fake engine implements only what the registry calls on an engine (the LoRAEngine protocol:
+pin/unpin/remove, abort, stats), scripted so that a test decides when an aborted request lets go;
+test_fake_engine_matches_the_real_one runs the cases both can run against both and compares. The
+adapters are real PEFT folders written by data_plane.lora.demo_adapters.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from data_plane.demo.model_builder import write_demo_model
+from data_plane.engine.llm_engine import EngineStats
 from data_plane.lora.demo_adapters import write_demo_adapters
 from data_plane.lora.entry import AdapterState, Residency
 from data_plane.lora.errors import LoRAAdapterError, LoRAConflictError, LoRANotFoundError
 from data_plane.lora.peft_loader import load_peft_adapter
-from data_plane.lora.registry import LoRARegistry
+from data_plane.lora.registry import LoRAEngine, LoRARegistry
 from data_plane.lora.slots import AdapterEngineStats, LoRAEngineStats
+from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError, LoraplaneError
+from tests.data_plane.api.engines import engine_stats, make_engine
+from tests.data_plane.engine.protocol_check import mismatches
 
 BASE = "demo"
 
@@ -40,10 +45,10 @@ class FakeEngine:
     aborted: list[str] = field(default_factory=list)
     on_abort: dict[str, object] = field(default_factory=dict)  # request id -> lease to release
 
-    async def pin_lora(self, adapter_id: int, weights) -> None:
+    async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
         await asyncio.sleep(0)
-        if len(self.pinned) >= self.slots:
-            raise LoRAAdapterError("every LoRA slot is pinned")
+        if adapter_id not in self.pinned and len(self.pinned) >= self.slots:
+            raise LoRAConflictError("every LoRA slot is pinned")  # as the engine's slot manager does
         assert weights is not None and weights.layers
         self.pinned.add(adapter_id)
         self.resident.add(adapter_id)
@@ -64,9 +69,9 @@ class FakeEngine:
         if lease is not None:  # the request ends a moment later, releasing its lease
             asyncio.get_running_loop().call_soon(lease.release)
 
-    def stats(self) -> SimpleNamespace:
+    def stats(self) -> EngineStats:
         adapters = {i: AdapterEngineStats(slot=0, pinned=i in self.pinned) for i in self.resident}
-        return SimpleNamespace(lora=LoRAEngineStats(self.slots, len(self.resident), adapters))
+        return engine_stats(lora=LoRAEngineStats(self.slots, len(self.resident), adapters))
 
 
 @pytest.fixture(scope="module")
@@ -258,8 +263,9 @@ async def test_unload_frees_the_pinned_slot(registry, adapters, engine):
 async def test_pin_refused_when_all_slots_are_pinned(registry, adapters, engine):
     engine.slots = 1
     await registry.load("demo-poet", str(adapters["demo-poet"]), pinned=True)
-    with pytest.raises(LoRAAdapterError):
+    with pytest.raises(LoRAConflictError) as refused:
         await registry.load("demo-short", str(adapters["demo-short"]), pinned=True)
+    assert refused.value.status_code == 409
     assert [e.name for e in registry.entries()] == ["demo-poet"]
 
 
@@ -434,3 +440,46 @@ async def test_unsafe_names_are_refused_on_every_way_in(registry, adapters, name
     with pytest.raises(InvalidRequestError, match="not a valid adapter name") as err:
         await registry.load(name, str(adapters["demo-poet"]))
     assert err.value.param == "lora_name" and list(registry.entries()) == []
+
+
+# ---- the fake against the real engine ----------------------------------------------------------
+
+
+async def pin_scenario(engine: LoRAEngine, weights: list[LoRAAdapterWeights]) -> list[object]:
+    """What a registry can do to an engine with two slots, and what it sees: pins until full, a pin
+    again (idempotent), unpin, remove (also of an id never pinned); each step's error type and status
+    (or None) and the slot figures after it."""
+    seen: list[object] = []
+
+    async def do(call: object) -> None:
+        try:
+            await call  # type: ignore[misc]
+            seen.append(None)
+        except LoraplaneError as exc:
+            seen.append((type(exc).__name__, exc.status_code))
+        lora = engine.stats().lora
+        seen.append((lora.slots_used, sorted(i for i, a in lora.adapters.items() if a.pinned)))
+
+    await do(engine.pin_lora(1, weights[0]))
+    await do(engine.pin_lora(2, weights[1]))
+    await do(engine.pin_lora(3, weights[2]))  # every slot pinned: 409
+    await do(engine.pin_lora(2, weights[1]))  # already pinned: fine
+    await do(engine.unpin_lora(1))
+    await do(engine.remove_lora(1))
+    await do(engine.remove_lora(99))  # never known: nothing to free
+    await do(engine.pin_lora(3, weights[2]))  # a slot is free again
+    return seen
+
+
+async def test_fake_engine_matches_the_real_one(demo_model_dir, base_dir, roots, adapters):
+    loader = make_registry(FakeEngine(), base_dir, roots)._loader
+    weights = [loader(str(adapters[name])) for name in ("demo-poet", "demo-short", "demo-pirate")]
+    real = make_engine(demo_model_dir, enable_lora=True, max_loras=2, max_lora_rank=64)
+    assert mismatches(real, LoRAEngine) == [] and mismatches(FakeEngine(), LoRAEngine) == []
+    real.start()
+    try:
+        expected = await pin_scenario(real, weights)
+    finally:
+        await real.shutdown()
+    assert expected[4] == ("LoRAConflictError", 409)  # the case the fake once got wrong (400)
+    assert await pin_scenario(FakeEngine(slots=2), weights) == expected

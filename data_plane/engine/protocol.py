@@ -1,0 +1,71 @@
+"""EngineProtocol: everything the API layer may call on an engine, and the types it answers with.
+
+The HTTP services, the app factory, the control-plane client and the shutdown code are typed against
+this protocol, never against `Any`. AsyncLLMEngine implements it (tests/data_plane/engine/
+test_protocol.py checks each member's signature against this one); a test double, where one is
+still needed, implements it too and is checked against the real engine for the cases both can run.
+
+Two narrower protocols name what a part needs and nothing more: `EngineHealth` (the control-plane
+heartbeat) and `LoRAEngine` (the adapter registry, data_plane/lora/registry.py); EngineProtocol is
+both, plus generation and the lifecycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+from data_plane.config import EngineConfig
+from data_plane.engine.llm_engine import EngineStats
+from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.sequence import Request
+from data_plane.lora.registry import LoRAEngine
+from data_plane.lora.weights import LoRAAdapterWeights
+from data_plane.tokenizer import Tokenizer
+
+__all__ = ["EngineHealth", "EngineProtocol", "EngineStats", "LoRAEngine"]
+
+
+class EngineHealth(Protocol):
+    """What a heartbeat reports: whether the step loop runs, why not, and the engine's figures."""
+
+    healthy: bool  # False once the step loop has died; it never comes back
+    dead_reason: str | None  # a generic reason once dead (the log has the detail), None while healthy
+
+    def stats(self) -> EngineStats:
+        """The figures of the last step (queues, KV blocks, prefix cache, LoRA slots); never blocks."""
+        ...
+
+
+class EngineProtocol(EngineHealth, LoRAEngine, Protocol):
+    config: EngineConfig  # finalized: max_model_len and max_prompt_chars are set
+    tokenizer: Tokenizer
+    vocab_size: int  # the model's: prompt token ids must be below it
+
+    def start(self) -> None:
+        """Start the step loop; call inside the event loop that will consume the outputs."""
+        ...
+
+    async def shutdown(self) -> None: ...
+
+    def generate(self, request: Request) -> AsyncGenerator[RequestOutput, None]:
+        """The request's outputs, one per step, the last one `finished`. Refusals on admission
+        (invalid, overloaded, engine dead) raise at the first `anext`; closing the generator before
+        the end aborts the request."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """End the request at the next step (its stream then gets a finished `abort` output)."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
+        """Copy the adapter into a device slot now and keep it there; 409 when every slot is pinned or busy."""
+        ...
+
+    async def unpin_lora(self, adapter_id: int) -> None: ...
+
+    async def remove_lora(self, adapter_id: int) -> None:
+        """Free the adapter's slot; the caller makes sure none of its requests is still in flight."""
+        ...
