@@ -7,8 +7,10 @@ its manifest digest (shared.manifest). A push names the version as an `ArtifactR
                                                                   "url": "<control plane>/v1/artifacts/<digest>"}}
 
 The engine then
-1. checks that `url` lies on an origin it was configured to trust (its control plane, or the artifact
-   store's endpoint): never a URL taken from a body as it is;
+1. resolves `url` against its own `--control-plane` URL (the control plane sends a path, `/v1/artifacts/
+   <digest>`, unless it was told its public URL) and checks that the result lies on an origin it was
+   configured to trust (its control plane, or the artifact store's endpoint): never a URL taken from a
+   body as it is;
 2. `GET`s the manifest (`ArtifactManifest`, with its engine token) and checks that the files it lists
    hash to `digest` (`manifest_matches`);
 3. fetches each file from `ArtifactFile.url` when given (a presigned store URL, same origin rule) or else
@@ -45,7 +47,7 @@ class ArtifactRef(msgspec.Struct, kw_only=True):
     """A version named by content: its manifest digest and where its manifest is served."""
 
     digest: Digest
-    url: Url
+    url: Url  # absolute, or a path on the engine's own control plane (`manifest_url("", digest)`)
 
 
 class ArtifactFile(msgspec.Struct, kw_only=True):
