@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import nn
 
-from data_plane.model.layers.parallel import default_weight_loader
+from data_plane.model.layers.parallel import ShardId, default_weight_loader
 from shared.errors import UnsupportedModelError
 
 # (fused parameter, HF projection, shard id): q/k/v_proj -> qkv_proj, gate/up_proj -> gate_up_proj
-STACKED_PARAMS: list[tuple[str, str, Any]] = [
+STACKED_PARAMS: list[tuple[str, str, ShardId]] = [
     (".qkv_proj.", ".q_proj.", "q"),
     (".qkv_proj.", ".k_proj.", "k"),
     (".qkv_proj.", ".v_proj.", "v"),
@@ -30,7 +29,7 @@ def hf_names_of(param_name: str) -> list[str]:
     return names or [param_name]
 
 
-def to_param_name(hf_name: str) -> tuple[str, Any]:
+def to_param_name(hf_name: str) -> tuple[str, ShardId]:
     """Checkpoint tensor name -> (our parameter name, shard id or None)."""
     for fused, hf, shard_id in STACKED_PARAMS:
         if hf in hf_name:
