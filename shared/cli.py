@@ -1,12 +1,14 @@
 """The `loraplane` console script: dispatch on the first argument to a subcommand module.
 
 Subcommand modules are imported only when chosen, so `loraplane demo-model` does not import the
-web stack and `loraplane --help` imports nothing heavy.
+web stack and `loraplane --help` imports nothing heavy. The base install (`pip install loraplane`) has no
+torch: the commands that run an engine say which extra to install instead of failing on an import.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 
@@ -17,6 +19,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("control_plane.up", "start the control plane and one engine on the demo model, adapters loaded"),
     "demo-model": ("data_plane.demo.cli", "write a small random Qwen2 checkpoint for demos and tests"),
 }
+# Commands that run the engine (or write a torch checkpoint): they need `pip install 'loraplane[engine]'`.
+NEEDS_ENGINE = frozenset({"engine", "up", "demo-model"})
+ENGINE_EXTRA_HINT = "install loraplane[engine] (pip install 'loraplane[engine]'): it adds torch and the engine"
 
 
 def _usage() -> str:
@@ -40,6 +45,10 @@ def run(argv: list[str]) -> int:
     if name not in SUBCOMMANDS:
         print(f"loraplane: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if name in NEEDS_ENGINE and importlib.util.find_spec("torch") is None:
+        print(f"loraplane: the {name!r} command needs the engine, which this installation lacks; "
+              f"{ENGINE_EXTRA_HINT}", file=sys.stderr)
+        return 1
     module_name = SUBCOMMANDS[name][0]
     try:
         command = _load(module_name)

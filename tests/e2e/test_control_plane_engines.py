@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -40,14 +40,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def control_plane(tmp: Path, adapter_root: Path, **extra_env: str) -> Iterator[str]:
+def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.executable, "-m", "shared.cli"),
+                  **extra_env: str) -> Iterator[str]:
+    """`loraplane control` on SQLite under tmp, through `launcher` (another install's `loraplane`)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     credentials = ",".join(f"{name}={token}" for name, token in CP_TOKENS.items())
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
            "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
            "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", **extra_env}
-    cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(port), "--lora-roots", str(adapter_root),
+    cmd = [*launcher, "control", "--port", str(port), "--lora-roots", str(adapter_root),
            "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning"]
     log = tmp / "control.log"
     with log.open("w") as out:
