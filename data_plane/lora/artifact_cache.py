@@ -1,0 +1,233 @@
+"""The engine's disk cache of adapter versions fetched by digest: DIR/<digest>/<files>, LRU-bounded.
+
+- A folder appears under its digest only complete: files are fetched into DIR/.partial/<digest>.<nonce>/
+  (each verified and fsynced by artifact_fetch), the manifest is written beside them as `.manifest.json`
+  (a name no artifact file can have), and the whole folder is renamed into place, then the directory
+  fsynced. A crash or a failed fetch leaves only .partial/ debris, removed at the next start.
+- A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
+  Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed: every load
+  re-hashes the files anyway (the PEFT loader digests what it reads and the registry refuses another
+  digest), so a second full hash here would only double the cost of a hit. A folder whose files
+  changed since is dropped by `discard` when that load check fails, and fetched again.
+- Concurrent needs of one digest fetch it once (one lock per digest; the waiters then find it cached).
+- `max_bytes` bounds the cache: before a fetch, the least recently used digests are evicted that are
+  neither held (a fetch or load in progress: `acquire`) nor in use (`in_use`: the digests the LoRA
+  registry serves, pinned or not, whose files it may re-read when its host copy was dropped).
+- One engine per cache folder: an flock on DIR/.lock refuses a second process at open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import shutil
+import stat
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from data_plane.config import ConfigError
+from data_plane.lora.artifact_fetch import ArtifactFetcher
+from data_plane.lora.keyed_lock import KeyedLock
+from data_plane.lora.reader import read_off_loop
+from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
+from shared.errors import OverloadedError
+
+MANIFEST_NAME = ".manifest.json"
+PARTIAL_DIR = ".partial"
+LOCK_NAME = ".lock"
+_DIGEST = re.compile(DIGEST_PATTERN)
+
+
+@dataclass
+class ArtifactStats:
+    """Counters since the engine started (exported by artifact_metrics)."""
+
+    hits: int = 0  # needs met from the cache (no request made)
+    misses: int = 0  # needs that fetched
+    fetches: int = 0  # versions fetched and verified into the cache
+    fetch_failures: int = 0
+    fetched_bytes: int = 0  # bytes received, verified or not
+    evictions: int = 0
+
+
+class ArtifactCache:
+    def __init__(
+        self, root: Path, max_bytes: int, fetcher: ArtifactFetcher, *,
+        in_use: Callable[[], Collection[str]] = frozenset, stats: ArtifactStats | None = None,
+        remove_on_close: bool = False,  # a temporary folder of this process only
+    ) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.fetcher = fetcher
+        self.in_use = in_use
+        self.stats = stats if stats is not None else ArtifactStats()
+        self._remove_on_close = remove_on_close
+        self._entries: OrderedDict[str, int] = OrderedDict()  # digest -> bytes, least recently used first
+        self._holds: Counter[str] = Counter()
+        self._reserved = 0  # bytes of fetches in progress
+        self._locks = KeyedLock()
+        self._lock_file: IO[bytes] | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(self._entries.values())
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._entries
+
+    # ---- open / close (blocking: at start and shutdown) ----------------------------------------
+    def open(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = (self.root / LOCK_NAME).open("ab")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise ConfigError(f"--lora-cache-dir {str(self.root)!r} is in use by another engine process; give "
+                              "each engine a folder of its own") from None
+        self._lock_file = lock
+        shutil.rmtree(self.root / PARTIAL_DIR, ignore_errors=True)  # what a crash or a failed fetch left
+        (self.root / PARTIAL_DIR).mkdir()
+        found = []
+        for child in self.root.iterdir():
+            if _DIGEST.match(child.name) and child.is_dir():
+                size = _verified_size(child)
+                if size is None:
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    found.append((child.stat().st_mtime, child.name, size))
+        for _, digest, size in sorted(found):  # mtime is the last use (touched on every hit)
+            self._entries[digest] = size
+
+    def close(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
+        if self._remove_on_close:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---- use -----------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def acquire(self, ref: ArtifactRef) -> AsyncIterator[Path]:
+        """The verified folder of `ref`'s version, fetched if not cached; it is not evicted while held."""
+        self.fetcher.check(ref)  # the origin rule holds for cached digests too: the same push, the same answer
+        digest = ref.digest
+        self._holds[digest] += 1
+        try:
+            async with self._locks(digest):
+                folder = self._hit(digest)
+                if folder is None:
+                    self.stats.misses += 1
+                    folder = await self._fetch(ref)
+                else:
+                    self.stats.hits += 1
+            yield folder
+        finally:
+            self._holds[digest] -= 1
+            if not self._holds[digest]:
+                del self._holds[digest]
+
+    async def discard(self, digest: str) -> None:
+        """Drop a cached version whose files no longer hash to its digest (the next need fetches it)."""
+        if digest in self._entries:
+            del self._entries[digest]
+            await self._remove(self.root / digest)
+
+    def _hit(self, digest: str) -> Path | None:
+        if digest not in self._entries:
+            return None
+        folder = self.root / digest
+        if _verified_size(folder) is None:  # files removed or truncated behind the engine's back
+            del self._entries[digest]
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        self._entries.move_to_end(digest)
+        with contextlib.suppress(OSError):
+            os.utime(folder)  # the LRU order survives a restart
+        return folder
+
+    async def _fetch(self, ref: ArtifactRef) -> Path:
+        manifest = await self.fetcher.manifest(ref)
+        size = manifest.size_bytes
+        await self._make_room(size)
+        self._reserved += size
+        partial = self.root / PARTIAL_DIR / f"{ref.digest}.{secrets.token_hex(4)}"
+        try:
+            partial.mkdir()
+            await self.fetcher.download(manifest, partial)
+            folder = await read_off_loop(self._publish, partial, manifest)
+        except BaseException:
+            self.stats.fetch_failures += 1
+            shutil.rmtree(partial, ignore_errors=True)  # sync: also when cancelled, nothing partial stays
+            raise
+        finally:
+            self._reserved -= size
+        self.stats.fetches += 1
+        self._entries[ref.digest] = size
+        return folder
+
+    def _publish(self, partial: Path, manifest: ArtifactManifest) -> Path:
+        """Blocking: the manifest beside the files, then the whole folder renamed into place, durably."""
+        with (partial / MANIFEST_NAME).open("xb") as fh:
+            fh.write(msgspec.json.encode(manifest))
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(partial)
+        folder = self.root / manifest.digest
+        shutil.rmtree(folder, ignore_errors=True)  # an invalid leftover _hit found
+        partial.rename(folder)
+        _fsync_dir(self.root)
+        return folder
+
+    async def _make_room(self, size: int) -> None:
+        busy = set(self.in_use()) | set(self._holds)
+        while self.size_bytes + self._reserved + size > self.max_bytes:
+            victim = next((d for d in self._entries if d not in busy), None)
+            if victim is None:
+                raise OverloadedError(
+                    f"the LoRA cache cannot take {size} more bytes: {self.size_bytes + self._reserved} of "
+                    f"--lora-cache-max-bytes {self.max_bytes} are adapters in use or being fetched; unload "
+                    "some or raise the limit", param="artifact", code="lora_cache_full")
+            del self._entries[victim]
+            self.stats.evictions += 1
+            await self._remove(self.root / victim)
+
+    async def _remove(self, folder: Path) -> None:
+        # renamed away first (instant), so the digest's folder is gone even if the removal is interrupted
+        trash = self.root / PARTIAL_DIR / f"{folder.name}.evicted.{secrets.token_hex(4)}"
+        try:
+            folder.rename(trash)
+        except OSError:
+            return
+        await read_off_loop(shutil.rmtree, trash, True)
+
+
+def _verified_size(folder: Path) -> int | None:
+    """The version's size if `folder` holds its manifest and every listed file with the listed size."""
+    try:
+        manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ArtifactManifest)
+        if manifest.digest != folder.name or not manifest_matches(manifest):
+            return None
+        for f in manifest.files:
+            st = (folder / f.name).lstat()  # a symlink is not a cached file: it could lead anywhere
+            if not stat.S_ISREG(st.st_mode) or st.st_size != f.size:
+                return None
+    except (OSError, msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return manifest.size_bytes
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

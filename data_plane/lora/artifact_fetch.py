@@ -1,0 +1,249 @@
+"""Fetch an adapter version named by content (shared.artifacts.ArtifactRef) and verify every byte of it.
+
+The rules, in the order they are applied:
+1. Origins. A URL is fetched only when its origin (scheme, host, port) is the engine's control plane
+   (--control-plane) or the configured artifact store endpoint (--lora-artifact-endpoint, for
+   presigned object-store URLs). Anything else is refused before a request is made: a body cannot
+   make the engine fetch from (or send its token to) another host. Redirects are never followed.
+2. The manifest (`GET ref.url`, with the engine's control-plane token when it goes to the control
+   plane) must be the version the push named (`manifest.digest == ref.digest`) and its files must hash
+   to that digest (`manifest_matches`): a manifest cannot vouch for itself.
+3. Each file is streamed (from its presigned `url`, or the control plane's `file_url`) into the folder
+   given, hashed as it is written; more bytes than listed, fewer, or another sha256 refuse the load
+   with `checksum mismatch for <name>`. The caller (artifact_cache) only ever publishes a folder
+   whose every file passed.
+
+Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
+the number of files, and the version's size (the cache's capacity: a bigger one could never be kept).
+Hashing and writing run in the LoRA reader's low-priority threads (hashlib and file writes release the
+GIL), a MiB at a time, so the event loop and the engine's step thread keep their pace while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import msgspec
+
+from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.reader import read_off_loop
+from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
+from shared.errors import LoraplaneError, PayloadTooLargeError
+
+FETCH_TIMEOUT_S = 600.0  # one whole version (manifest and every file)
+READ_TIMEOUT_S = 30.0  # connect, or one read: a server that stops sending
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_FILES = 64
+WRITE_CHUNK = 1 << 20  # bytes handed to a writer thread at once
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class ArtifactFetchError(LoraplaneError):
+    """The artifact could not be fetched right now (unreachable, 5xx, timeout, local disk): worth a retry,
+    unlike the refusals (LoRAAdapterError, 400), which name what is wrong with the artifact itself."""
+
+    status_code = 502
+    error_type = "artifact_unavailable"
+
+
+def refusal(message: str, code: str) -> LoRAAdapterError:
+    return LoRAAdapterError(message, param="artifact", code=code)
+
+
+def origin_of(url: str) -> str | None:
+    """`scheme://host:port` (lower case, default port filled in) of an http(s) URL; None for anything else."""
+    try:
+        u = httpx.URL(url)
+    except httpx.InvalidURL:
+        return None
+    if u.scheme not in _DEFAULT_PORTS or not u.host:
+        return None
+    return f"{u.scheme}://{u.host}:{u.port or _DEFAULT_PORTS[u.scheme]}"
+
+
+@dataclass(frozen=True)
+class ArtifactOrigins:
+    """Where artifacts may come from: the control plane (base URL, may carry a path prefix) and the store."""
+
+    control_plane: str | None  # the engine's --control-plane URL
+    store: str | None = None  # --lora-artifact-endpoint: presigned object-store URLs lie here
+
+    def trusted(self) -> list[str]:
+        return [o for o in (origin_of(u) for u in (self.control_plane, self.store) if u) if o is not None]
+
+    def check(self, url: str, what: str) -> None:
+        origin = origin_of(url)
+        if origin is None or origin not in self.trusted():
+            trusted = ", ".join(self.trusted()) or "none configured: start the engine with --control-plane"
+            raise refusal(
+                f"{what} URL {_shown(url)} is not on a trusted origin; artifacts are fetched only from the "
+                f"engine's control plane or its artifact store endpoint ({trusted}); nothing was fetched",
+                "untrusted_artifact_origin")
+
+    def is_control_plane(self, url: str) -> bool:
+        return self.control_plane is not None and origin_of(url) == origin_of(self.control_plane)
+
+
+class ArtifactFetcher:
+    """Fetches manifests and files over one httpx client (open until `aclose`)."""
+
+    def __init__(
+        self, origins: ArtifactOrigins, token: str | None, *, max_bytes: int, timeout_s: float = FETCH_TIMEOUT_S,
+        read_timeout_s: float = READ_TIMEOUT_S, on_bytes: Callable[[int], None] | None = None,
+    ) -> None:
+        self.origins = origins
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self._on_bytes = on_bytes  # bytes received (metrics)
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        # identity: sizes are checked against the bytes as stored; never follow a redirect elsewhere
+        self._http = httpx.AsyncClient(timeout=read_timeout_s, follow_redirects=False, trust_env=False,
+                                       headers={"accept-encoding": "identity"})
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def check(self, ref: ArtifactRef) -> None:
+        """The origin rule for the push's URL: refused before anything is asked of anyone."""
+        self.origins.check(ref.url, "artifact")
+
+    async def manifest(self, ref: ArtifactRef) -> ArtifactManifest:
+        """The version's manifest, checked to be the version `ref` names (and its file URLs trusted)."""
+        self.check(ref)
+        async with self._deadline(f"the manifest of {ref.digest[:16]}…"):
+            manifest = await self._get_manifest(ref)
+        for f in manifest.files:  # every URL checked before the first byte of a file is fetched
+            self.origins.check(self._file_url(manifest, f), f"file {f.name}")
+        return manifest
+
+    async def _get_manifest(self, ref: ArtifactRef) -> ArtifactManifest:
+        raw = bytearray()
+        async with self._stream(ref.url, "manifest") as r:
+            async for chunk in r.aiter_bytes():
+                raw += chunk
+                if len(raw) > MAX_MANIFEST_BYTES:
+                    raise refusal(f"the manifest of {ref.digest[:16]}… is larger than {MAX_MANIFEST_BYTES} bytes",
+                                  "bad_manifest")
+        try:
+            manifest = msgspec.json.decode(bytes(raw), type=ArtifactManifest)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise refusal(f"the manifest of {ref.digest[:16]}… is not valid ({str(exc)[:200]})", "bad_manifest") \
+                from None
+        if manifest.digest != ref.digest or not manifest_matches(manifest):
+            raise refusal(f"checksum mismatch for the manifest of {ref.digest[:16]}…: its files are not the "
+                          "version the load names; nothing was loaded", "checksum_mismatch")
+        if len(manifest.files) > MAX_FILES:
+            raise refusal(f"the manifest lists {len(manifest.files)} files (at most {MAX_FILES})", "bad_manifest")
+        if manifest.size_bytes > self.max_bytes:
+            raise PayloadTooLargeError(
+                f"adapter {ref.digest[:16]}… is {manifest.size_bytes} bytes, more than the engine's LoRA cache "
+                f"holds (--lora-cache-max-bytes {self.max_bytes})", param="artifact", code="artifact_too_large")
+        return manifest
+
+    async def download(self, manifest: ArtifactManifest, folder: Path) -> None:
+        """Write every file of `manifest` into `folder` (which exists), each verified and fsynced."""
+        async with self._deadline(f"adapter {manifest.digest[:16]}…"):
+            for f in manifest.files:
+                await self._download_file(manifest, f, folder / f.name)
+
+    @asynccontextmanager
+    async def _deadline(self, what: str) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                yield
+        except TimeoutError:
+            raise ArtifactFetchError(f"{what} was not fetched within {self.timeout_s:g} s", param="artifact") \
+                from None
+
+    def _file_url(self, manifest: ArtifactManifest, f: ArtifactFile) -> str:
+        if f.url is not None:
+            return f.url
+        if self.origins.control_plane is None:
+            raise refusal(f"file {f.name} has no URL and the engine has no --control-plane to fetch it from",
+                          "untrusted_artifact_origin")
+        return file_url(self.origins.control_plane, manifest.digest, f.name)
+
+    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, path: Path) -> None:
+        sink = await read_off_loop(_Sink, path)
+        try:
+            buffer = bytearray()
+            async with self._stream(self._file_url(manifest, f), f"file {f.name}") as r:
+                async for chunk in r.aiter_bytes():
+                    if sink.size + len(buffer) + len(chunk) > f.size:
+                        raise _mismatch(f, f"more than the {f.size} bytes listed")
+                    buffer += chunk
+                    if self._on_bytes is not None:
+                        self._on_bytes(len(chunk))
+                    if len(buffer) >= WRITE_CHUNK:
+                        await read_off_loop(sink.write, bytes(buffer))
+                        buffer.clear()
+            if buffer:
+                await read_off_loop(sink.write, bytes(buffer))
+            if sink.size != f.size:
+                raise _mismatch(f, f"{sink.size} bytes received, {f.size} listed")
+            if sink.hexdigest() != f.sha256:
+                raise _mismatch(f, f"sha256 {sink.hexdigest()[:16]}… received, {f.sha256[:16]}… listed")
+            await read_off_loop(sink.finish)
+        except OSError as exc:
+            raise ArtifactFetchError(f"cannot write {f.name} into the LoRA cache ({exc.strerror or exc})",
+                                     param="artifact") from None
+        finally:
+            sink.close()
+
+    @asynccontextmanager
+    async def _stream(self, url: str, what: str) -> AsyncIterator[httpx.Response]:
+        """A streamed 200 response; any other answer is a refusal (final) or a fetch error (retry)."""
+        where = f"{what} at {_shown(url)}"
+        headers = self._auth if self.origins.is_control_plane(url) else {}  # the token goes nowhere else
+        try:
+            async with self._http.stream("GET", url, headers=headers) as r:
+                if 300 <= r.status_code < 400:
+                    raise refusal(f"{where} answered {r.status_code} (redirects are not followed)", "artifact_redirect")
+                if 400 <= r.status_code < 500:
+                    raise refusal(f"{where} answered {r.status_code}", "artifact_not_available")
+                if r.status_code != 200:
+                    raise ArtifactFetchError(f"{where} answered {r.status_code}", param="artifact")
+                yield r
+        except httpx.HTTPError as exc:  # connect, read timeout, or the body broke off (the server died)
+            raise ArtifactFetchError(f"{where}: {type(exc).__name__}", param="artifact") from None
+
+
+class _Sink:
+    """One file being written and hashed (its methods run in a reader thread)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = path.open("xb")
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._fh.write(data)
+        self.size += len(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def finish(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _mismatch(f: ArtifactFile, detail: str) -> LoRAAdapterError:
+    return refusal(f"checksum mismatch for {f.name}: {detail}; nothing was loaded", "checksum_mismatch")
+
+
+def _shown(url: str) -> str:
+    """A URL for a message: without its query (a presigned URL's query is a credential), bounded."""
+    base = url.split("?", 1)[0]
+    return repr(base[:200] + ("…" if len(base) > 200 else ""))
