@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shared.errors import LoraplaneError
-from shared.logging_setup import add_log_format_argument, configure_logging
+from shared.logging_setup import LOG_FORMAT_ENV, add_log_format_argument, configure_logging
 
 if TYPE_CHECKING:
     from data_plane.config import EngineConfig
@@ -235,6 +235,7 @@ def torchrun_rank() -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    os.environ[LOG_FORMAT_ENV] = args.log_format  # tensor-parallel ranks are spawned with it
     import uvicorn
 
     from data_plane.api.app import create_app

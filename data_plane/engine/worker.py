@@ -6,7 +6,6 @@ worker_main, which builds its runner the same way and then follows rank 0's broa
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ from data_plane.lora.model_lora import enable_lora
 from data_plane.lora.slots import LoRASlotManager
 from data_plane.model.config import ModelConfig
 from data_plane.model.loader import load_model
+from shared.logging_setup import LOG_FORMAT_ENV, configure_logging
 
 
 @dataclass
@@ -67,7 +67,8 @@ def build_runner(config: EngineConfig, rank: int = 0, init_method: str | None = 
 
 def worker_main(rank: int, config: EngineConfig, init_method: str) -> None:
     """Ranks 1..N-1: load this rank's shard, then run whatever rank 0 broadcasts, until shutdown."""
-    logging.basicConfig(level=logging.WARNING)
+    # a spawned rank starts afresh: the format rank 0 chose comes in its environment (server.main sets it)
+    configure_logging("warning", os.environ.get(LOG_FORMAT_ENV, "text"))
     built = build_runner(config, rank, init_method)
     follow_rank0(built.runner.forward, built.lora_slots.write_slot if built.lora_slots else None)
     destroy_group()
