@@ -59,6 +59,10 @@ class EngineConfig:
     lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded at start
     max_adapter_labels: int = 100  # Prometheus `adapter` label values; past this they fold into "other"
     default_drain_timeout_s: float = 30.0
+    # Adapters named by digest (`artifact` loads) are fetched from the control plane and cached on disk
+    lora_cache_dir: str | None = None  # None: a temporary folder of this process, removed at shutdown
+    lora_cache_max_bytes: int = 8 << 30
+    lora_artifact_endpoint: str | None = None  # the object store's URL: presigned file URLs may lie there
     # Control plane: register there at start, heartbeat, and resolve unknown `model` names through it
     control_plane_url: str | None = None
     control_plane_token: str | None = None  # this engine's token there (its LORAPLANE_ENGINE_CREDENTIALS entry)
@@ -106,6 +110,11 @@ class EngineConfig:
                 self.lora_roots = [str(Path(p).resolve().parent) for p in self.lora_modules.values()]
         elif self.lora_modules:
             raise ConfigError("--lora-modules needs --enable-lora")
+        if self.lora_cache_max_bytes < 1:
+            raise ConfigError("--lora-cache-max-bytes must be at least 1")
+        if self.lora_artifact_endpoint is not None and not self.lora_artifact_endpoint.startswith(
+                ("http://", "https://")):
+            raise ConfigError(f"--lora-artifact-endpoint {self.lora_artifact_endpoint!r}: expected an http(s):// URL")
         if self.control_plane_url is not None:
             if not self.control_plane_url.startswith(("http://", "https://")):
                 raise ConfigError(f"--control-plane {self.control_plane_url!r}: expected an http(s):// URL")

@@ -18,6 +18,7 @@ from typing import Annotated
 
 import msgspec
 
+from shared.artifacts import ArtifactRef
 from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
 
 Name = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
@@ -154,3 +155,5 @@ class ResolvedAdapter(msgspec.Struct, kw_only=True):
     version: Count
     uri: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
     sha256: Sha256
+    # where the engine fetches the version by digest (shared.artifacts); when given, `uri` is not read
+    artifact: ArtifactRef | None = None

@@ -29,6 +29,8 @@ from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
 from data_plane.engine.protocol import EngineProtocol
+from data_plane.lora.artifact_metrics import ArtifactCollector
+from data_plane.lora.artifact_source import ArtifactSource, artifact_cache_for
 from data_plane.lora.registry import Loader, LoRARegistry, loader_for
 from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
@@ -174,16 +176,19 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     base_name = config.served_model_name or config.model
     request_stats = AdapterRequestStats()
     registry = None
+    artifacts = None  # versions named by digest: fetched from the control plane into the engine's cache
     if config.enable_lora:
+        cache = artifact_cache_for(config)
         registry = LoRARegistry(
             engine,
-            lora_loader or loader_for(config),
+            lora_loader or loader_for(config, cache_dir=str(cache.root)),
             base_name=base_name,
             max_cpu_loras=config.max_cpu_loras,
             default_drain_timeout_s=config.default_drain_timeout_s,
             on_unloaded=request_stats.forget,
         )
-    resolver = ModelResolver(base_name, config.model, config.max_model_len, registry)
+        artifacts = ArtifactSource(registry, cache)
+    resolver = ModelResolver(base_name, config.model, config.max_model_len, registry, artifacts=artifacts)
     engine_metrics = EngineMetrics(
         engine.stats,
         base_name=base_name,
@@ -193,6 +198,8 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     )
     if registry is not None and engine_metrics.lora is not None:
         registry.before_remove = engine_metrics.lora.sync
+    if artifacts is not None:
+        engine_metrics.registry.register(ArtifactCollector(artifacts.cache))
     state = State(
         {
             "engine": engine,
@@ -208,12 +215,14 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
             "metrics": engine_metrics,
             "chat": ChatService(engine, resolver, engine_metrics),
             "completion": CompletionService(engine, resolver, engine_metrics),
-            "lora": LoRAService(registry, engine, request_stats, base_name),
+            "lora": LoRAService(registry, engine, request_stats, base_name, artifacts),
         }
     )
 
     async def start_engine() -> None:
         engine.start()  # captures the running loop: the engine thread hands outputs back to it
+        if artifacts is not None:
+            await artifacts.open()
         if registry is not None:
             for name, path in config.lora_modules.items():  # --lora-modules: a failure stops the start
                 try:
@@ -226,6 +235,8 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     async def stop_engine() -> None:
         if registry is not None:
             await registry.close()
+        if artifacts is not None:
+            await artifacts.close()
         await engine.shutdown()
 
     app = Litestar(

@@ -23,14 +23,18 @@ _ADMIN_ERRORS = (400, 401, 403, 413)
     "/v1/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
     opt=route_doc(request=LoadLoRAAdapterRequest, response=engine_admin.LoadedAdapter,
                   # 409: other content under the name without load_inplace, files that are not
-                  # `expected_sha256` (code sha256_mismatch), or every slot pinned; 503: shutting down
-                  # or the engine loop is not running
-                  errors=(*_ADMIN_ERRORS, 409, 503)),
+                  # `expected_sha256` (code sha256_mismatch), or every slot pinned; 502: an `artifact`
+                  # could not be fetched (worth a retry); 503: shutting down, the engine loop is not
+                  # running, or the artifact cache is full of adapters in use
+                  errors=(*_ADMIN_ERRORS, 409, 502, 503)),
 )
 async def load_lora_adapter(request: Request, state: State) -> engine_admin.LoadedAdapter:
     """Load a PEFT adapter (idempotent for the same content; `load_inplace` replaces changed content,
     the old version draining; `pinned` keeps it in a device slot). With `expected_sha256` (the
-    version's manifest digest) other files are refused with 409 `sha256_mismatch` and nothing loads."""
+    version's manifest digest) other files are refused with 409 `sha256_mismatch` and nothing loads.
+    With `artifact` instead of `lora_path` the engine fetches the version from its control plane (or
+    the store endpoint) by digest, checks every file's sha256 (400 `checksum_mismatch` otherwise) and
+    keeps it in its cache (--lora-cache-dir): a cached digest is never fetched again."""
     body = decode_admin_request(await request.body(), LoadLoRAAdapterRequest)
     return await state.lora.load(body)
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from data_plane.lora.artifact_source import ArtifactSource
 from data_plane.lora.entry import BASE_ADAPTER_ID, Lease
 from data_plane.lora.errors import LoRANotFoundError
 from data_plane.lora.registry import LoRARegistry
@@ -34,12 +35,14 @@ class ModelResolver:
         max_model_len: int,
         registry: LoRARegistry | None = None,  # None: LoRA is off, only the base model is served
         remote: Remote | None = None,  # the control plane's resolve; None: unknown names are 404
+        artifacts: ArtifactSource | None = None,  # fetches resolved versions named by digest
     ) -> None:
         self.served_model_name = served_model_name
         self.model_path = model_path
         self.max_model_len = max_model_len
         self.registry = registry
         self.remote = remote
+        self.artifacts = artifacts
         self.created = int(time.time())
 
     async def acquire(self, name: str) -> Lease:
@@ -63,7 +66,11 @@ class ModelResolver:
             return False
         path = resolved.uri
         try:  # only the recorded bytes: files edited since the version was registered are refused
-            await self.registry.load(name, path, load_inplace=True, expected_sha256=resolved.sha256)
+            if resolved.artifact is not None and self.artifacts is not None:  # fetched by digest, verified
+                path = resolved.artifact.url
+                await self.artifacts.load(name, resolved.artifact, load_inplace=True)
+            else:
+                await self.registry.load(name, path, load_inplace=True, expected_sha256=resolved.sha256)
         except LoraplaneError as exc:
             logger.warning("adapter %s resolved by the control plane cannot be loaded from %s: %s", name, path,
                            exc.message)

@@ -111,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="how long an unload waits for in-flight requests before aborting them",
     )
+    lora.add_argument(
+        "--lora-cache-dir", metavar="DIR",
+        help="where adapters fetched from the control plane by digest are kept (DIR/<digest>/), also across "
+        "restarts; one engine per folder (default: a temporary folder of this process, removed at exit)",
+    )
+    lora.add_argument(
+        "--lora-cache-max-bytes", type=int, default=8 << 30, metavar="N",
+        help="bytes of fetched adapters kept; least recently used ones not in use are evicted (default: 8 GiB)",
+    )
+    lora.add_argument(
+        "--lora-artifact-endpoint", metavar="URL", default=os.environ.get("LORAPLANE_ARTIFACT_ENDPOINT"),
+        help="the artifact store's endpoint (e.g. S3): presigned file URLs are fetched from this origin too, "
+        "besides the control plane's (default: $LORAPLANE_ARTIFACT_ENDPOINT)",
+    )
     cp = p.add_argument_group("control plane")
     cp.add_argument("--control-plane", metavar="URL", help="register with this control plane, heartbeat, and "
                     "resolve unknown `model` names through it (needs --enable-lora)")
@@ -174,6 +188,9 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         lora_modules=parse_lora_modules(args.lora_modules),
         max_adapter_labels=args.max_adapter_labels,
         default_drain_timeout_s=args.default_drain_timeout_s,
+        lora_cache_dir=args.lora_cache_dir,
+        lora_cache_max_bytes=args.lora_cache_max_bytes,
+        lora_artifact_endpoint=args.lora_artifact_endpoint,
         control_plane_url=args.control_plane,
         control_plane_token=args.control_plane_token,
         engine_name=args.engine_name,

@@ -10,11 +10,13 @@ import msgspec
 
 from data_plane.api.protocol import decode_request
 from data_plane.engine.protocol import EngineProtocol
+from data_plane.lora.artifact_source import ArtifactSource
 from data_plane.lora.entry import AdapterEntry, Residency
 from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.slots import AdapterEngineStats
 from data_plane.lora.stats import AdapterRequestStats
 from shared import engine_admin
+from shared.artifacts import ArtifactRef
 from shared.errors import InvalidRequestError
 from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
 
@@ -33,15 +35,18 @@ Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$", description="hex 
 
 
 class LoadLoRAAdapterRequest(msgspec.Struct):
-    """vLLM's load request; `pinned`, `load_inplace` and `expected_sha256` are loraplane's extras."""
+    """vLLM's load request; `pinned`, `load_inplace`, `expected_sha256` and `artifact` are loraplane's
+    extras. Exactly one of `lora_path` (a folder on the engine, under --lora-roots) and `artifact` (a
+    version the engine fetches from its control plane by digest, verifies and caches) names the files."""
 
     lora_name: AdapterName
-    lora_path: AdapterPath
+    lora_path: AdapterPath | None = None
     pinned: bool = False
     load_inplace: bool = False
     # The version's manifest digest (shared.manifest) as the control plane recorded it: the engine
     # digests what it read and refuses other content with a 409 `sha256_mismatch`, loading nothing.
     expected_sha256: Sha256 | None = None
+    artifact: ArtifactRef | None = None
 
 
 class UnloadLoRAAdapterRequest(msgspec.Struct):
@@ -66,9 +71,11 @@ class LoRAService:
     those composed from dicts are converted (and so checked) on the way out."""
 
     def __init__(
-        self, registry: LoRARegistry | None, engine: EngineProtocol, request_stats: AdapterRequestStats, base_name: str
+        self, registry: LoRARegistry | None, engine: EngineProtocol, request_stats: AdapterRequestStats, base_name: str,
+        artifacts: ArtifactSource | None = None,  # None: LoRA off, or no `artifact` loads (tests)
     ) -> None:
         self._registry = registry
+        self._artifacts = artifacts
         self._engine = engine
         self._request_stats = request_stats
         self._base_name = base_name
@@ -80,10 +87,25 @@ class LoRAService:
         return self._registry
 
     async def load(self, body: LoadLoRAAdapterRequest) -> engine_admin.LoadedAdapter:
-        info = await self.registry.load(
-            body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace,
-            expected_sha256=body.expected_sha256,
-        )
+        registry = self.registry
+        if (body.lora_path is None) == (body.artifact is None):
+            raise InvalidRequestError(
+                "pass exactly one of lora_path (an adapter folder on the engine) and artifact ({digest, url}: "
+                "a version fetched from the control plane)", param="artifact" if body.artifact else "lora_path")
+        if body.lora_path is not None:
+            info = await registry.load(
+                body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace,
+                expected_sha256=body.expected_sha256,
+            )
+        else:
+            assert body.artifact is not None
+            if self._artifacts is None:
+                raise InvalidRequestError("this engine does not fetch artifacts; pass lora_path", param="artifact")
+            if body.expected_sha256 not in (None, body.artifact.digest):
+                raise InvalidRequestError("expected_sha256 differs from artifact.digest; pass one digest",
+                                          param="expected_sha256")
+            info = await self._artifacts.load(body.lora_name, body.artifact, pinned=body.pinned,
+                                              load_inplace=body.load_inplace)
         return msgspec.convert(info, engine_admin.LoadedAdapter)
 
     async def unload(self, body: UnloadLoRAAdapterRequest) -> engine_admin.UnloadedAdapter:

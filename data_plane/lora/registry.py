@@ -12,7 +12,6 @@ prefix-cache state of an old version can never be mistaken for the new one.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import time
@@ -32,6 +31,7 @@ from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError
 from shared.names import name_problem
+from shared.peft import resolve_under_roots
 
 logger = logging.getLogger(__name__)
 
@@ -321,14 +321,17 @@ def _check_name(name: str, base_name: str) -> None:
             "so choose another adapter name", param="lora_name")
 
 
-def loader_for(config: EngineConfig) -> Loader:
-    """The engine's adapter loader: PEFT files validated against its base model, rank and roots."""
+def loader_for(config: EngineConfig, cache_dir: str | None = None) -> Loader:
+    """The engine's adapter loader: PEFT files validated against its base model, rank and roots. Folders
+    under `cache_dir` (the artifact cache: the engine's own folder of verified versions) need no root."""
     model_config = ModelConfig.from_pretrained(config.model)
-    # host copies stay float32 (the loader's default): the engine folds the scale in and casts once
-    # when it copies into a slot, so the model dtype's rounding happens only there
-    return functools.partial(
-        load_peft_adapter,
-        model_config=model_config,
-        max_rank=config.max_lora_rank,
-        allowed_roots=list(config.lora_roots),
-    )
+
+    def load(path: str) -> LoRAAdapterWeights:
+        cached = cache_dir is not None and resolve_under_roots(path, [cache_dir]) is not None
+        roots = [cache_dir] if cached and cache_dir is not None else list(config.lora_roots)
+        # host copies stay float32 (the loader's default): the engine folds the scale in and casts once
+        # when it copies into a slot, so the model dtype's rounding happens only there
+        return load_peft_adapter(path, model_config=model_config, max_rank=config.max_lora_rank,
+                                 allowed_roots=roots)
+
+    return load

@@ -33,6 +33,8 @@ class ArtifactServer:
     die_after: dict[str, int] = field(default_factory=dict)  # file name -> bytes sent before dying
     redirect_to: str | None = None  # answer every request with a 302 there
     presign_via: ArtifactServer | None = None  # files are fetched from this "object store"
+    hold: threading.Event | None = None  # file bodies wait for it (a slow download, as long as a test needs)
+    resolves: dict[str, bytes] = field(default_factory=dict)  # adapter name -> GET /v1/resolve/{name} body
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def publish(self, files: dict[str, bytes]) -> ArtifactRef:
@@ -62,6 +64,9 @@ class ArtifactServer:
     def reply(self, path: str) -> tuple[int, bytes, str | None]:
         """(status, body, name of the file served or None)."""
         clean = path.split("?", 1)[0]
+        if clean.startswith("/v1/resolve/"):
+            body = self.resolves.get(clean.removeprefix("/v1/resolve/"))
+            return (200, body, None) if body is not None else (404, b"{}", None)
         if clean.startswith("/bucket/"):
             blob = self.blobs.get(clean.removeprefix("/bucket/"))
             return (200, blob, None) if blob is not None else (404, b"{}", None)
@@ -93,6 +98,8 @@ def serve_artifacts(server: ArtifactServer | None = None) -> Iterator[ArtifactSe
                 self.end_headers()
                 return
             status, body, name = state.reply(self.path)
+            if name is not None and state.hold is not None:
+                state.hold.wait(timeout=60)
             self.send_response(status)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
