@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         if torchrun_rank() > 0:  # under torchrun every rank runs this command; only rank 0 serves
-            from data_plane.distributed.group import worker_main
+            from data_plane.engine.worker import worker_main
 
             worker_main(torchrun_rank(), config, "env://")
             return 0
