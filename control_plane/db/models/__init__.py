@@ -6,11 +6,13 @@ Alembic's env.py and the migration test compare against.
 
 from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN, Adapter
 from control_plane.db.models.adapter_version import AdapterVersion
+from control_plane.db.models.artifact_blob import ArtifactBlob
 from control_plane.db.models.audit_event import AuditEvent
 from control_plane.db.models.engine import Engine, EngineState
 from control_plane.db.models.placement import HOLDING, DesiredState, ObservedState, Placement
+from control_plane.db.models.version_file import VersionFile
 
 __all__ = [
-    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "AuditEvent", "DesiredState", "Engine",
-    "EngineState", "ObservedState", "Placement",
+    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ArtifactBlob", "AuditEvent", "DesiredState",
+    "Engine", "EngineState", "ObservedState", "Placement", "VersionFile",
 ]

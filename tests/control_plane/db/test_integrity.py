@@ -22,7 +22,7 @@ async def _migrated(path: Path) -> None:
     try:
         await migrate.upgrade(engine)
         async with engine.begin() as conn:  # some rows, so the tables' pages hold data
-            for i in range(200):
+            for i in range(2000):
                 await conn.execute(text("INSERT INTO audit_events (actor, action, target, outcome, at) "
                                         "VALUES (:a, 'x', 'y', 'ok', CURRENT_TIMESTAMP)"), {"a": f"actor-{i}"})
     finally:
@@ -30,11 +30,11 @@ async def _migrated(path: Path) -> None:
 
 
 def _damage(path: Path) -> None:
-    """Overwrite the middle of the file (past the header page) with junk, as a bad disk or a copy of a
-    file being written would."""
+    """Overwrite part of the file (past the schema's pages, among the rows' pages) with junk, as a bad
+    disk or a copy of a file being written would."""
     data = bytearray(path.read_bytes())
-    assert len(data) > 3 * 4096
-    start = len(data) // 2
+    assert len(data) > 16 * 4096
+    start = len(data) * 3 // 4
     data[start:start + 2048] = os.urandom(2048)
     path.write_bytes(bytes(data))
 

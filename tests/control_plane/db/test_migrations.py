@@ -21,8 +21,8 @@ from control_plane import cli
 from control_plane.db import migrate
 from tests.control_plane.conftest import create_pg_database, drop_pg_database
 
-TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events"}
-HEAD = "0002_manifest_digest"
+TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events", "artifact_blobs", "version_files"}
+HEAD = "0003_artifact_store"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
