@@ -14,7 +14,8 @@ The rules, in the order they are applied:
    whose every file passed.
 
 Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
-the number of files, and the version's size (the cache's capacity: a bigger one could never be kept).
+its files (exactly a PEFT version's two), and the version's size (the cache's capacity: a bigger one
+could never be kept).
 Hashing and writing run in the LoRA reader's low-priority threads (hashlib and file writes release the
 GIL), a MiB at a time, so the event loop and the engine's step thread keep their pace while it runs.
 """
@@ -36,11 +37,14 @@ from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.reader import read_off_loop
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
+from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 
 FETCH_TIMEOUT_S = 600.0  # one whole version (manifest and every file)
 READ_TIMEOUT_S = 30.0  # connect, or one read: a server that stops sending
 MAX_MANIFEST_BYTES = 1 << 20
-MAX_FILES = 64
+MAX_LISTED = 8  # file names quoted in a refusal
+# a PEFT LoRA version, as the loader reads and digests it (shared.peft)
+ADAPTER_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 WRITE_CHUNK = 1 << 20  # bytes handed to a writer thread at once
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -139,8 +143,10 @@ class ArtifactFetcher:
         if manifest.digest != ref.digest or not manifest_matches(manifest):
             raise refusal(f"checksum mismatch for the manifest of {ref.digest[:16]}…: its files are not the "
                           "version the load names; nothing was loaded", "checksum_mismatch")
-        if len(manifest.files) > MAX_FILES:
-            raise refusal(f"the manifest lists {len(manifest.files)} files (at most {MAX_FILES})", "bad_manifest")
+        names = sorted(f.name for f in manifest.files)
+        if names != sorted(ADAPTER_FILES):  # what the loader reads and digests: any other file would never match
+            raise refusal(f"the manifest of {ref.digest[:16]}… lists {', '.join(names[:MAX_LISTED]) or 'no files'}; an "
+                          f"adapter version is exactly {' and '.join(ADAPTER_FILES)}", "bad_manifest")
         if manifest.size_bytes > self.max_bytes:
             raise PayloadTooLargeError(
                 f"adapter {ref.digest[:16]}… is {manifest.size_bytes} bytes, more than the engine's LoRA cache "

@@ -187,3 +187,33 @@ def test_the_cache_flags_reach_the_config(demo_model_dir, tmp_path, monkeypatch)
         config("--lora-artifact-endpoint", "s3://b")
     with pytest.raises(ConfigError, match="--lora-cache-max-bytes"):
         config("--lora-cache-max-bytes", "0")
+
+
+def test_a_cached_version_changed_on_disk_is_fetched_again_not_served(demo_model_dir, adapters, cp, tmp_path):
+    ref = cp.publish_folder(adapters / "demo-poet")
+    with artifact_app(demo_model_dir, cp, tmp_path / "cache") as client:
+        assert load(client, "poet", ref).status_code == 200
+        expected = chat(client, "poet").json()["choices"][0]["token_ids"]
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "poet"}).status_code == 200
+        cached = tmp_path / "cache" / ref.digest / "adapter_model.safetensors"
+        data = bytearray(cached.read_bytes())
+        data[-1] ^= 0xFF  # same size: the cache's cheap check passes, the loader's digest does not
+        cached.write_bytes(bytes(data))
+        assert load(client, "poet", ref).status_code == 200
+        assert len(cp.seen) == 6  # fetched a second time
+        assert cached.read_bytes() == (adapters / "demo-poet" / "adapter_model.safetensors").read_bytes()
+        assert chat(client, "poet").json()["choices"][0]["token_ids"] == expected
+
+
+def test_the_cache_never_evicts_what_the_registry_serves(demo_model_dir, adapters, cp, tmp_path):
+    poet, short = cp.publish_folder(adapters / "demo-poet"), cp.publish_folder(adapters / "demo-short")
+    biggest = max(sum(p.stat().st_size for p in (adapters / n).iterdir()) for n in ("demo-poet", "demo-short"))
+    with artifact_app(demo_model_dir, cp, tmp_path / "cache", lora_cache_max_bytes=biggest) as client:
+        assert load(client, "poet", poet).status_code == 200
+        error = assert_openai_error(load(client, "short", short), 503)
+        assert error["code"] == "lora_cache_full"
+        assert chat(client, "poet").status_code == 200
+        assert client.post("/v1/unload_lora_adapter", json={"lora_name": "poet"}).status_code == 200
+        assert load(client, "short", short).status_code == 200  # poet's files, no longer served, made room
+        assert metric(client, "loraplane_artifact_cache_evictions_total") == 1
+        assert not (tmp_path / "cache" / poet.digest).exists()

@@ -152,3 +152,11 @@ def test_the_manifest_name_cannot_collide_with_an_artifact_file():
     assert not is_file_name(MANIFEST_NAME)
 
 
+
+
+@pytest.mark.parametrize("names", [["adapter_config.json"], [*FILES, "README.md"]])
+async def test_a_manifest_that_is_not_a_peft_version_is_refused_before_any_file(cp, fetcher, names):
+    ref = cp.publish({n: FILES.get(n, b"# readme") for n in names})
+    with pytest.raises(LoRAAdapterError, match="an adapter version is exactly adapter_config.json and "):
+        await fetcher.manifest(ref)
+    assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]
