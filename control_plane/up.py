@@ -96,9 +96,10 @@ def main(argv: list[str]) -> int:
     configure_logging("info", args.log_format)
     demo = args.demo_dir
     if not (demo / "adapters" / "demo-short" / "adapter_config.json").exists():
-        from data_plane.demo.cli import main as demo_model
-
-        demo_model([str(demo)])
+        # a child process: the control plane never imports the engine (it needs the engine extra anyway)
+        written = subprocess.run([sys.executable, "-m", "shared.cli", "demo-model", str(demo)], check=False)
+        if written.returncode != 0:
+            return written.returncode
     admin, admin_file = _token(("LORAPLANE_ADMIN_TOKENS",), "admin-token")
     engine_admin, _ = _token(("LORAPLANE_ENGINE_ADMIN_TOKEN", "LORAPLANE_ENGINE_TOKEN"), "engine-token")
     engine_cp, _ = _token((), "engine-cp-token")
