@@ -17,6 +17,8 @@ from litestar.openapi import OpenAPIConfig
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from control_plane.artifacts.controller import ArtifactController
+from control_plane.artifacts.store import ArtifactStore
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
 from control_plane.db.transaction import database_error_handlers
@@ -72,6 +74,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     # Sessions outside a handler's own (the plugin's is per request and only handlers get it).
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     reconciler = Reconciler(sessions, gate, engine_client, settings)
+    artifact_store = ArtifactStore(settings.artifact_store)
 
     async def apply_migrations(_: Litestar) -> None:
         await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
@@ -88,12 +91,14 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "metrics": app_metrics,
         "write_gate": gate,
         "engine_client": engine_client,  # httpx pool for pushes to engines
+        "version_loader": reconciler.loader,  # how pushes and reconciles tell an engine to load a version
+        "artifact_store": artifact_store,  # every version's bytes (control_plane/artifacts)
         "reconciler": reconciler,
         "stats_cache": StatsCache(),  # each engine's last figures for GET /v1/lora_stats
         "audit_sessions": sessions,
     }
     app = Litestar(
-        route_handlers=[health, metrics, AdapterController, EngineController, StatsController],
+        route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],

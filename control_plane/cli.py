@@ -40,6 +40,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter-root", action="append", metavar="DIR",
                    help="deprecated: the old name of --lora-roots (one directory per flag)")
     p.add_argument("--reconcile-interval-s", type=float, help="LORAPLANE_RECONCILE_INTERVAL_S")
+    p.add_argument("--artifact-store", metavar="URL",
+                   help="where versions' bytes are kept: file:///path or s3://bucket/prefix (AWS_* variables "
+                   "for credentials, region, AWS_ENDPOINT_URL); LORAPLANE_ARTIFACT_STORE, default "
+                   "file://$PWD/.loraplane/artifacts")
+    p.add_argument("--max-artifact-bytes", type=int, metavar="N",
+                   help="largest version a load or upload may bring in, all files together (413 above it); "
+                   "LORAPLANE_MAX_ARTIFACT_BYTES, default 4 GiB")
+    p.add_argument("--public-url", metavar="URL",
+                   help="how engines reach this control plane, for absolute artifact URLs (LORAPLANE_PUBLIC_URL); "
+                   "unset, engines resolve artifact paths against their own --control-plane")
     p.add_argument("--log-level", help="LORAPLANE_LOG_LEVEL (default info)")
     add_log_format_argument(p, env_default=False)  # the settings read LORAPLANE_LOG_FORMAT
     sub = p.add_subparsers(dest="command")
@@ -80,6 +90,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[ControlPlaneSettings, 
             host=args.host, port=args.port, database_url=args.database_url,
             adapter_roots=tuple(roots) if roots else None,
             reconcile_interval_s=args.reconcile_interval_s, log_level=args.log_level,
+            artifact_store=args.artifact_store, max_artifact_bytes=args.max_artifact_bytes,
+            public_url=args.public_url,
             log_format=args.log_format, migrate_on_start=False if args.command == "db" else None,
         )
     return settings, [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]

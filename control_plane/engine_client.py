@@ -30,6 +30,7 @@ import msgspec
 
 from control_plane.egress import REFUSED, GuardedTransport
 from shared import engine_admin
+from shared.artifacts import ArtifactRef
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +96,17 @@ class EngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def load(self, url: str, name: str, path: str, *, pinned: bool, load_inplace: bool,
+    async def load(self, url: str, name: str, path: str | None, *, pinned: bool, load_inplace: bool,
+                   artifact: ArtifactRef | None = None, deadline_s: float | None = None,
                    **extra: Any) -> engine_admin.LoadedAdapter:
-        """`extra` fields go into the body as they are (e.g. `expected_sha256`)."""
-        body = {"lora_name": name, "lora_path": path, "pinned": pinned, "load_inplace": load_inplace, **extra}
-        return await self._typed("POST", url, "/v1/load_lora_adapter", engine_admin.LoadedAdapter, body)
+        """Load from `path` (a folder the engine reads itself) or from `artifact` (the engine fetches the
+        version by digest, which may take a while: `deadline_s` then replaces the client's deadline).
+        `extra` fields go into the body as they are (e.g. `expected_sha256`)."""
+        source: dict[str, Any] = {"lora_path": path} if artifact is None else \
+            {"artifact": msgspec.to_builtins(artifact)}
+        body = {"lora_name": name, **source, "pinned": pinned, "load_inplace": load_inplace, **extra}
+        _, raw = await self._call("POST", url, "/v1/load_lora_adapter", body, deadline_s=deadline_s)
+        return self._decode("POST", url, "/v1/load_lora_adapter", raw, engine_admin.LoadedAdapter)
 
     async def unload(self, url: str, name: str) -> engine_admin.UnloadedAdapter | None:
         """Unload `name`; an engine that does not hold it (404, answered None) counts as done."""
@@ -130,10 +137,11 @@ class EngineClient:
                 from None
 
     async def _call(self, method: str, url: str, path: str, body: Any = None, *,
-                    ok_404: bool = False) -> tuple[int, bytes]:
+                    ok_404: bool = False, deadline_s: float | None = None) -> tuple[int, bytes]:
         where = f"{method} {safe_url(url)}{path}"
         target = url.rstrip("/") + path
-        end = time.monotonic() + self.deadline_s
+        deadline_s = deadline_s or self.deadline_s
+        end = time.monotonic() + deadline_s
         failure = EngineCallError(f"{where}: no attempt made")
         for attempt in range(1, self.max_attempts + 1):
             left = end - time.monotonic()
@@ -141,9 +149,9 @@ class EngineClient:
                 break
             try:
                 async with asyncio.timeout(left):
-                    status, raw = await self._attempt(method, target, body, where)
+                    status, raw = await self._attempt(method, target, body, where, deadline_s)
             except TimeoutError:
-                failure = EngineCallError(f"{where}: no complete answer within {self.deadline_s:g} s")
+                failure = EngineCallError(f"{where}: no complete answer within {deadline_s:g} s")
                 break
             except httpx.TransportError as exc:  # connect/read errors and per-read timeouts
                 if str(exc).startswith(REFUSED):  # the address policy: final, and worth saying why
@@ -162,10 +170,12 @@ class EngineClient:
                 await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), max(0.0, end - time.monotonic())))
         raise failure
 
-    async def _attempt(self, method: str, target: str, body: Any, where: str) -> tuple[int, bytes]:
+    async def _attempt(self, method: str, target: str, body: Any, where: str,
+                       deadline_s: float) -> tuple[int, bytes]:
         """One request; the body streamed up to the cap."""
         too_large = EngineCallError(f"{where}: reply larger than {self.max_body_bytes} bytes")
-        async with self._http.stream(method, target, json=body) as r:
+        timeout = httpx.Timeout(deadline_s, connect=min(deadline_s, 5.0))
+        async with self._http.stream(method, target, json=body, timeout=timeout) as r:
             if r.headers.get("content-encoding", "identity").lower() != "identity":
                 # asked for identity: a compressed reply could inflate far past the cap in one chunk
                 raise EngineCallError(f"{where}: compressed reply ({sanitize(r.headers['content-encoding'], 20)})")

@@ -24,10 +24,19 @@ ENV_PREFIX = "LORAPLANE_"
 # Plain driver names are accepted for convenience and mapped to the async drivers the service runs on.
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
 _SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+ARTIFACT_SCHEMES = ("file", "s3", "gs", "az")
 
 
 def default_database_url() -> str:
     return f"sqlite+aiosqlite:///{Path.cwd() / '.loraplane' / 'control.db'}"
+
+
+def default_artifact_store(database_url: str) -> str:
+    """Beside an SQLite file (the embedded default keeps everything in one folder), else under .loraplane/."""
+    parsed = make_url(database_url)
+    if parsed.drivername.startswith("sqlite") and parsed.database and parsed.database != ":memory:":
+        return (Path(parsed.database).resolve().parent / "artifacts").as_uri()
+    return (Path.cwd() / ".loraplane" / "artifacts").as_uri()
 
 
 @dataclass
@@ -42,6 +51,10 @@ class ControlPlaneSettings:
     adapter_roots: tuple[str, ...] = ()
     reconcile_interval_s: float = 30.0
     engine_timeout_s: float = 10.0
+    # A load that makes the engine fetch the version from the artifact store may take engine_timeout_s
+    # plus the version's size at this rate (MB/s; LORAPLANE_ENGINE_FETCH_MIN_MBPS): a stopped engine still
+    # costs a bounded wait, a large adapter the time its bytes need.
+    engine_fetch_min_mbps: float = 25.0
     # An engine whose last heartbeat is older than this reads as unhealthy (and gets no new placements).
     engine_stale_after_s: float = 30.0
     # Bearer token of the engines' admin endpoints (their --admin-token); sent on pushes, never logged.
@@ -55,6 +68,15 @@ class ControlPlaneSettings:
     engine_allowed_networks: tuple[str, ...] = ()
     # Apply Alembic migrations when the app starts (the CLI's `db` commands set this off).
     migrate_on_start: bool = True
+    # Where every version's bytes live (control_plane/artifacts/store.py): file:///path or s3://bucket/prefix
+    # (AWS_* variables for credentials, region, endpoint). --artifact-store / LORAPLANE_ARTIFACT_STORE.
+    # Default: an `artifacts` folder beside the SQLite file, or .loraplane/artifacts/ with PostgreSQL.
+    artifact_store: str | None = None
+    # The largest version (all its files) a load or upload may bring in (413 above it).
+    max_artifact_bytes: int = 4 << 30
+    # How engines reach this control plane, when artifact refs should be absolute (LORAPLANE_PUBLIC_URL);
+    # unset, refs are paths that each engine resolves against its own --control-plane URL.
+    public_url: str | None = None
     log_level: str = "info"
     log_format: str = "text"  # text | json (shared/logging_setup.py)
 
@@ -88,11 +110,23 @@ class ControlPlaneSettings:
                                                  for n in self.engine_allowed_networks)
         except ValueError as exc:
             raise ValueError(f"engine_allowed_networks: {exc}") from None
-        if self.reconcile_interval_s <= 0 or self.engine_timeout_s <= 0 or self.engine_stale_after_s <= 0:
-            raise ValueError("reconcile_interval_s, engine_timeout_s and engine_stale_after_s must be positive")
+        if min(self.reconcile_interval_s, self.engine_timeout_s, self.engine_stale_after_s,
+               self.engine_fetch_min_mbps) <= 0:
+            raise ValueError("reconcile_interval_s, engine_timeout_s, engine_fetch_min_mbps and "
+                             "engine_stale_after_s must be positive")
         if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
             raise ValueError("the engine token is empty or contains whitespace")
         self.database_url = normalize_database_url(self.database_url)
+        if self.artifact_store is None:
+            self.artifact_store = default_artifact_store(self.database_url)
+        if self.artifact_store.split("://", 1)[0] not in ARTIFACT_SCHEMES or "://" not in self.artifact_store:
+            raise ValueError(f"artifact_store must be a URL with one of the schemes {', '.join(ARTIFACT_SCHEMES)}")
+        if self.max_artifact_bytes <= 0:
+            raise ValueError("max_artifact_bytes must be positive")
+        if self.public_url is not None:
+            self.public_url = self.public_url.rstrip("/")
+            if not self.public_url.startswith(("http://", "https://")):
+                raise ValueError("public_url must be an http(s) URL")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"unknown log level {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
@@ -104,14 +138,20 @@ class ControlPlaneSettings:
             f"database_url={self.safe_database_url!r}, admin_tokens=<{len(self.admin_tokens)} hidden>, "
             f"read_tokens=<{len(self.read_tokens)} hidden>, adapter_roots={self.adapter_roots!r}, "
             f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
+            f"engine_fetch_min_mbps={self.engine_fetch_min_mbps}, "
             f"engine_stale_after_s={self.engine_stale_after_s}, "
             f"engine_token={'<hidden>' if self.engine_token else None}, "
             f"engine_credentials=<{len(self.engine_credentials)} engines: {sorted(self.engine_credentials)}>, "
             f"engine_allowed_networks={self.engine_allowed_networks!r}, "
-            f"migrate_on_start={self.migrate_on_start}, log_level={self.log_level!r}, log_format={self.log_format!r})"
+            f"migrate_on_start={self.migrate_on_start}, artifact_store={str(self.artifact_store).split('?')[0]!r}, "
+            f"max_artifact_bytes={self.max_artifact_bytes}, public_url={self.public_url!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
         )
 
     __str__ = __repr__
+
+    def load_deadline_s(self, size_bytes: int) -> float:
+        """How long a load that fetches `size_bytes` from the artifact store may take."""
+        return self.engine_timeout_s + size_bytes / (self.engine_fetch_min_mbps * 1e6)
 
     @property
     def safe_database_url(self) -> str:
@@ -129,7 +169,9 @@ class ControlPlaneSettings:
         scalars = {"HOST": ("host", str), "PORT": ("port", int), "DATABASE_URL": ("database_url", str),
                    "RECONCILE_INTERVAL_S": ("reconcile_interval_s", float),
                    "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str),
-                   "LOG_FORMAT": ("log_format", str),
+                   "ENGINE_FETCH_MIN_MBPS": ("engine_fetch_min_mbps", float),
+                   "LOG_FORMAT": ("log_format", str), "ARTIFACT_STORE": ("artifact_store", str),
+                   "MAX_ARTIFACT_BYTES": ("max_artifact_bytes", int), "PUBLIC_URL": ("public_url", str),
                    "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():

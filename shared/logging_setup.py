@@ -56,6 +56,9 @@ _REQUEST_LOGGERS = {
 
 # Libraries' start-up chatter, shown only at DEBUG: alembic names each plugin it sets up (7 lines a start).
 _CHATTY_LOGGERS = ("alembic.runtime.plugins",)
+# Loggers that libraries may have given handlers of their own (uvicorn's default dictConfig does, and
+# turns propagation off): they are reset to propagate to the one root handler.
+_LIBRARY_LOGGERS = ("uvicorn", "uvicorn.access", "uvicorn.error", "httpx", "alembic", "litestar")
 
 
 def is_routine(path_or_url: str) -> bool:
@@ -139,6 +142,11 @@ def configure_logging(level: str = "info", log_format: str = "text", stream: IO[
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(number)
+    for name in _LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers.clear()
+        library.propagate, library.disabled = True, False
+        library.setLevel(logging.NOTSET)
     for name, layout in _REQUEST_LOGGERS.items():
         logger = logging.getLogger(name)
         for old_filter in [f for f in logger.filters if isinstance(f, DemoteRoutineRequests)]:

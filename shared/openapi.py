@@ -54,6 +54,7 @@ ERROR_DESCRIPTIONS = {
     404: "No such model, adapter or object.",
     409: "Conflicts with the current state.",
     413: "The request body is over the size limit.",
+    416: "The requested byte range lies outside the file (`Content-Range: bytes */SIZE` gives its size).",
     500: "The server failed to process the request (details are in its log, never in the body).",
     502: "An upstream engine failed or answered badly.",
     503: "Not available now: overloaded, draining, or the engine is not running. Retry later.",

@@ -91,6 +91,13 @@ class ArtifactOrigins:
                 f"engine's control plane or its artifact store endpoint ({trusted}); nothing was fetched",
                 "untrusted_artifact_origin")
 
+    def resolve(self, url: str) -> str:
+        """A path (`/v1/artifacts/…`: what the control plane sends unless it was told its public URL) lies
+        on the engine's own control plane; an absolute URL stays as it is (and must pass `check`)."""
+        if url.startswith("/") and not url.startswith("//") and self.control_plane:
+            return self.control_plane.rstrip("/") + url
+        return url
+
     def is_control_plane(self, url: str) -> bool:
         return self.control_plane is not None and origin_of(url) == origin_of(self.control_plane)
 
@@ -116,11 +123,12 @@ class ArtifactFetcher:
 
     def check(self, ref: ArtifactRef) -> None:
         """The origin rule for the push's URL: refused before anything is asked of anyone."""
-        self.origins.check(ref.url, "artifact")
+        self.origins.check(self.origins.resolve(ref.url), "artifact")
 
     async def manifest(self, ref: ArtifactRef) -> ArtifactManifest:
         """The version's manifest, checked to be the version `ref` names (and its file URLs trusted)."""
         self.check(ref)
+        ref = msgspec.structs.replace(ref, url=self.origins.resolve(ref.url))
         async with self._deadline(f"the manifest of {ref.digest[:16]}…"):
             manifest = await self._get_manifest(ref)
         for f in manifest.files:  # every URL checked before the first byte of a file is fetched

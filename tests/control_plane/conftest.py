@@ -27,7 +27,7 @@ from control_plane.settings import ControlPlaneSettings
 ADMIN = "admin-token-for-tests"
 READ = "read-token-for-tests"
 PG_URL = os.environ.get("LORAPLANE_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-TABLES = ("audit_events", "placements", "adapter_versions", "adapters", "engines")
+TABLES = ("audit_events", "placements", "version_files", "artifact_blobs", "adapter_versions", "adapters", "engines")
 
 
 def admin() -> dict[str, str]:
@@ -115,9 +115,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
-def settings(db_url: str, demo: dict[str, Path]) -> ControlPlaneSettings:
+def settings(db_url: str, demo: dict[str, Path], tmp_path: Path) -> ControlPlaneSettings:
     return ControlPlaneSettings(database_url=db_url, admin_tokens=(ADMIN,), read_tokens=(READ,),
-                                adapter_roots=(str(demo["root"]),))
+                                adapter_roots=(str(demo["root"]),), artifact_store=(tmp_path / "artifacts").as_uri())
 
 
 @pytest.fixture

@@ -1,24 +1,70 @@
-"""Real `loraplane engine --enable-lora` processes for the control-plane tests that push to engines."""
+"""Real `loraplane engine --enable-lora` processes for the control-plane tests that push to engines, and
+the control plane served over real HTTP for them (engines fetch adapter versions from it by digest)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
+import uvicorn
+from litestar import Litestar
 
+from control_plane.app import create_app
+from control_plane.settings import ControlPlaneSettings
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 
 ENGINE_TOKEN = "engine-token-for-tests"
+# each engine's own token at the control plane (its LORAPLANE_CONTROL_PLANE_TOKEN): it fetches artifacts
+CP_TOKENS = {"ea": "cp-token-of-ea-for-tests", "eb": "cp-token-of-eb-for-tests"}
 
 
 @contextlib.contextmanager
-def lora_engine(base: Path, adapter_root: Path, log: Path, *flags: str) -> Iterator[EngineServer]:
-    """An engine serving the demo model as `demo`, with LoRA on and `ENGINE_TOKEN` as its admin token."""
+def lora_engine(base: Path, adapter_root: Path, log: Path, *flags: str, name: str | None = None,
+                control_plane: str | None = None) -> Iterator[EngineServer]:
+    """An engine serving the demo model as `demo`, with LoRA on and `ENGINE_TOKEN` as its admin token;
+    with `control_plane`, it registers there as `name` and fetches artifacts from it."""
+    env: dict[str, str] = {}
+    if control_plane is not None:
+        assert name is not None
+        flags = (*flags, "--control-plane", control_plane, "--engine-name", name)
+        env["LORAPLANE_CONTROL_PLANE_TOKEN"] = CP_TOKENS[name]
     with run_engine(base, log, "--enable-lora", "--lora-roots", str(adapter_root), "--admin-token", ENGINE_TOKEN,
-                    *SHARED_FLAGS, *flags) as server:
+                    *SHARED_FLAGS, *flags, env=env) as server:
         yield server
+
+
+def engine_credentials() -> dict[str, str]:
+    """For the control plane's settings: the engines of `lora_engine(name=…)` may fetch artifacts."""
+    return dict(CP_TOKENS)
+
+
+@contextlib.asynccontextmanager
+async def served_control_plane(settings: ControlPlaneSettings, port: int) -> AsyncIterator[httpx.AsyncClient]:
+    """The control plane over real HTTP on `port` (engines fetch adapter versions from it), and a client."""
+    with serve_app(create_app(settings), port) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            yield client
+
+
+@contextlib.contextmanager
+def serve_app(app: Litestar, port: int) -> Iterator[str]:
+    """`app` on 127.0.0.1:`port` in a thread of its own (its own event loop) until the block ends."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"control-plane:{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the control plane did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 def engine_adapters(server: EngineServer) -> dict[str, dict]:

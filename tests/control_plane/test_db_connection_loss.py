@@ -92,10 +92,11 @@ class Killer:
 
 
 @pytest.fixture
-def pg_settings(pg_database: str, demo: dict[str, Path]) -> Iterator[ControlPlaneSettings]:
+def pg_settings(pg_database: str, demo: dict[str, Path], tmp_path: Path) -> Iterator[ControlPlaneSettings]:
     run_blocking(_truncate, pg_database)
     yield ControlPlaneSettings(database_url=pg_database, admin_tokens=("admin-token-for-tests",),
-                               read_tokens=("read-token-for-tests",), adapter_roots=(str(demo["root"]),))
+                               read_tokens=("read-token-for-tests",), adapter_roots=(str(demo["root"]),),
+                               artifact_store=(tmp_path / "artifacts").as_uri())
 
 
 @pytest.fixture

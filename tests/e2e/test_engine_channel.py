@@ -119,21 +119,22 @@ def test_names_with_a_slash_are_resolved_quoted_and_pulled(stack: SimpleNamespac
     assert calls_to(stack.cp, RESOLVE_ROUTE) == before
 
 
-def test_a_pull_refuses_files_edited_since_the_version_was_recorded(stack: SimpleNamespace) -> None:
-    """The pull carries the resolve reply's sha256 as expected_sha256, so an edited folder is never served
-    under a recorded version (issue 8, item 1.6, on the pull path)."""
+def test_a_pull_serves_the_recorded_bytes_whatever_became_of_the_folder(stack: SimpleNamespace) -> None:
+    """The pull fetches the version from the control plane's artifact store by digest, so a folder edited
+    (or removed) since the version was recorded is never served under it (issue 8, item 1.6, on the pull
+    path; issue 10: engines never read lora_path)."""
     folder = stack.paths["demo-short"].parent / "edited-short"
     shutil.copytree(stack.paths["demo-short"], folder)
     r = stack.admin.post(stack.cp + "/v1/load_lora_adapter", json={
         "lora_name": "edited-short", "lora_path": str(folder), "base_model": "demo", "engines": []})
     assert r.status_code == 200, r.text
+    recorded = r.json()["sha256"]
     config = json.loads((folder / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4096}))
-    refused = complete(stack.e1, "edited-short")
-    assert refused.status_code == 409, refused.text
-    assert "changed since" in refused.json()["error"]["message"]
+    served = complete(stack.e1, "edited-short")
+    assert served.status_code == 200, served.text
     listed = httpx.get(stack.e1.url + "/v1/lora_adapters", timeout=30).json()["adapters"]
-    assert "edited-short" not in {a["name"] for a in listed}
+    assert {a["name"]: a["sha256"] for a in listed}["edited-short"] == recorded
 
 
 def test_an_engine_token_is_only_good_for_its_own_bookkeeping(stack: SimpleNamespace) -> None:

@@ -122,6 +122,8 @@ class Fleet:
             "LORAPLANE_DATABASE_URL": db_url, "LORAPLANE_RECONCILE_INTERVAL_S": str(RECONCILE_S),
             "LORAPLANE_ENGINE_STALE_AFTER_S": str(STALE_AFTER_S), "LORAPLANE_ENGINE_TIMEOUT_S": str(ENGINE_TIMEOUT_S),
             "LORAPLANE_LOG_LEVEL": "warning",
+            # one artifact store for both replicas, as they share one database
+            "LORAPLANE_ARTIFACT_STORE": (tmp / "artifacts").as_uri(),
             # each engine calls the control plane with its own token, valid for its name only
             "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in self.engine_tokens.items()),
         }

@@ -37,8 +37,8 @@ _NAME = {"name": schemas.AdapterName}
 async def provide_adapter_service(db_session: AsyncSession, state: State) -> AdapterService:
     mutation = Mutation(db_session, state.write_gate, state.metrics)
     planner = PlacementPlanner(state.settings.engine_stale_after_s)
-    pusher = Pusher(state.engine_client, db_session, state.write_gate)
-    return AdapterService(db_session, state.settings, mutation, planner, pusher)
+    pusher = Pusher(state.version_loader, db_session, state.write_gate)
+    return AdapterService(db_session, state.settings, mutation, planner, pusher, state.artifact_store)
 
 
 class AdapterController(Controller):

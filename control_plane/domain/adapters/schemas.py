@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN
+from shared.artifacts import ArtifactRef
 from shared.names import ADAPTER_NAME_DESCRIPTION
 
 AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
@@ -138,6 +139,8 @@ class AdapterResolved(msgspec.Struct, kw_only=True):
     version: int
     uri: str
     sha256: str
+    # where the engine fetches the version by digest; when present the engine does not read `uri`
+    artifact: ArtifactRef | None = None
 
 
 class AdapterPage(msgspec.Struct, kw_only=True):

@@ -4,18 +4,29 @@ deadlocks and on a database connection lost before the commit)."""
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from control_plane.artifacts import blobs
+from control_plane.artifacts.sources import is_object_store_url, spool_source
+from control_plane.artifacts.spool import Spool
+from control_plane.artifacts.store import ArtifactStore
 from control_plane.auth import Principal
 from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
 from control_plane.db.transaction import read, transact
 from control_plane.domain.adapters import queries, schemas
-from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
-from control_plane.domain.placements.planner import PlacementPlanner, PushOrder, lock_placements, of_adapter
+from control_plane.domain.adapters.inspect import InspectedAdapter
+from control_plane.domain.placements.planner import (
+    PlacementPlanner,
+    PushOrder,
+    in_store,
+    lock_placements,
+    of_adapter,
+)
 from control_plane.domain.placements.push import Pusher
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
@@ -24,22 +35,43 @@ from shared.errors import ConflictError, InvalidRequestError, NotFoundError
 
 class AdapterService:
     def __init__(self, session: AsyncSession, settings: ControlPlaneSettings, mutation: Mutation,
-                 planner: PlacementPlanner, pusher: Pusher) -> None:
+                 planner: PlacementPlanner, pusher: Pusher, store: ArtifactStore) -> None:
         self.session = session
         self.settings = settings
         self.mutation = mutation
         self.planner = planner
         self.pusher = pusher
+        self.store = store
 
     async def load(self, req: schemas.AdapterCreate, actor: Principal) -> schemas.AdapterLoaded:
-        """Validate the files, create or reuse the version, pin it, record where it should be placed;
-        after the commit, push it to those engines and answer with each one's outcome."""
+        """Validate the files, copy them into the artifact store, create or reuse the version, pin it,
+        record where it should be placed; after the commit, push it to those engines and answer with
+        each one's outcome."""
 
-        async def prepare() -> InspectedAdapter:
-            # Reading and hashing the files happens before the transaction and off the event loop.
-            return await asyncio.to_thread(inspect_adapter, req.lora_path, self.settings.adapter_roots)
+        async def spool() -> tuple[Spool, InspectedAdapter]:
+            spooled, found = await spool_source(req.lora_path, self.settings.adapter_roots,
+                                                self.settings.max_artifact_bytes)
+            return spooled, dataclasses.replace(found, path=_source_of(req.lora_path, found))
 
-        async def work(session: AsyncSession, found: InspectedAdapter) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
+        return await self.record_version(req, actor, spool)
+
+    async def record_version(self, req: schemas.AdapterCreate, actor: Principal,
+                             spool: Callable[[], Awaitable[tuple[Spool, InspectedAdapter]]],
+                             activate: bool = True) -> schemas.AdapterLoaded:
+        """The rest of every way in (load, upload): the spooled files go into the store (before the
+        transaction: the slow part), then the version and its manifest are recorded in one transaction
+        with the audit row; `activate` pins it and places it, and the push follows the commit."""
+        spooled: list[Spool] = []
+
+        async def prepare() -> tuple[Spool, InspectedAdapter]:
+            got = await spool()
+            spooled.append(got[0])
+            await blobs.put_missing(self.store, got[0].files.values())
+            return got
+
+        async def work(session: AsyncSession,
+                       prepared: tuple[Spool, InspectedAdapter]) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
+            files, found = prepared
             adapter = await self._adapter_for_load(session, req, found)
             await _refuse_base_model_names(session, adapter)
             version = await session.scalar(select(AdapterVersion).where(
@@ -54,15 +86,22 @@ class AdapterService:
                     size_bytes=found.size_bytes)
                 session.add(version)
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
-            adapter.active_version_id = version.id
-            desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
-            orders = await self.planner.place(session, adapter, version, desired, req.engines)
+            await blobs.reference(session, self.store, version.id, files.files.values())
+            orders: list[PushOrder] = []
+            if activate:
+                adapter.active_version_id = version.id
+                desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
+                orders = await self.planner.place(session, adapter, version, desired, req.engines)
             return schemas.AdapterLoaded(
                 name=adapter.name, version=version.number, sha256=version.sha256, rank=version.rank,
                 alpha=version.alpha, target_modules=list(version.target_modules), created=created,
                 engines=[]), orders
 
-        loaded, orders = await self.mutation.run(actor, "load_lora_adapter", req.lora_name, work, prepare)
+        try:
+            loaded, orders = await self.mutation.run(actor, "load_lora_adapter", req.lora_name, work, prepare)
+        finally:
+            for s in spooled:
+                s.close()
         loaded.engines = await self.pusher.push(orders)
         return loaded
 
@@ -143,20 +182,24 @@ class AdapterService:
         """The active version to load for `name`. When an engine asks for itself (`engine`, with its engine
         token or an admin token), it is recorded as placed there, so later unloads and activations reach
         it too; like a heartbeat this is the engine's own bookkeeping, not an audited admin call."""
+        async def lookup(session: AsyncSession) -> tuple[Adapter, AdapterVersion, bool]:
+            adapter, version = await queries.active_version(session, name, base_model)
+            return adapter, version, bool(await session.scalar(select(in_store(version.id))))
+
         if engine is None or actor.kind not in ("admin", "engine"):
-            adapter, version = await read(self.session, lambda: queries.active_version(self.session, name, base_model),
-                                          f"resolve {name!r}")
+            adapter, version, stored = await read(self.session, lambda: lookup(self.session), f"resolve {name!r}")
         else:
-            async def adopt(session: AsyncSession) -> tuple[Adapter, AdapterVersion]:
-                found = await queries.active_version(session, name, base_model)
-                await self.planner.adopt(session, *found, engine)
+            async def adopt(session: AsyncSession) -> tuple[Adapter, AdapterVersion, bool]:
+                found = await lookup(session)
+                await self.planner.adopt(session, found[0], found[1], engine)
                 return found
 
             # idempotent (the placement exists afterwards either way): retried even if the COMMIT was cut off
-            adapter, version = await transact(self.session, self.mutation.gate, adopt,
-                                              what=f"resolve {name!r} for engine {engine!r}", idempotent=True)
+            adapter, version, stored = await transact(self.session, self.mutation.gate, adopt,
+                                                      what=f"resolve {name!r} for engine {engine!r}", idempotent=True)
+        artifact = self.pusher.loader.artifact_ref(version.sha256) if stored else None
         return schemas.AdapterResolved(name=adapter.name, version=version.number, uri=version.uri,
-                                       sha256=version.sha256)
+                                       sha256=version.sha256, artifact=artifact)
 
 
 async def _refuse_base_model_names(session: AsyncSession, adapter: Adapter) -> None:
@@ -170,3 +213,10 @@ async def _refuse_base_model_names(session: AsyncSession, adapter: Adapter) -> N
             + (f" (engine {served!r} serves it)" if served is not None else "")
             + "; engines answer that model name with the base model, so choose another adapter name",
             param="lora_name")
+
+
+def _source_of(lora_path: str, found: InspectedAdapter) -> str:
+    """What a version's `uri` records: where its files came from (for people; engines never read it)."""
+    if is_object_store_url(lora_path):
+        return lora_path.split("?", 1)[0][:1024]
+    return found.path

@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import DesiredState, ObservedState, Placement
 from control_plane.domain.placements.planner import lock_placements, of_adapter
-from control_plane.engine_client import EngineCallError, EngineClient
 
 
 @dataclass(frozen=True)
@@ -28,16 +27,6 @@ class EngineAnswer:
     observed: ObservedState
     error: str | None = None
     replaced_adapter_id: int | None = None  # a load that succeeded: this adapter's other versions are gone there
-
-
-async def load_recorded(client: EngineClient, url: str, adapter: str, path: str, sha256: str, *,
-                        pinned: bool) -> None:
-    """Load a recorded version with `expected_sha256`: the engine refuses files that are not those bytes
-    (409 sha256_mismatch). An engine that answers with another digest anyway (one that ignores the field)
-    is a failure too, so `loaded` is only ever recorded for the recorded bytes."""
-    loaded = await client.load(url, adapter, path, pinned=pinned, load_inplace=True, expected_sha256=sha256)
-    if loaded.sha256 != sha256:
-        raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded {sha256[:16]}…")
 
 
 def _touched(answers: Sequence[EngineAnswer]) -> ColumnElement[bool]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, exists, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import (
@@ -27,8 +27,10 @@ from control_plane.db.models import (
     Engine,
     ObservedState,
     Placement,
+    VersionFile,
 )
 from control_plane.domain.engines.health import healthy_clause
+from control_plane.domain.placements.loads import RecordedVersion
 from shared.errors import InvalidRequestError
 
 
@@ -43,9 +45,8 @@ class PushOrder:
     action: Literal["load", "unload"]
     desired: str
     placement_ids: tuple[int, ...]
-    path: str | None = None  # load: the version's folder
+    recorded: RecordedVersion | None = None  # load: what to load (digest, and where its bytes are)
     adapter_id: int | None = None  # load: the other versions on the engine are then observed absent
-    sha256: str | None = None  # load: the version's manifest digest, sent as `expected_sha256`
     version: int | None = None  # load: the version's number (named in errors)
 
 
@@ -53,6 +54,16 @@ async def lock_placements(session: AsyncSession, where: ColumnElement[bool]) -> 
     """Lock the placement rows matching `where`, in ascending id (see the module doc). SQLite has no row
     locks (its writers are serialised by the write gate) and ignores FOR UPDATE."""
     await session.execute(select(Placement.id).where(where).order_by(Placement.id).with_for_update())
+
+
+def in_store(version_id: ColumnElement[int] | int) -> ColumnElement[bool]:
+    """Whether the version's files are in the artifact store (it has a manifest)."""
+    return exists().where(VersionFile.adapter_version_id == version_id)
+
+
+async def recorded_version(session: AsyncSession, version: AdapterVersion) -> RecordedVersion:
+    stored = bool(await session.scalar(select(in_store(version.id))))
+    return RecordedVersion(sha256=version.sha256, uri=version.uri, in_store=stored, size_bytes=version.size_bytes)
 
 
 def of_adapter(adapter_id: int) -> ColumnElement[bool]:
@@ -154,5 +165,6 @@ class PlacementPlanner:
         placement.desired = desired.value
         await session.flush()
         return PushOrder(engine_id=engine.id, engine=engine.name, url=engine.url, adapter=adapter.name,
-                         action="load", desired=placement.desired, placement_ids=(placement.id,), path=version.uri,
-                         adapter_id=adapter.id, sha256=version.sha256, version=version.number)
+                         action="load", desired=placement.desired, placement_ids=(placement.id,),
+                         recorded=await recorded_version(session, version), adapter_id=adapter.id,
+                         version=version.number)

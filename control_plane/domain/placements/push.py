@@ -18,17 +18,19 @@ from control_plane.db.models import DesiredState, ObservedState
 from control_plane.db.session import WriteGate
 from control_plane.db.transaction import transact
 from control_plane.domain.adapters.schemas import EngineOutcome
-from control_plane.domain.placements.answers import EngineAnswer, load_recorded, record_answers
+from control_plane.domain.placements.answers import EngineAnswer, record_answers
+from control_plane.domain.placements.loads import VersionLoader
 from control_plane.domain.placements.planner import PushOrder
-from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.engine_client import EngineCallError
 
 logger = logging.getLogger(__name__)
 _OBSERVED = {"loaded": ObservedState.LOADED, "unloaded": ObservedState.ABSENT, "failed": ObservedState.FAILED}
 
 
 class Pusher:
-    def __init__(self, client: EngineClient, session: AsyncSession, gate: WriteGate) -> None:
-        self.client = client
+    def __init__(self, loader: VersionLoader, session: AsyncSession, gate: WriteGate) -> None:
+        self.loader = loader
+        self.client = loader.client
         self.session = session
         self.gate = gate
 
@@ -42,9 +44,9 @@ class Pusher:
     async def _one(self, order: PushOrder) -> EngineOutcome:
         try:
             if order.action == "load":
-                assert order.path is not None and order.sha256 is not None
-                await load_recorded(self.client, order.url, order.adapter, order.path, order.sha256,
-                                    pinned=order.desired == DesiredState.PINNED.value)
+                assert order.recorded is not None
+                await self.loader.load(order.url, order.adapter, order.recorded,
+                                       pinned=order.desired == DesiredState.PINNED.value)
                 done = "loaded"
             else:
                 await self.client.unload(order.url, order.adapter)

@@ -45,13 +45,16 @@ from control_plane.db.models import (
 from control_plane.db.session import WriteGate, failure_kind
 from control_plane.db.transaction import DatabaseUnavailableError, read, transact
 from control_plane.domain.engines.health import healthy_clause
-from control_plane.domain.placements.answers import EngineAnswer, load_recorded, record_answers
+from control_plane.domain.placements.answers import EngineAnswer, record_answers
+from control_plane.domain.placements.loads import RecordedVersion, VersionLoader
+from control_plane.domain.placements.planner import in_store
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
 from shared.engine_admin import AdapterListing
 
 logger = logging.getLogger(__name__)
-ROUND_CALLS = 4  # one engine's round may take as long as this many engine calls at their deadline
+ROUND_CALLS = 4  # one engine's round may take as long as this many engine calls at their deadline,
+# plus, for each load that fetches from the artifact store, the time its bytes need
 
 
 @dataclass
@@ -71,6 +74,7 @@ class Reconciler:
         self.sessions = sessions
         self.gate = gate
         self.client = client
+        self.loader = VersionLoader(client, settings)
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
         self._kicks: set[asyncio.Task[EngineRound]] = set()
@@ -111,8 +115,8 @@ class Reconciler:
     async def reconcile_engine(self, name: str) -> EngineRound:
         try:
             # Every call is bounded already; this bounds an engine that answers each just in time.
-            async with asyncio.timeout(ROUND_CALLS * self.settings.engine_timeout_s):
-                return await self._reconcile_engine(name)
+            async with asyncio.timeout(ROUND_CALLS * self.settings.engine_timeout_s) as bound:
+                return await self._reconcile_engine(name, bound)
         except TimeoutError:
             logger.warning("reconcile of engine %s took longer than %d engine calls; left for the next round",
                            name, ROUND_CALLS)
@@ -126,14 +130,14 @@ class Reconciler:
                                {"lost": "connection lost", "conflict": "deadlock"}.get(kind, "unavailable"))
             return EngineRound(name, [], [], [], skipped=True)
 
-    async def _reconcile_engine(self, name: str) -> EngineRound:
+    async def _reconcile_engine(self, name: str, bound: asyncio.Timeout) -> EngineRound:
         async with self.sessions() as session:
             engine = await session.scalar(select(Engine).where(Engine.name == name)
                                           .with_for_update(skip_locked=True, key_share=True))
             if engine is None:  # deleted, or another replica holds it right now
                 return EngineRound(name, [], [], [], skipped=True)
             rows = (await session.execute(
-                select(Placement, AdapterVersion, Adapter.name)
+                select(Placement, AdapterVersion, Adapter.name, in_store(AdapterVersion.id))
                 .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
                 .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
                 .where(Placement.engine_id == engine.id)
@@ -147,7 +151,7 @@ class Reconciler:
                 logger.info("reconcile: engine %s unreachable: %s", name, exc.message)
                 return EngineRound(name, [], [], [], skipped=True)
             held = {a.name: a for a in listing.adapters if a.state != "draining"}
-            done, answers = await self._converge(url, engine.id, rows, held)
+            done, answers = await self._converge(url, engine.id, rows, held, bound)
 
             async def record(session: AsyncSession) -> None:
                 await record_answers(session, answers)
@@ -157,8 +161,8 @@ class Reconciler:
             done.engine = name
             return done
 
-    async def _converge(self, url: str, engine_id: int, rows: list,
-                        held: dict[str, AdapterListing]) -> tuple[EngineRound, list[EngineAnswer]]:
+    async def _converge(self, url: str, engine_id: int, rows: list, held: dict[str, AdapterListing],
+                        bound: asyncio.Timeout) -> tuple[EngineRound, list[EngineAnswer]]:
         """Call the engine for what differs; returns the round and every placement's answer to record."""
         result = EngineRound("", [], [], [])
         answers: list[EngineAnswer] = []
@@ -167,15 +171,20 @@ class Reconciler:
                     replaced: int | None = None) -> None:
             answers.append(EngineAnswer(engine_id, (placement.id,), observed, error, replaced))
 
-        wanted = {adapter for p, _, adapter in rows if p.desired in HOLDING}
-        for placement, version, adapter in rows:
+        wanted = {adapter for p, _, adapter, _ in rows if p.desired in HOLDING}
+        for placement, version, adapter, stored in rows:
             if placement.desired in HOLDING:
                 pinned = placement.desired == DesiredState.PINNED.value
                 have = held.get(adapter)
                 if have is None or have.sha256 != version.sha256 or have.pinned != pinned:
                     try:
-                        # the recorded bytes only: the engine refuses other files (see answers.load_recorded)
-                        await load_recorded(self.client, url, adapter, version.uri, version.sha256, pinned=pinned)
+                        # the recorded bytes only: the engine refuses other files (see loads.VersionLoader)
+                        recorded = RecordedVersion(sha256=version.sha256, uri=version.uri, in_store=stored,
+                                                   size_bytes=version.size_bytes)
+                        when = bound.when()  # the round may take what this load's bytes need, on top
+                        if when is not None:
+                            bound.reschedule(when + self.loader.deadline_s(recorded) - self.settings.engine_timeout_s)
+                        await self.loader.load(url, adapter, recorded, pinned=pinned)
                     except EngineCallError as exc:
                         observe(placement, ObservedState.FAILED, exc.message)
                         result.failed.append(adapter)

@@ -61,7 +61,7 @@ class EngineServer:
 
 
 @contextlib.contextmanager
-def run_engine(model_dir: Path, log: Path, *flags: str) -> Iterator[EngineServer]:
+def run_engine(model_dir: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[EngineServer]:
     cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(model_dir)]
     cmd += [
         "--served-model-name",
@@ -74,7 +74,7 @@ def run_engine(model_dir: Path, log: Path, *flags: str) -> Iterator[EngineServer
         "cpu",
         *flags,
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log.open("w") as out:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = EngineServer("", process, log)

@@ -7,6 +7,7 @@ import hashlib
 import os
 from collections.abc import AsyncIterator, Iterator
 
+import msgspec
 import pytest
 
 from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError, ArtifactOrigins, origin_of
@@ -51,6 +52,20 @@ async def test_fetch_verifies_and_writes_every_file_with_the_token(cp, fetcher, 
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == FILES
     assert sorted(cp.paths()) == sorted([f"/v1/artifacts/{ref.digest}", *(f"/v1/artifacts/{ref.digest}/{n}" for n in FILES)])
     assert all(headers["authorization"] == f"Bearer {TOKEN}" for _, headers in cp.seen)
+
+
+async def test_a_ref_given_as_a_path_is_fetched_from_the_engines_own_control_plane(cp, fetcher, tmp_path):
+    ref = cp.publish(FILES)
+    as_path = msgspec.structs.replace(ref, url=f"/v1/artifacts/{ref.digest}")  # no public URL configured
+    await fetcher.download(await fetcher.manifest(as_path), tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == FILES
+    assert cp.paths()[0] == f"/v1/artifacts/{ref.digest}"
+    no_control_plane = ArtifactFetcher(ArtifactOrigins(None), TOKEN, max_bytes=1 << 30)
+    try:
+        with pytest.raises(LoRAAdapterError, match="not on a trusted origin"):
+            await no_control_plane.manifest(as_path)
+    finally:
+        await no_control_plane.aclose()
 
 
 def test_origins_compare_scheme_host_and_port():

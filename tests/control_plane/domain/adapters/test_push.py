@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -16,23 +18,38 @@ from litestar.testing import AsyncTestClient
 from control_plane.app import create_app
 from tests.control_plane.conftest import _dsn, admin, reader
 from tests.control_plane.domain.adapters.helpers import UNREACHABLE
-from tests.control_plane.engines import ENGINE_TOKEN, engine_adapters, lora_engine
+from tests.control_plane.engines import (
+    ENGINE_TOKEN,
+    engine_adapters,
+    engine_credentials,
+    lora_engine,
+    served_control_plane,
+)
 from tests.data_plane.api.conftest import EngineServer
+from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 
 @pytest.fixture(scope="module")
-def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineServer]]:
+def cp_port() -> int:
+    """Where each test serves its control plane (the engines fetch adapter versions from it)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cp_port: int) -> Iterator[list[EngineServer]]:
     """Two real engines shared by this module's tests (each test uses adapter names of its own)."""
     logs = tmp_path_factory.mktemp("push_engines")
-    with lora_engine(demo["base"], demo["root"], logs / "a.log") as a, \
-            lora_engine(demo["base"], demo["root"], logs / "b.log") as b:
+    cp = f"http://127.0.0.1:{cp_port}"
+    with lora_engine(demo["base"], demo["root"], logs / "a.log", name="ea", control_plane=cp) as a, \
+            lora_engine(demo["base"], demo["root"], logs / "b.log", name="eb", control_plane=cp) as b:
         yield [a, b]
 
 
 @pytest.fixture
-async def cp(settings, engines: list[EngineServer]) -> AsyncIterator[AsyncTestClient]:
-    """The control plane with the engine token, both engines registered."""
-    async with AsyncTestClient(app=create_app(dataclasses.replace(settings, engine_token=ENGINE_TOKEN))) as c:
+async def cp(settings, engines: list[EngineServer], cp_port: int) -> AsyncIterator[httpx.AsyncClient]:
+    """The control plane with the engine token, over HTTP, both engines registered."""
+    settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials())
+    async with served_control_plane(settings, cp_port) as c:
         for name, server in zip(("ea", "eb"), engines, strict=True):
             body = {"name": name, "url": server.url, "base_model": "demo", "slots_total": 4}
             assert (await c.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
@@ -43,7 +60,7 @@ def unique(request: pytest.FixtureRequest, stem: str) -> str:
     return f"{stem}-{request.node.callspec.id}"
 
 
-async def test_load_activate_unload_reach_every_engine(cp: AsyncTestClient, engines: list[EngineServer],
+async def test_load_activate_unload_reach_every_engine(cp: httpx.AsyncClient, engines: list[EngineServer],
                                                        demo: dict, request: pytest.FixtureRequest) -> None:
     name = unique(request, "push")
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
@@ -81,7 +98,7 @@ async def test_load_activate_unload_reach_every_engine(cp: AsyncTestClient, engi
     assert {p["observed"] for p in detail["placements"]} == {"absent"}
 
 
-async def test_partial_failure_is_207_and_total_failure_502(cp: AsyncTestClient, engines: list[EngineServer],
+async def test_partial_failure_is_207_and_total_failure_502(cp: httpx.AsyncClient, engines: list[EngineServer],
                                                            demo: dict, request: pytest.FixtureRequest) -> None:
     name = unique(request, "partial")
     body = {"name": "down", "url": UNREACHABLE, "base_model": "demo"}
@@ -117,7 +134,7 @@ async def test_an_engine_refusal_is_reported_not_retried(settings, engines: list
 
 
 async def test_reconcile_restores_what_an_engine_lost_and_removes_what_it_should_not_hold(
-        cp: AsyncTestClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
+        cp: httpx.AsyncClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
     keep, drop = unique(request, "keep"), unique(request, "drop")
     for name, path in ((keep, demo["demo-pirate"]), (drop, demo["demo-short"])):
         r = await cp.post("/v1/load_lora_adapter", headers=admin(),
@@ -143,7 +160,7 @@ async def test_reconcile_restores_what_an_engine_lost_and_removes_what_it_should
     assert (await cp.post("/v1/engines/reconcile", headers=reader())).status_code == 403
 
 
-async def test_an_engine_locked_by_another_replica_is_skipped(cp: AsyncTestClient, settings) -> None:
+async def test_an_engine_locked_by_another_replica_is_skipped(cp: httpx.AsyncClient, settings) -> None:
     if settings.is_sqlite:
         pytest.skip("row locks: PostgreSQL only (SQLite runs a single replica)")
     conn = await asyncpg.connect(_dsn(settings.database_url), timeout=5)
@@ -158,7 +175,7 @@ async def test_an_engine_locked_by_another_replica_is_skipped(cp: AsyncTestClien
     assert {e["engine"]: e["skipped"] for e in report} == {"ea": False, "eb": False}
 
 
-async def test_lora_stats_combine_the_engines(cp: AsyncTestClient, engines: list[EngineServer], demo: dict,
+async def test_lora_stats_combine_the_engines(cp: httpx.AsyncClient, engines: list[EngineServer], demo: dict,
                                               request: pytest.FixtureRequest) -> None:
     name = unique(request, "stats")
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
@@ -182,9 +199,10 @@ async def test_lora_stats_combine_the_engines(cp: AsyncTestClient, engines: list
     assert (await cp.get("/v1/lora_stats")).status_code == 401
 
 
-async def test_files_edited_after_registration_are_refused_never_loaded_as_that_version(
-        cp: AsyncTestClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
-    # issue 8, 1.6: edit v1's adapter_config.json (alpha 4096) after registering it, then activate v1 again
+async def test_files_edited_after_registration_do_not_change_the_version(
+        cp: httpx.AsyncClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
+    # issue 8, 1.6, now answered by the artifact store: edit v1's adapter_config.json (alpha 4096) after
+    # registering it, then activate v1 again: the engines load the recorded bytes, fetched from the store
     name = unique(request, "integrity")
     v1_dir = Path(shutil.copytree(demo["demo-short"], demo["root"] / "integrity" / name))
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
@@ -194,27 +212,42 @@ async def test_files_edited_after_registration_are_refused_never_loaded_as_that_
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
                       json={"lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo"})
     assert r.status_code == 200 and r.json()["version"] == 2, r.text
-    v2_sha = r.json()["sha256"]
     config = v1_dir / "adapter_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "lora_alpha": 4096}))
-
+    shutil.rmtree(v1_dir / "..", ignore_errors=True)  # even gone altogether: engines never read the folder
     r = await cp.post(f"/v1/lora_adapters/{name}/activate", json={"version": 1}, headers=admin())
-    assert r.status_code == 502, r.text  # every engine refused
-    for outcome in r.json()["engines"]:
-        assert outcome["outcome"] == "failed"
-        assert outcome["error"].startswith("version 1: ") and "409" in outcome["error"]
-        assert "adapter_config.json or its weights changed" in outcome["error"] and v1_sha[:16] in outcome["error"]
-    placed = {(p["engine"], p["version"]): p for p in r.json()["placements"]}
-    for engine in ("ea", "eb"):
-        assert (placed[(engine, 1)]["desired"], placed[(engine, 1)]["observed"]) == ("loaded", "failed")
-        assert "changed since" in placed[(engine, 1)]["last_error"]
-    for server in engines:  # still serving v2's bytes, never the edited files as v1
-        assert engine_adapters(server)[name]["sha256"] == v2_sha != v1_sha
-    # the reconciler retries the failed placements: refused again, still never `loaded`
-    report = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
-    assert all(name in e["failed"] and name not in e["loaded"] for e in report), report
-    detail = (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()
-    assert {(p["engine"], p["observed"]) for p in detail["placements"] if p["version"] == 1} == {
-        ("ea", "failed"), ("eb", "failed")}
+    assert r.status_code == 200, r.text
     for server in engines:
-        assert engine_adapters(server)[name]["sha256"] == v2_sha
+        assert engine_adapters(server)[name]["sha256"] == v1_sha
+
+
+async def test_a_corrupted_blob_is_refused_by_a_fresh_engine_and_recorded(
+        cp: httpx.AsyncClient, settings, engines: list[EngineServer], demo: dict,
+        request: pytest.FixtureRequest) -> None:
+    """Issue 10 § 4: a blob damaged in the store is refused by an engine that has not cached it (the
+    checksum error lands on the placement) and the engine keeps serving everything else."""
+    name = unique(request, "corrupt")
+    folder = Path(shutil.copytree(demo["demo-pirate"], demo["root"] / "corrupt" / name))
+    weights = folder / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-4:] = b"\x00\x00\x80\x3f"  # other bytes than any engine has cached: a digest of its own
+    weights.write_bytes(bytes(data))
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(), json={
+        "lora_name": name, "lora_path": str(folder), "base_model": "demo", "engines": []})
+    assert r.status_code == 200 and r.json()["engines"] == [], r.text
+    blob = Path(urlsplit(settings.artifact_store).path) / "blobs" / hashlib.sha256(bytes(data)).hexdigest()
+    damaged = bytearray(blob.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    blob.write_bytes(bytes(damaged))
+    r = await cp.post("/v1/load_lora_adapter", headers=admin(), json={
+        "lora_name": name, "lora_path": str(folder), "base_model": "demo", "engines": ["ea"]})
+    assert r.status_code == 502, r.text
+    [outcome] = r.json()["engines"]
+    assert "checksum mismatch for adapter_model.safetensors" in outcome["error"], outcome
+    [placement] = [p for p in (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()["placements"]
+                   if p["engine"] == "ea"]
+    assert placement["observed"] == "failed" and "checksum mismatch" in placement["last_error"]
+    assert name not in engine_adapters(engines[0])
+    served = httpx.post(engines[0].api + "/completions", timeout=60,
+                        json={"model": "demo", "prompt": "hi", "max_tokens": 2, "temperature": 0})
+    assert served.status_code == 200, served.text

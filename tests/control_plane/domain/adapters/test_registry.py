@@ -116,7 +116,9 @@ async def test_resolve_names_the_active_version(client: AsyncTestClient, demo: d
     v2 = await load(client, "org/r", demo["demo-poet"])
     r = await client.get("/v1/resolve/org/r", params={"base_model": "demo"}, headers=reader())
     assert r.status_code == 200, r.text
-    assert r.json() == {"name": "org/r", "version": 2, "uri": str(demo["demo-poet"]), "sha256": v2["sha256"]}
+    assert r.json() == {"name": "org/r", "version": 2, "uri": str(demo["demo-poet"]), "sha256": v2["sha256"],
+                        # the engine fetches it by digest from this control plane (no public URL is set)
+                        "artifact": {"digest": v2["sha256"], "url": f"/v1/artifacts/{v2['sha256']}"}}
     await client.post(f"{ADAPTERS}/org/r/activate", json={"version": 1}, headers=admin())
     assert (await client.get("/v1/resolve/org/r", headers=reader())).json()["version"] == 1
     for path, params in (("/v1/resolve/org/r", {"base_model": "other"}), ("/v1/resolve/nobody", {})):

@@ -1,0 +1,83 @@
+"""Which blobs the store must keep: a version references its files' blobs, in the same transaction that
+records the version, and a blob goes only when no manifest lists it any more.
+
+The two writers that can meet on one blob are an upload referencing it and a collection removing it.
+Both take the blob's row lock first (PostgreSQL row locks; SQLite's write gate serialises every writer):
+- `reference` locks (or creates) the row, then makes sure the object is in the store (putting it again
+  from the spool if it is not), then adds the manifest rows; all of it commits together;
+- `collect` locks rows that look unreferenced, counts their references again under the lock (a
+  statement of its own, so it sees an upload that committed meanwhile), deletes the object and then
+  the row, and commits.
+So an upload either commits its reference before a collection looks (the blob stays), or waits for the
+collection to finish and then finds the object gone and puts it back. A collection that fails after
+deleting an object leaves an unreferenced row without object: harmless, the next reference re-puts it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from sqlalchemy import delete, exists, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.artifacts.spool import SpooledFile
+from control_plane.artifacts.store import ArtifactStore
+from control_plane.db.models import ArtifactBlob, VersionFile
+
+logger = logging.getLogger(__name__)
+
+
+async def put_missing(store: ArtifactStore, files: Iterable[SpooledFile]) -> None:
+    """Copy spooled files into the store ahead of the transaction (the slow part, outside the write gate)."""
+    for f in files:
+        if not await store.has(f.sha256, f.size):
+            await store.put_file(f.sha256, f.path)
+
+
+async def _locked_blob(session: AsyncSession, sha256: str, size: int) -> ArtifactBlob:
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    await session.execute(insert(ArtifactBlob).values(sha256=sha256, size=size)
+                          .on_conflict_do_nothing(index_elements=["sha256"]))
+    blob = await session.scalar(select(ArtifactBlob).where(ArtifactBlob.sha256 == sha256)
+                                .with_for_update().execution_options(populate_existing=True))
+    assert blob is not None  # inserted above, and locked: no collection can remove it now
+    return blob
+
+
+async def reference(session: AsyncSession, store: ArtifactStore, version_id: int,
+                    files: Iterable[SpooledFile]) -> None:
+    """List `files` as version `version_id`'s manifest (inside the caller's transaction). A version that
+    already lists its files is left as it is (same digest, same files)."""
+    have = set((await session.scalars(select(VersionFile.name)
+                                      .where(VersionFile.adapter_version_id == version_id))).all())
+    for f in sorted(files, key=lambda f: f.name):  # one lock order across writers
+        blob = await _locked_blob(session, f.sha256, f.size)
+        if not await store.has(f.sha256, f.size):  # collected meanwhile (or never put): put it back
+            await store.put_file(f.sha256, f.path)
+        if f.name not in have:
+            session.add(VersionFile(adapter_version_id=version_id, name=f.name, blob_id=blob.id))
+    await session.flush()
+
+
+async def collect(session: AsyncSession, store: ArtifactStore, blob_ids: Iterable[int] | None = None) -> list[str]:
+    """Remove the blobs (of `blob_ids`, or all) that no manifest lists; returns their sha256. Inside the
+    caller's transaction, which should commit right after."""
+    unreferenced = ~exists().where(VersionFile.blob_id == ArtifactBlob.id)
+    query = select(ArtifactBlob).where(unreferenced).order_by(ArtifactBlob.sha256).with_for_update()
+    if blob_ids is not None:
+        query = query.where(ArtifactBlob.id.in_(list(blob_ids)))
+    removed = []
+    for blob in (await session.scalars(query)).all():
+        count = await session.scalar(select(func.count()).select_from(VersionFile)
+                                     .where(VersionFile.blob_id == blob.id))
+        if count:
+            continue  # an upload referenced it while this collection waited for the lock
+        await store.delete(blob.sha256)
+        await session.execute(delete(ArtifactBlob).where(ArtifactBlob.id == blob.id))
+        removed.append(blob.sha256)
+    if removed:
+        logger.info("artifact store: removed %d blob(s) no version lists", len(removed))
+    return removed

@@ -1,0 +1,101 @@
+"""Where a load's `lora_path` may point, read into a Spool (the engines never read it themselves):
+
+- a local folder under the adapter roots (`--lora-roots`), or the same as `file://…`;
+- an object-store prefix, `s3://bucket/prefix/` (credentials, region and endpoint from the `AWS_*`
+  variables, as for the artifact store; `gs://`, `az://` likewise where a deployment can reach them).
+
+A folder is validated where it lies first (so refusals name the caller's path and the root rule holds
+before anything is read), then copied into the spool and validated again there: the version recorded is
+the copy that was checked, and a folder edited during the copy is refused rather than half-recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import obstore
+from obstore.store import from_url
+
+from control_plane.artifacts.spool import VERSION_FILES, Spool
+from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
+from shared.errors import ConflictError, InvalidRequestError
+
+OBJECT_STORE_SCHEMES = ("s3", "gs", "az")
+
+
+def is_object_store_url(lora_path: str) -> bool:
+    return urlsplit(lora_path).scheme in OBJECT_STORE_SCHEMES
+
+
+async def spool_source(lora_path: str, roots: tuple[str, ...], limit_bytes: int) -> tuple[Spool, InspectedAdapter]:
+    """The validated files of `lora_path` in a new Spool (the caller closes it)."""
+    spool = Spool(limit_bytes)
+    try:
+        if is_object_store_url(lora_path):
+            await _from_object_store(spool, lora_path)
+            found = await asyncio.to_thread(spool.inspect)
+        else:
+            found = await asyncio.to_thread(_from_folder, spool, _local_path(lora_path), roots)
+        return spool, found
+    except BaseException:
+        spool.close()
+        raise
+
+
+def _local_path(lora_path: str) -> str:
+    if lora_path.startswith("file://"):
+        parts = urlsplit(lora_path)
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidRequestError("a file:// lora_path names a local folder (file:///path)", param="lora_path")
+        return unquote(parts.path)
+    if "://" in lora_path:
+        raise InvalidRequestError(f"lora_path must be a folder under the adapter roots, file:///…, or one of "
+                                  f"{', '.join(s + '://' for s in OBJECT_STORE_SCHEMES)}", param="lora_path")
+    return lora_path
+
+
+def _from_folder(spool: Spool, path: str, roots: tuple[str, ...]) -> InspectedAdapter:
+    there = inspect_adapter(path, roots)  # the root rule and every refusal, naming the caller's path
+    try:
+        for name in VERSION_FILES:
+            spool.add_file(name, Path(there.path) / name)
+    except OSError as exc:
+        raise InvalidRequestError(f"the adapter files in {path!r} cannot be read ({exc.strerror or type(exc).__name__})",
+                                  param="lora_path") from None
+    copied = spool.inspect()
+    if copied.sha256 != there.sha256:
+        raise ConflictError(f"the files in {path!r} changed while they were being read; retry", param="lora_path")
+    return dataclasses.replace(copied, path=there.path)
+
+
+async def _from_object_store(spool: Spool, url: str) -> None:
+    prefix = url if url.endswith("/") else url + "/"
+    try:
+        store = from_url(prefix)
+    except Exception as exc:
+        raise InvalidRequestError(f"lora_path {_shown(url)} cannot be opened as an object store ({exc})",
+                                  param="lora_path") from None
+    for name in VERSION_FILES:
+        await spool.add_stream(name, _download(store, name, url))
+
+
+async def _download(store: obstore.store.ObjectStore, name: str, url: str) -> AsyncIterator[bytes]:
+    try:
+        result = await obstore.get_async(store, name)
+    except FileNotFoundError:
+        raise InvalidRequestError(f"{name} is missing under {_shown(url)}; is this a PEFT adapter folder?",
+                                  param="lora_path") from None
+    except Exception as exc:
+        raise InvalidRequestError(f"lora_path {_shown(url)}: reading {name} failed ({type(exc).__name__})",
+                                  param="lora_path") from None
+    async for chunk in result.stream(min_chunk_size=1 << 20):
+        yield bytes(chunk)
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    return repr(f"{parts.scheme}://{parts.hostname or ''}{parts.path}"[:160])

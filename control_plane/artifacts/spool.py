@@ -1,0 +1,115 @@
+"""Spool: one incoming version's files on local disk, hashed as they are written, then validated.
+
+Every way in (a folder under the adapter roots, an object-store prefix, an upload) copies the PEFT files
+into a fresh temporary folder first, counting bytes against `--max-artifact-bytes` and hashing each file
+as it lands. Validation (control_plane/domain/adapters/inspect.py) and the store's copy then read that
+private copy, so what is recorded is exactly what was checked, even if the source changes meanwhile,
+and nothing ever holds a whole upload in memory. The folder is removed when the spool closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
+from shared.artifacts import is_file_name
+from shared.errors import InvalidRequestError, PayloadTooLargeError
+from shared.peft import CONFIG_NAME, WEIGHTS_NAME
+
+# What a version is made of: the files the manifest digest covers (shared.manifest), nothing else.
+VERSION_FILES = (CONFIG_NAME, WEIGHTS_NAME)
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SpooledFile:
+    name: str
+    path: Path
+    size: int
+    sha256: str
+
+
+class Spool:
+    def __init__(self, limit_bytes: int, param: str = "lora_path") -> None:
+        self.limit_bytes = limit_bytes
+        self.param = param  # the request field errors name
+        self.folder = Path(tempfile.mkdtemp(prefix="loraplane-spool-"))
+        self.files: dict[str, SpooledFile] = {}
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files.values())
+
+    def _writer(self, name: str) -> _Writer:
+        if name not in VERSION_FILES:
+            allowed = " and ".join(VERSION_FILES)
+            raise InvalidRequestError(f"unexpected file {name[:64]!r}: a version is {allowed}", param=self.param)
+        if not is_file_name(name) or name in self.files:
+            raise InvalidRequestError(f"file {name!r} is given twice", param=self.param)
+        return _Writer(self, name)
+
+    def add_file(self, name: str, source: Path) -> SpooledFile:
+        """Copy a local file in (blocking I/O: call off the event loop)."""
+        with self._writer(name) as writer, source.open("rb") as src:
+            for chunk in iter(lambda: src.read(_CHUNK), b""):
+                writer.write(chunk)
+        return self.files[name]
+
+    async def add_stream(self, name: str, chunks: AsyncIterable[bytes]) -> SpooledFile:
+        """Write a stream in (an upload part, an object-store download), refusing it past the limit."""
+        with self._writer(name) as writer:
+            async for chunk in chunks:
+                writer.write(chunk)
+        return self.files[name]
+
+    def inspect(self) -> InspectedAdapter:
+        """Validate the spooled files as a PEFT folder (blocking: call off the event loop). Errors name
+        the request's field, not the private folder."""
+        missing = [n for n in VERSION_FILES if n not in self.files]
+        if missing:
+            raise InvalidRequestError(f"{' and '.join(missing)} missing: a version is {' and '.join(VERSION_FILES)}",
+                                      param=self.param)
+        return inspect_adapter(str(self.folder), (str(self.folder),))
+
+
+class _Writer:
+    """One file being spooled: counted against the spool's limit and hashed as it is written; recorded in
+    the spool only when the block ends without an error."""
+
+    def __init__(self, spool: Spool, name: str) -> None:
+        self.spool, self.name = spool, name
+        self.path = spool.folder / name
+        self._fh: BinaryIO = self.path.open("wb")
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.spool.total_bytes + self.size > self.spool.limit_bytes:
+            raise PayloadTooLargeError(f"the adapter's files exceed --max-artifact-bytes "
+                                       f"({self.spool.limit_bytes} bytes)", param=self.spool.param)
+        self._digest.update(chunk)
+        self._fh.write(chunk)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self._fh.close()
+        if exc_type is None:
+            self.spool.files[self.name] = SpooledFile(self.name, self.path, self.size, self._digest.hexdigest())

@@ -1,0 +1,114 @@
+"""ArtifactStore: where the control plane keeps every version's bytes, one object per file, named by sha256.
+
+One object-store library (obstore) serves every backend, chosen by URL: `file:///path` (the default,
+`.loraplane/artifacts/`), `s3://bucket/prefix` (credentials, region and endpoint from the standard
+`AWS_*` variables; `AWS_ENDPOINT_URL` for an S3-compatible server, `AWS_ALLOW_HTTP=true` for plain http),
+and whatever else obstore's `from_url` knows (`gs://`, `az://`) where a deployment can reach it.
+
+Layout: `blobs/<sha256>`. Objects are immutable: a key's bytes are the sha256 its name says, written once
+(a rewrite of the same key writes the same bytes). Which blobs are still wanted is the database's
+business (control_plane/artifacts/blobs.py); this module only moves bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import obstore
+from obstore.store import LocalStore, ObjectStore, S3Store, from_url
+
+BLOB_PREFIX = "blobs/"
+STREAM_CHUNK = 1 << 20
+PRESIGN_FOR = dt.timedelta(minutes=15)
+
+
+class ArtifactStoreError(Exception):
+    """The store could not be reached or refused an operation (the message names the store, no secret)."""
+
+
+def blob_key(sha256: str) -> str:
+    return BLOB_PREFIX + sha256
+
+
+class ArtifactStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parts = urlsplit(url)
+        self.scheme = parts.scheme
+        try:
+            if parts.scheme == "file":
+                Path(parts.path).mkdir(parents=True, exist_ok=True)
+                self._store: ObjectStore = LocalStore(parts.path, mkdir=True)
+            else:
+                self._store = from_url(url)
+        except Exception as exc:  # a malformed URL, an unknown scheme, missing configuration
+            raise ArtifactStoreError(f"artifact store {self.safe_url}: {exc}") from None
+
+    @property
+    def safe_url(self) -> str:
+        """The URL without credentials or query (a store URL may carry them)."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
+
+    @property
+    def presigns(self) -> bool:
+        """Whether engines can be sent presigned URLs, so that bytes bypass the control plane."""
+        return isinstance(self._store, S3Store)
+
+    async def has(self, sha256: str, size: int) -> bool:
+        try:
+            meta = await obstore.head_async(self._store, blob_key(sha256))
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            raise self._error("head", exc) from None
+        return int(meta["size"]) == size
+
+    async def put_file(self, sha256: str, path: Path) -> None:
+        """Write a local file (already hashed by the caller) as the blob `sha256`."""
+        try:
+            await obstore.put_async(self._store, blob_key(sha256), path)
+        except Exception as exc:
+            raise self._error("put", exc) from None
+
+    async def stream(self, sha256: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
+        """The blob's bytes [start, end), chunk by chunk (never the whole object in memory)."""
+        try:
+            if start == 0 and end is None:
+                result = await obstore.get_async(self._store, blob_key(sha256))
+            else:
+                options: dict = {"range": (start, end) if end is not None else {"offset": start}}
+                result = await obstore.get_async(self._store, blob_key(sha256), options=options)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error("get", exc) from None
+        async for chunk in result.stream(min_chunk_size=STREAM_CHUNK):
+            yield bytes(chunk)
+
+    async def download(self, sha256: str, into: Path) -> None:
+        with into.open("wb") as fh:
+            async for chunk in self.stream(sha256):
+                fh.write(chunk)
+
+    async def delete(self, sha256: str) -> None:
+        try:
+            await obstore.delete_async(self._store, blob_key(sha256))
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._error("delete", exc) from None
+
+    async def presign(self, sha256: str) -> str | None:
+        if not self.presigns:
+            return None
+        try:
+            return await obstore.sign_async(self._store, "GET", blob_key(sha256), PRESIGN_FOR)
+        except Exception as exc:
+            raise self._error("sign", exc) from None
+
+    def _error(self, what: str, exc: Exception) -> ArtifactStoreError:
+        return ArtifactStoreError(f"artifact store {self.safe_url}: {what} failed ({type(exc).__name__})")
