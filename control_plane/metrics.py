@@ -21,6 +21,10 @@ class ControlPlaneMetrics:
                                  ["method", "route"], registry=self.registry)
         self.mutations = Counter("loraplane_control_mutations_total", "Mutating calls by action and outcome",
                                  ["action", "outcome"], registry=self.registry)
+        # with loraplane_control_requests_total{route="/v1/artifacts/{digest}/{name}"}: what engines fetched
+        self.artifact_bytes = Counter("loraplane_control_artifact_bytes_total",
+                                      "Bytes of adapter files streamed to engines from the artifact store",
+                                      registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -83,6 +83,8 @@ class RouteDoc:
     path_params: dict[str, dict[str, Any]] | None = None
     operation_id: str | None = None  # with `path`: this operation's id (one handler, several paths)
     request_required: bool = True  # False: the body may be left out
+    # a request body that is not JSON (e.g. an upload): its OpenAPI `content` map, as it is
+    request_content: dict[str, Any] | None = None
 
 
 def route_doc(
@@ -100,6 +102,7 @@ def route_doc(
     path_params: dict[str, Any] | None = None,
     operation_id: str | None = None,
     request_required: bool = True,
+    request_content: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `opt` of a route handler that `document_app` reads. path_params: each `{param}` of `path`
     and its type (str when not named)."""
@@ -107,7 +110,7 @@ def route_doc(
     # schemas now: handlers are deep-copied, and msgspec.Meta cannot be
     params = {name: msgspec.json.schema(kind) for name, kind in (path_params or {}).items()}
     doc = RouteDoc(request, response, stream, errors, response_description, status, example, media_type,
-                   tuple(alternates), path, params, operation_id, request_required)
+                   tuple(alternates), path, params, operation_id, request_required, request_content)
     return {"route_doc": doc}
 
 
@@ -133,6 +136,7 @@ def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Itera
     document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()  # cached: every renderer serves it
     found: list[tuple[dict[str, Any], RouteDoc, dict[str, type | None]]] = []
     moved: list[tuple[dict[str, Any], str]] = []  # (path item, method) documented elsewhere (`path`)
+    kept: list[tuple[int, str]] = []  # (id of path item, method) also documented where it is
     for route in app.routes:
         if not isinstance(route, HTTPRoute):
             continue
@@ -145,12 +149,16 @@ def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Itera
                 if doc.path is not None:
                     methods = [m.lower() for m in handler.http_methods if m.lower() in path_item]
                     target = _relocate(document, path_item, methods, doc)
-                    moved += [(path_item, m) for m in methods if target is not path_item]
+                    if target is path_item:  # one of the handler's documented paths is the route's own
+                        kept += [(id(path_item), m) for m in methods]
+                    else:
+                        moved += [(path_item, m) for m in methods]
                     found += _found(app, target, handler, doc, extra_errors, methods)
                 else:
                     found += _found(app, path_item, handler, doc, extra_errors)
     for path_item, method in moved:
-        path_item.pop(method, None)
+        if (id(path_item), method) not in kept:
+            path_item.pop(method, None)
     document["paths"] = {path: item for path, item in document.get("paths", {}).items()
                          if any(k in item for k in ("get", "post", "put", "patch", "delete"))}
     types = list(dict.fromkeys([ErrorResponse, *(t for _, _, r in found for t in r.values() if t is not None)]))
@@ -186,7 +194,7 @@ def _relocate(document: dict[str, Any], path_item: dict[str, Any], methods: list
         operation["parameters"] = path + params
         if doc.operation_id is not None:
             operation["operationId"] = doc.operation_id
-        if doc.request is None:
+        if doc.request is None and doc.request_content is None:
             operation.pop("requestBody", None)
         target[method] = operation
     return target
@@ -221,6 +229,8 @@ def _rewrite(
     operation: dict[str, Any], doc: RouteDoc, resolved: dict[str, type | None], ref_of: dict[type, dict]
 ) -> None:
     request, response, stream, example = resolved["request"], resolved["response"], resolved["stream"], doc.example
+    if doc.request_content is not None:
+        operation["requestBody"] = {"required": doc.request_required, "content": doc.request_content}
     if request is not None:
         operation["requestBody"] = {"required": doc.request_required, "content": _json(ref_of[request])}
         if example is not None:

@@ -9,6 +9,7 @@ both (any engine: the control plane decides what goes where), as may admin and r
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from litestar import Controller, Response, get
@@ -22,6 +23,7 @@ from control_plane.artifacts.store import ArtifactStore
 from control_plane.auth import read_guard
 from control_plane.db.models import AdapterVersion, ArtifactBlob, VersionFile
 from control_plane.db.transaction import read
+from control_plane.metrics import ControlPlaneMetrics
 from shared.artifacts import ARTIFACTS_PATH, ArtifactFile, ArtifactManifest, Digest, FileName
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.http_errors import error_body
@@ -105,11 +107,17 @@ class ArtifactController(Controller):
         store: ArtifactStore = state.artifact_store
         start, end = span or (0, size)
         headers = {"Accept-Ranges": "bytes", "Content-Length": str(end - start), "X-Content-SHA256": sha}
+        body = _counted(store.stream(sha, start, None if span is None else end), state.metrics)
         if span is None:
-            return Stream(store.stream(sha), media_type="application/octet-stream", headers=headers)
+            return Stream(body, media_type="application/octet-stream", headers=headers)
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        return Stream(store.stream(sha, start, end), status_code=206, media_type="application/octet-stream",
-                      headers=headers)
+        return Stream(body, status_code=206, media_type="application/octet-stream", headers=headers)
+
+
+async def _counted(chunks: AsyncIterator[bytes], metrics: ControlPlaneMetrics) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        metrics.artifact_bytes.inc(len(chunk))
+        yield chunk
 
 
 def _check_digest(digest: str) -> None:

@@ -55,7 +55,8 @@ class Spool:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files.values())
 
-    def _writer(self, name: str) -> _Writer:
+    def writer(self, name: str) -> _Writer:
+        """A new file of the version: write chunks, then `finish()` (or use it as a context manager)."""
         if name not in VERSION_FILES:
             allowed = " and ".join(VERSION_FILES)
             raise InvalidRequestError(f"unexpected file {name[:64]!r}: a version is {allowed}", param=self.param)
@@ -65,14 +66,14 @@ class Spool:
 
     def add_file(self, name: str, source: Path) -> SpooledFile:
         """Copy a local file in (blocking I/O: call off the event loop)."""
-        with self._writer(name) as writer, source.open("rb") as src:
+        with self.writer(name) as writer, source.open("rb") as src:
             for chunk in iter(lambda: src.read(_CHUNK), b""):
                 writer.write(chunk)
         return self.files[name]
 
     async def add_stream(self, name: str, chunks: AsyncIterable[bytes]) -> SpooledFile:
         """Write a stream in (an upload part, an object-store download), refusing it past the limit."""
-        with self._writer(name) as writer:
+        with self.writer(name) as writer:
             async for chunk in chunks:
                 writer.write(chunk)
         return self.files[name]
@@ -109,7 +110,18 @@ class _Writer:
         self._digest.update(chunk)
         self._fh.write(chunk)
 
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+    def finish(self) -> SpooledFile:
         self._fh.close()
+        done = SpooledFile(self.name, self.path, self.size, self._digest.hexdigest())
+        self.spool.files[self.name] = done
+        return done
+
+    def abort(self) -> None:
+        self._fh.close()
+        self.path.unlink(missing_ok=True)
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is None:
-            self.spool.files[self.name] = SpooledFile(self.name, self.path, self.size, self._digest.hexdigest())
+            self.finish()
+        else:
+            self.abort()

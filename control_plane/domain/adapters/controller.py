@@ -6,6 +6,7 @@ Adapter names may contain `/` (e.g. `org/adapter`), so per-adapter routes take t
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
@@ -24,9 +25,26 @@ from control_plane.domain.placements.push import Pusher
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.names import name_problem
-from shared.openapi import decode_body, options_response, route_doc
+from shared.openapi import decode_body, options_response, route_doc, route_docs
 
 _ACTIVATE = "/activate"
+_VERSIONS = "/versions"
+_VERSION_PATH = re.compile(r"^(?P<name>.+)/versions/(?P<number>\d{1,9})$")
+_FIELDS = {
+    "base_model": {"type": "string", "maxLength": 256, "description": "needed when adapter_config.json names none"},
+    "description": {"type": "string", "maxLength": 4096},
+    "activate": {"type": "boolean", "default": True, "description": "pin the new version and place it"},
+    "pinned": {"type": "boolean", "default": False},
+}
+_UPLOAD_CONTENT = {
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["files"],
+        "properties": {"files": {"type": "array", "items": {"type": "string", "format": "binary"},
+                                 "description": "one part per file, its filename the file's name: "
+                                 "adapter_config.json and adapter_model.safetensors"}, **_FIELDS}}},
+    "application/gzip": {"schema": {"type": "string", "format": "binary",
+                                    "description": "a .tar.gz of the two files (the fields as query parameters)"}},
+}
 # Every route may also answer 401/403 (its guards) and 503 (the database is unavailable): the app adds
 # those (control_plane.app); here each route lists what its own handler and service raise.
 _PUSH = (207, 502)  # a push answers the success body with these when some / all engines failed
@@ -120,32 +138,65 @@ class AdapterController(Controller):
             engine = principal.engine
         return await service.resolve(name, base_model, engine, principal)
 
-    @post("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="activateLoraAdapter",
-          opt={"audit_action": "activate_lora_adapter",
-               **route_doc(request=schemas.AdapterActivate, response=schemas.AdapterActivated, alternates=_PUSH,
-                           errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/activate", path_params=_NAME)})
-    async def activate(self, service: AdapterService, principal: Principal, name: str,
-                       request: Request) -> Response[schemas.AdapterActivated]:
-        """Make an existing version the pin (`/v1/lora_adapters/{name}/activate`): roll back or forward.
-
+    @post("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="activateOrUpload",
+          request_max_body_size=None,  # an upload's own cap is --max-artifact-bytes (control_plane.artifacts.upload)
+          opt={"audit_action": "activate_or_upload_lora_adapter", **route_docs(
+              route_doc(request=schemas.AdapterActivate, response=schemas.AdapterActivated, alternates=_PUSH,
+                        errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/activate", path_params=_NAME,
+                        operation_id="activateLoraAdapter"),
+              route_doc(request_content=_UPLOAD_CONTENT, response=schemas.AdapterLoaded, alternates=_PUSH,
+                        errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/versions", path_params=_NAME,
+                        operation_id="uploadLoraAdapterVersion"))})
+    async def activate_or_upload(self, service: AdapterService, principal: Principal, name: str,
+                                 request: Request) -> Response[schemas.AdapterActivated | schemas.AdapterLoaded]:
+        """`/v1/lora_adapters/{name}/activate`: make an existing version the pin, to roll back or forward.
         Engines holding the adapter load the version in place: new requests get it at once, in-flight
-        ones finish on the old. Status as for loads: 200, 207 (some engines failed), 502 (all).
-        """
-        target = name.lstrip("/")
-        if not target.endswith(_ACTIVATE) or len(target) == len(_ACTIVATE):
-            raise NotFoundError(f"No route for POST /v1/lora_adapters/{target}; did you mean …/{target}/activate?")
-        data = decode_body(await request.body(), schemas.AdapterActivate)
-        activated = await service.activate(target.removesuffix(_ACTIVATE), data, principal)
-        return Response(activated, status_code=schemas.push_status(activated.engines))
+        ones finish on the old.
 
-    @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapter",
-            opt={"audit_action": "delete_lora_adapter",
-                 **route_doc(response=schemas.AdapterDeleted, errors=(400, 404, 409), path="/v1/lora_adapters/{name}",
-                             path_params=_NAME)})
-    async def delete_adapter(self, service: AdapterService, principal: Principal,
-                             name: str) -> schemas.AdapterDeleted:
-        """Remove an adapter and all its versions; refused (409) while any engine should still hold it."""
-        return await service.delete(name.lstrip("/"), principal)
+        `/v1/lora_adapters/{name}/versions`: upload a version's files, as `multipart/form-data` (one part
+        per file, named by its filename: adapter_config.json, adapter_model.safetensors; fields
+        base_model, description, activate (default true), pinned) or as a `.tar.gz` body (fields as query
+        parameters). The body is streamed into the artifact store, capped by --max-artifact-bytes (413),
+        and validated like a load's folder before anything is recorded; the answer is a load's.
+
+        Status of both as for loads: 200, 207 (some engines failed), 502 (all)."""
+        target = name.lstrip("/")
+        for suffix in (_ACTIVATE, _VERSIONS):
+            if target.endswith(suffix) and len(target) > len(suffix):
+                adapter = target.removesuffix(suffix)
+                if suffix == _VERSIONS:
+                    loaded = await service.upload(adapter, request, principal)
+                    return Response(loaded, status_code=schemas.push_status(loaded.engines))
+                data = decode_body(await request.body(), schemas.AdapterActivate)
+                activated = await service.activate(adapter, data, principal)
+                return Response(activated, status_code=schemas.push_status(activated.engines))
+        raise NotFoundError(f"No route for POST /v1/lora_adapters/{target}; did you mean …/{target}/activate "
+                            "or …/{target}/versions?")
+
+    @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapterOrVersion",
+            opt={"audit_action": "delete_lora_adapter", **route_docs(
+                route_doc(response=schemas.AdapterDeleted, errors=(400, 404, 409), path="/v1/lora_adapters/{name}",
+                          path_params=_NAME, operation_id="deleteLoraAdapter"),
+                route_doc(response=schemas.VersionDeleted, errors=(400, 404, 409),
+                          path="/v1/lora_adapters/{name}/versions/{version}",
+                          path_params={**_NAME, "version": Annotated[int, msgspec.Meta(ge=1, le=schemas.MAX_VERSION)]},
+                          operation_id="deleteLoraAdapterVersion"))})
+    async def delete_adapter_or_version(self, service: AdapterService, principal: Principal,
+                                        name: str) -> schemas.AdapterDeleted | schemas.VersionDeleted:
+        """`/v1/lora_adapters/{name}`: remove an adapter and all its versions; refused (409) while any
+        engine should still hold it.
+
+        `/v1/lora_adapters/{name}/versions/{version}`: remove one version that is neither the active one
+        nor placed on an engine (409 otherwise). Either way, blobs that no remaining version lists leave
+        the artifact store."""
+        target = name.lstrip("/")
+        version = _VERSION_PATH.match(target)
+        if version is not None:
+            number = int(version["number"])
+            if not 1 <= number <= schemas.MAX_VERSION:
+                raise InvalidRequestError(f"version must be 1..{schemas.MAX_VERSION}", param="version")
+            return await service.delete_version(version["name"], number, principal)
+        return await service.delete(target, principal)
 
     @route("/lora_adapters/{name:path}", http_method="OPTIONS", include_in_schema=False)
     async def _options(self, request: Request) -> Response[None]:

@@ -153,3 +153,11 @@ class AdapterPage(msgspec.Struct, kw_only=True):
 class AdapterDeleted(msgspec.Struct, kw_only=True):
     name: str
     deleted: bool = True
+
+
+class VersionDeleted(msgspec.Struct, kw_only=True):
+    """DELETE /v1/lora_adapters/{name}/versions/{version}."""
+
+    name: str
+    version: int
+    deleted: bool = True

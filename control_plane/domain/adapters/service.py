@@ -4,33 +4,45 @@ deadlocks and on a database connection lost before the commit)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+import msgspec
+from litestar import Request
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.artifacts import blobs
+from control_plane.artifacts import blobs, upload
 from control_plane.artifacts.sources import is_object_store_url, spool_source
 from control_plane.artifacts.spool import Spool
 from control_plane.artifacts.store import ArtifactStore
 from control_plane.auth import Principal
-from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine
 from control_plane.db.transaction import read, transact
-from control_plane.domain.adapters import queries, schemas
+from control_plane.domain.adapters import queries, removal, schemas
 from control_plane.domain.adapters.inspect import InspectedAdapter
 from control_plane.domain.placements.planner import (
     PlacementPlanner,
     PushOrder,
     in_store,
-    lock_placements,
-    of_adapter,
 )
 from control_plane.domain.placements.push import Pusher
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
+
+
+@dataclass
+class Incoming:
+    """A version on its way in: its spooled files, what validating them found, and how to record it."""
+
+    spool: Spool
+    found: InspectedAdapter
+    req: schemas.AdapterCreate
+    activate: bool = True
 
 
 class AdapterService:
@@ -48,30 +60,46 @@ class AdapterService:
         record where it should be placed; after the commit, push it to those engines and answer with
         each one's outcome."""
 
-        async def spool() -> tuple[Spool, InspectedAdapter]:
+        async def spool() -> Incoming:
             spooled, found = await spool_source(req.lora_path, self.settings.adapter_roots,
                                                 self.settings.max_artifact_bytes)
-            return spooled, dataclasses.replace(found, path=_source_of(req.lora_path, found))
+            return Incoming(spooled, dataclasses.replace(found, path=_source_of(req.lora_path, found)), req)
 
-        return await self.record_version(req, actor, spool)
+        return await self.record_version("load_lora_adapter", req.lora_name, actor, spool)
 
-    async def record_version(self, req: schemas.AdapterCreate, actor: Principal,
-                             spool: Callable[[], Awaitable[tuple[Spool, InspectedAdapter]]],
-                             activate: bool = True) -> schemas.AdapterLoaded:
+    async def upload(self, name: str, request: Request, actor: Principal) -> schemas.AdapterLoaded:
+        """POST /v1/lora_adapters/{name}/versions: the body's files (multipart or .tar.gz) become a version
+        as a load's folder does; `activate` (default true) pins and places it, as a load does."""
+        _refuse_route_names(name)
+
+        async def spool() -> Incoming:
+            received = await upload.receive(request, self.settings.max_artifact_bytes, dict(request.query_params))
+            try:
+                req, activate = upload_request(name, received.fields)
+                found = await asyncio.to_thread(received.spool.inspect)
+            except BaseException:
+                received.spool.close()
+                raise
+            return Incoming(received.spool, dataclasses.replace(found, path="upload"), req, activate)
+
+        return await self.record_version("upload_lora_adapter", name, actor, spool)
+
+    async def record_version(self, action: str, name: str, actor: Principal,
+                             receive: Callable[[], Awaitable[Incoming]]) -> schemas.AdapterLoaded:
         """The rest of every way in (load, upload): the spooled files go into the store (before the
         transaction: the slow part), then the version and its manifest are recorded in one transaction
-        with the audit row; `activate` pins it and places it, and the push follows the commit."""
+        with the audit row; `activate` pins it and places it, and the push follows the commit. Whatever
+        fails, the spool is removed; a refusal records nothing but its audit row."""
         spooled: list[Spool] = []
 
-        async def prepare() -> tuple[Spool, InspectedAdapter]:
-            got = await spool()
-            spooled.append(got[0])
-            await blobs.put_missing(self.store, got[0].files.values())
-            return got
+        async def prepare() -> Incoming:
+            incoming = await receive()
+            spooled.append(incoming.spool)
+            await blobs.put_missing(self.store, incoming.spool.files.values())
+            return incoming
 
-        async def work(session: AsyncSession,
-                       prepared: tuple[Spool, InspectedAdapter]) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
-            files, found = prepared
+        async def work(session: AsyncSession, incoming: Incoming) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
+            files, found, req, activate = incoming.spool, incoming.found, incoming.req, incoming.activate
             adapter = await self._adapter_for_load(session, req, found)
             await _refuse_base_model_names(session, adapter)
             version = await session.scalar(select(AdapterVersion).where(
@@ -98,7 +126,7 @@ class AdapterService:
                 engines=[]), orders
 
         try:
-            loaded, orders = await self.mutation.run(actor, "load_lora_adapter", req.lora_name, work, prepare)
+            loaded, orders = await self.mutation.run(actor, action, name, work, prepare)
         finally:
             for s in spooled:
                 s.close()
@@ -110,6 +138,7 @@ class AdapterService:
         # FOR UPDATE (PostgreSQL) orders concurrent loads of one name, so version numbers do not collide.
         adapter = await session.scalar(select(Adapter).where(Adapter.name == req.lora_name).with_for_update())
         if adapter is None:
+            _refuse_route_names(req.lora_name)
             base_model = req.base_model or found.base_model_hint
             if not base_model:
                 raise InvalidRequestError("base_model is required: adapter_config.json names no "
@@ -152,23 +181,24 @@ class AdapterService:
         return schemas.AdapterActivated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines)
 
     async def delete(self, name: str, actor: Principal) -> schemas.AdapterDeleted:
-        async def work(session: AsyncSession, _: Any) -> schemas.AdapterDeleted:
-            adapter = await queries.require_adapter(session, name, for_update=True)
-            versions = select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter.id)
-            await lock_placements(session, of_adapter(adapter.id))  # the one order of placement writers
-            held = await session.scalar(select(func.count()).select_from(Placement).where(
-                Placement.adapter_version_id.in_(versions), Placement.desired.in_(HOLDING)))
-            if held:
-                raise ConflictError(f"adapter {name!r} is still placed on {held} engine(s); unload it first "
-                                    "(POST /v1/unload_lora_adapter)")
-            # Explicit order instead of relying on ON DELETE CASCADE (SQLite enforces it only per connection).
-            await session.execute(delete(Placement).where(Placement.adapter_version_id.in_(versions)))
-            await session.execute(update(Adapter).where(Adapter.id == adapter.id).values(active_version_id=None))
-            await session.execute(delete(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id))
-            await session.execute(delete(Adapter).where(Adapter.id == adapter.id))
-            return schemas.AdapterDeleted(name=name)
+        """Remove an adapter and all its versions (409 while an engine should hold it), then its blobs."""
+        async def work(session: AsyncSession, _: Any) -> list[int]:
+            return await removal.remove_adapter(session, await queries.require_adapter(session, name, for_update=True))
 
-        return await self.mutation.run(actor, "delete_lora_adapter", name, work)
+        blob_ids = await self.mutation.run(actor, "delete_lora_adapter", name, work)
+        await removal.collect_blobs(self.session, self.mutation.gate, self.store, blob_ids)
+        return schemas.AdapterDeleted(name=name)
+
+    async def delete_version(self, name: str, number: int, actor: Principal) -> schemas.VersionDeleted:
+        """Remove one version that is neither active nor placed (409 otherwise), then the blobs no other
+        version lists."""
+        async def work(session: AsyncSession, _: Any) -> list[int]:
+            adapter = await queries.require_adapter(session, name, for_update=True)
+            return await removal.remove_version(session, adapter, number)
+
+        blob_ids = await self.mutation.run(actor, "delete_lora_adapter_version", f"{name}@{number}", work)
+        await removal.collect_blobs(self.session, self.mutation.gate, self.store, blob_ids)
+        return schemas.VersionDeleted(name=name, version=number)
 
     # Reads are retried on a fresh connection when the database connection broke under them (db.transaction.read).
     async def list(self, query: queries.AdapterQuery) -> schemas.AdapterPage:
@@ -220,3 +250,32 @@ def _source_of(lora_path: str, found: InspectedAdapter) -> str:
     if is_object_store_url(lora_path):
         return lora_path.split("?", 1)[0][:1024]
     return found.path
+
+
+ROUTE_SEGMENTS = ("activate", "versions")  # …/{name}/activate, …/{name}/versions[/{n}]
+
+
+def _refuse_route_names(name: str) -> None:
+    """A name with a segment `activate` or `versions` would read as one of those routes."""
+    if any(segment in ROUTE_SEGMENTS for segment in name.split("/")):
+        raise InvalidRequestError(f"an adapter name may not have a path segment {' or '.join(ROUTE_SEGMENTS)} "
+                                  "(it would read as the route of that name)", param="lora_name")
+
+
+def upload_request(name: str, fields: dict[str, str]) -> tuple[schemas.AdapterCreate, bool]:
+    """An upload's text fields as the load request they amount to, and whether to activate."""
+    def flag(key: str, default: bool) -> bool:
+        raw = fields.get(key, "").strip().lower()
+        if not raw:
+            return default
+        if raw not in ("true", "false", "1", "0", "yes", "no"):
+            raise InvalidRequestError(f"{key} must be true or false, not {raw[:16]!r}", param=key)
+        return raw in ("true", "1", "yes")
+
+    try:
+        req = msgspec.convert({"lora_name": name, "lora_path": "upload", "pinned": flag("pinned", False),
+                               "base_model": fields.get("base_model") or None,
+                               "description": fields.get("description")}, schemas.AdapterCreate)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(f"invalid upload field: {exc}") from None
+    return req, flag("activate", True)

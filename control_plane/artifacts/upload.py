@@ -1,0 +1,139 @@
+"""Reading an upload (`POST /v1/lora_adapters/{name}/versions`) into a Spool as it arrives.
+
+Two bodies are accepted:
+- `multipart/form-data`: one file part per PEFT file, named by its filename (`adapter_config.json`,
+  `adapter_model.safetensors`), plus the text fields `base_model`, `description`, `activate`, `pinned`;
+- a `.tar.gz` (`application/gzip`, `application/x-gzip`, `application/x-tar`): the two files at the top
+  or inside one folder; the fields then come as query parameters.
+
+Nothing is held in memory beyond a chunk: file parts go straight into the spool, whose limit
+(`--max-artifact-bytes`) counts the files' bytes (for a tarball, after decompression: a small archive
+cannot expand past it); the body itself may exceed that by little (headers, text fields). A client
+that disconnects mid-way leaves only the spool, which the caller removes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tarfile
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+import multipart
+from litestar import Request
+
+from control_plane.artifacts.spool import VERSION_FILES, Spool
+from shared.errors import InvalidRequestError, PayloadTooLargeError
+
+FIELDS = ("base_model", "description", "activate", "pinned")
+MAX_FIELD_BYTES = 8192
+BODY_OVERHEAD = 1 << 20  # multipart headers and text fields, on top of the files' own bytes
+TAR_TYPES = ("application/gzip", "application/x-gzip", "application/x-tar", "application/x-gtar")
+_CHUNK = 1 << 20
+
+
+@dataclass
+class Upload:
+    spool: Spool
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+async def receive(request: Request, limit_bytes: int, query: dict[str, str]) -> Upload:
+    """The upload's files in a new Spool (the caller closes it) and its fields."""
+    content_type, options = multipart.parse_options_header(request.headers.get("content-type", ""))
+    upload = Upload(Spool(limit_bytes, param="file"))
+    try:
+        body = _capped(request.stream(), limit_bytes + BODY_OVERHEAD)
+        if content_type == "multipart/form-data":
+            if not options.get("boundary"):
+                raise InvalidRequestError("multipart/form-data without a boundary", param="content-type")
+            await _multipart(body, options["boundary"], upload)
+        elif content_type in TAR_TYPES:
+            upload.fields = {k: v for k, v in query.items() if k in FIELDS}
+            await _tarball(body, upload.spool)
+        else:
+            raise InvalidRequestError("send the adapter as multipart/form-data (one part per file) or as a "
+                                      f".tar.gz ({TAR_TYPES[0]}), not {content_type or 'no content type'}",
+                                      param="content-type")
+        return upload
+    except BaseException:
+        upload.spool.close()
+        raise
+
+
+async def _capped(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in chunks:
+        seen += len(chunk)
+        if seen > limit:
+            raise PayloadTooLargeError(f"the upload is larger than --max-artifact-bytes allows ({limit} bytes "
+                                       "with the form's own overhead)", param="file")
+        yield chunk
+
+
+async def _multipart(body: AsyncIterator[bytes], boundary: str, upload: Upload) -> None:
+    parser = multipart.PushMultipartParser(boundary, max_segment_count=len(FIELDS) + len(VERSION_FILES) + 2,
+                                           strict=True)
+    writer, text, part = None, bytearray(), None
+    try:
+        with parser:
+            async for chunk in body:
+                for event in parser.parse(chunk):
+                    if isinstance(event, multipart.MultipartSegment):
+                        part = event
+                        if event.filename is not None:
+                            writer = upload.spool.writer(PurePosixPath(event.filename).name)
+                        elif event.name not in FIELDS:
+                            raise InvalidRequestError(f"unknown form field {event.name[:64]!r}; the fields are "
+                                                      f"{', '.join(FIELDS)} and the files", param=event.name[:64])
+                    elif event:  # a piece of the current part's content
+                        if writer is not None:
+                            writer.write(bytes(event))
+                        else:
+                            text += event
+                            if len(text) > MAX_FIELD_BYTES:
+                                raise InvalidRequestError(f"form field {part.name!r} is too long", param=part.name)
+                    else:  # the part ended
+                        if writer is not None:
+                            writer.finish()
+                            writer = None
+                        elif part is not None:
+                            upload.fields[part.name] = text.decode("utf-8", errors="replace")
+                        text, part = bytearray(), None
+    except multipart.MultipartError as exc:
+        raise InvalidRequestError(f"the multipart body is malformed ({exc})", param="file") from None
+    finally:
+        if writer is not None:
+            writer.abort()
+
+
+async def _tarball(body: AsyncIterator[bytes], spool: Spool) -> None:
+    """The archive goes to a temporary file first (tarfile reads synchronously), then its two members
+    into the spool, in a thread."""
+    with tempfile.TemporaryFile() as raw:
+        async for chunk in body:
+            raw.write(chunk)
+        raw.seek(0)
+        await asyncio.to_thread(_extract, raw, spool)
+
+
+def _extract(raw: object, spool: Spool) -> None:
+    try:
+        with tarfile.open(fileobj=raw, mode="r|*") as archive:  # type: ignore[call-overload]
+            for member in archive:
+                name = PurePosixPath(member.name)
+                if member.isdir() or name.name.startswith("._"):  # folders; macOS resource forks
+                    continue
+                if not member.isreg() or len(name.parts) > 2 or name.name not in VERSION_FILES:
+                    raise InvalidRequestError(f"the archive holds {member.name[:80]!r}; it may hold only "
+                                              f"{' and '.join(VERSION_FILES)}, at its top or in one folder",
+                                              param="file")
+                source = archive.extractfile(member)
+                assert source is not None  # a regular file
+                with spool.writer(name.name) as writer:
+                    while chunk := source.read(_CHUNK):
+                        writer.write(chunk)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise InvalidRequestError(f"the body is not a readable .tar.gz ({type(exc).__name__})", param="file") from None
