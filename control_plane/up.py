@@ -119,6 +119,8 @@ def main(argv: list[str]) -> int:
     engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(demo), "--served-model-name", "demo",
                   "--host", args.host, "--port", str(args.engine_port), "--device", args.device, "--enable-lora",
                   "--lora-roots", str(demo / "adapters"), "--control-plane", cp_url, "--engine-name", ENGINE_NAME,
+                  # its own cache of fetched versions, kept across restarts (nothing is fetched twice)
+                  "--lora-cache-dir", str(Path(".loraplane") / "lora-cache" / ENGINE_NAME),
                   "--log-format", args.log_format]
     launch = _Launch(control_cmd, control_env, engine_cmd, engine_env, cp_url, admin, admin_file)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
