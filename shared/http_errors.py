@@ -18,6 +18,7 @@ from shared.errors import LoraplaneError, NotFoundError, PayloadTooLargeError
 from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
 
 logger = logging.getLogger(__name__)
+CLIENT_GONE = "client disconnected prematurely"  # Litestar's words when a request body is cut off
 
 # A schema pattern is a contract for machines; a person reading a 400 gets the rule in words.
 _PATTERN_WORDS = {ADAPTER_NAME_PATTERN: f"a valid name ({ADAPTER_NAME_DESCRIPTION})"}
@@ -69,6 +70,12 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response[dict
         return error_body(status, message, param=first.get("key"))
     if status < 500:
         return error_body(status, str(exc.detail))
+    if exc.detail == CLIENT_GONE:
+        # the client went away while sending its body (a caller killed mid-call): nobody reads this answer,
+        # and it is no server error worth a traceback
+        logger.info("%s %s: the client disconnected before its request body was complete",
+                    request.method, request.url.path)
+        return error_body(400, "The request body ended early: the client disconnected.")
     return handle_internal_error(request, exc)
 
 
