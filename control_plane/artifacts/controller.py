@@ -24,7 +24,15 @@ from control_plane.auth import read_guard
 from control_plane.db.models import AdapterVersion, ArtifactBlob, VersionFile
 from control_plane.db.transaction import read
 from control_plane.metrics import ControlPlaneMetrics
-from shared.artifacts import ARTIFACTS_PATH, ArtifactFile, ArtifactManifest, Digest, FileName
+from shared.artifacts import (
+    ARTIFACTS_PATH,
+    DIGEST_PATTERN,
+    FILE_NAME_PATTERN,
+    ArtifactFile,
+    ArtifactManifest,
+    Digest,
+    FileName,
+)
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.http_errors import error_body
 from shared.openapi import route_doc
@@ -74,7 +82,8 @@ class ArtifactController(Controller):
 
     @get("/{digest:str}", operation_id="getArtifactManifest",
          opt=route_doc(response=ArtifactManifest, errors=(400, 404), path_params={"digest": Digest}))
-    async def manifest(self, db_session: AsyncSession, state: State, digest: str) -> ArtifactManifest:
+    async def manifest(self, db_session: AsyncSession, state: State,
+                       digest: Annotated[str, Parameter(pattern=DIGEST_PATTERN)]) -> ArtifactManifest:
         """The version's manifest: its files' names, sizes and sha256 (they hash to `digest`), and with an
         S3 store a presigned URL per file (valid 15 minutes)."""
         _check_digest(digest)
@@ -87,7 +96,9 @@ class ArtifactController(Controller):
          opt=route_doc(errors=(400, 404, 416), path_params={"digest": Digest, "name": FileName},
                        media_type="application/octet-stream", alternates=(206,),
                        response_description="The file's bytes; 206 with Content-Range for a Range request."))
-    async def file(self, db_session: AsyncSession, state: State, digest: str, name: str,
+    async def file(self, db_session: AsyncSession, state: State,
+                   digest: Annotated[str, Parameter(pattern=DIGEST_PATTERN)],
+                   name: Annotated[str, Parameter(pattern=FILE_NAME_PATTERN)],
                    range_header: Annotated[str | None, Parameter(header="Range", required=False)] = None,
                    ) -> Response:
         """One file of the version, streamed from the store (engine tokens too). `Range: bytes=a-b` →
