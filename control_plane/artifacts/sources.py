@@ -2,7 +2,9 @@
 
 - a local folder under the adapter roots (`--lora-roots`), or the same as `file://…`;
 - an object-store prefix, `s3://bucket/prefix/` (credentials, region and endpoint from the `AWS_*`
-  variables, as for the artifact store; `gs://`, `az://` likewise where a deployment can reach them).
+  variables, as for the artifact store; `gs://`, `az://` likewise where a deployment can reach them);
+- a Hugging Face Hub repository, `hf://org/name` or `hf://org/name@revision` (a public one: the files
+  are read over HTTPS from `$HF_ENDPOINT`, default https://huggingface.co, as huggingface_hub does).
 
 A folder is validated where it lies first (so refusals name the caller's path and the root rule holds
 before anything is read), then copied into the spool and validated again there: the version recorded is
@@ -13,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import obstore
 from obstore.store import from_url
@@ -24,11 +27,21 @@ from control_plane.artifacts.spool import VERSION_FILES, Spool
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
 from shared.errors import ConflictError, InvalidRequestError
 
-OBJECT_STORE_SCHEMES = ("s3", "gs", "az")
+OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "hf")
+HF_ENDPOINT = "https://huggingface.co"
 
 
 def is_object_store_url(lora_path: str) -> bool:
     return urlsplit(lora_path).scheme in OBJECT_STORE_SCHEMES
+
+
+def hub_url(lora_path: str) -> str:
+    """`hf://org/name[@revision]` → the HTTPS prefix its files are served under (`resolve/<revision>/`)."""
+    repo, _, revision = lora_path.removeprefix("hf://").strip("/").partition("@")
+    if repo.count("/") != 1 or not all(repo.split("/")) or "/" in revision or ".." in repo + revision:
+        raise InvalidRequestError("an hf:// lora_path is hf://org/name or hf://org/name@revision", param="lora_path")
+    endpoint = os.environ.get("HF_ENDPOINT", HF_ENDPOINT).rstrip("/")
+    return f"{endpoint}/{quote(repo)}/resolve/{quote(revision or 'main', safe='')}/"
 
 
 async def spool_source(lora_path: str, roots: tuple[str, ...], limit_bytes: int) -> tuple[Spool, InspectedAdapter]:
@@ -74,8 +87,12 @@ def _from_folder(spool: Spool, path: str, roots: tuple[str, ...]) -> InspectedAd
 
 async def _from_object_store(spool: Spool, url: str) -> None:
     prefix = url if url.endswith("/") else url + "/"
+    options: dict = {}
+    if url.startswith("hf://"):
+        prefix = hub_url(url)
+        options = {"client_options": {"allow_http": prefix.startswith("http://")}}
     try:
-        store = from_url(prefix)
+        store = from_url(prefix, **options)
     except Exception as exc:
         raise InvalidRequestError(f"lora_path {_shown(url)} cannot be opened as an object store ({exc})",
                                   param="lora_path") from None
