@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -41,8 +41,9 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.executable, "-m", "shared.cli"),
-                  **extra_env: str) -> Iterator[str]:
-    """`loraplane control` on SQLite under tmp, through `launcher` (another install's `loraplane`)."""
+                  flags: Sequence[str] = (), **extra_env: str) -> Iterator[str]:
+    """`loraplane control` on SQLite under tmp, through `launcher` (another install's `loraplane`), with
+    further `flags` (e.g. --artifact-store)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     credentials = ",".join(f"{name}={token}" for name, token in CP_TOKENS.items())
@@ -50,20 +51,28 @@ def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.
            "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
            "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", **extra_env}
     cmd = [*launcher, "control", "--port", str(port), "--lora-roots", str(adapter_root),
-           "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning"]
-    log = tmp / "control.log"
+           "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning", *flags]
+    with started(cmd, tmp / "control.log", env, lambda: httpx.get(url + "/health", timeout=2).status_code == 200,
+                 "control plane"):
+        yield url
+
+
+@contextlib.contextmanager
+def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[[], bool], what: str
+            ) -> Iterator[subprocess.Popen]:
+    """`cmd` running (output in `log`) once `ready()` holds (an HTTPError counts as not yet); terminated on exit."""
     with log.open("w") as out:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 60
         while True:
             if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"control plane did not start:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"{what} did not start:\n{log.read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if ready():
                     break
             time.sleep(0.2)
-        yield url
+        yield process
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -42,22 +42,28 @@ class EngineServer:
     def metric(self, name: str, labels: str = "") -> float:
         """From /metrics: the sum of the samples of `name` whose labels include `labels`, e.g.
         metric("loraplane_requests_total", 'outcome="abort"') counts aborts of every adapter."""
-        wanted = {pair for pair in labels.split(",") if pair}
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        total, found = 0.0, False
-        for line in text.splitlines():
-            if line.startswith("#") or not line.strip():
-                continue
-            series, _, value = line.rpartition(" ")
-            series_name, _, label_text = series.partition("{")
-            if series_name == name and wanted <= set(label_text.rstrip("}").split(",")):
-                total, found = total + float(value), True
-        if not found:
-            raise KeyError(f"{name}{{{labels}}}")
-        return total
+        return scrape_metric(self.url, name, labels)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def scrape_metric(url: str, name: str, labels: str = "") -> float:
+    """The sum of the samples of `name` whose labels include `labels` on `url`/metrics (any of our
+    processes); KeyError when there is none."""
+    wanted = {pair for pair in labels.split(",") if pair}
+    text = httpx.get(url + "/metrics", timeout=10).text
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        series, _, value = line.rpartition(" ")
+        series_name, _, label_text = series.partition("{")
+        if series_name == name and wanted <= set(label_text.rstrip("}").split(",")):
+            total, found = total + float(value), True
+    if not found:
+        raise KeyError(f"{name}{{{labels}}}")
+    return total
 
 
 @contextlib.contextmanager
