@@ -141,7 +141,8 @@ class Fleet:
             cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name",
                    SERVED_NAME, "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--enable-lora",
                    "--lora-roots", str(adapter_root), "--control-plane", self.cps[1].url, "--engine-name", name,
-                   *ENGINE_FLAGS]
+                   # kept across its restarts (a SIGKILL would leave a default temporary one behind)
+                   "--lora-cache-dir", str(tmp / "lora-cache" / name), *ENGINE_FLAGS]
             self.engines[name] = Proc(name, cmd, env, self.logs)
         self.admin = httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
         self.reader = httpx.Client(headers={"Authorization": f"Bearer {READ}"}, timeout=30)
