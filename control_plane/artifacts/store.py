@@ -76,6 +76,10 @@ class ArtifactStore:
 
     async def stream(self, sha256: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """The blob's bytes [start, end), chunk by chunk (never the whole object in memory)."""
+        if isinstance(self._store, LocalStore):
+            async for chunk in self._local_ranges(sha256, start, end):
+                yield chunk
+            return
         try:
             if start == 0 and end is None:
                 result = await obstore.get_async(self._store, blob_key(sha256))
@@ -88,6 +92,21 @@ class ArtifactStore:
             raise self._error("get", exc) from None
         async for chunk in result.stream(min_chunk_size=STREAM_CHUNK):
             yield bytes(chunk)
+
+    async def _local_ranges(self, sha256: str, start: int, end: int | None) -> AsyncIterator[bytes]:
+        """A local blob as one ranged read per chunk: obstore's get stream of a local file reads 8 KiB at a
+        time (about 230 MB/s here, below what engines fetch), a 1 MiB range is one read (GB/s)."""
+        key = blob_key(sha256)
+        try:
+            if end is None:
+                end = int((await obstore.head_async(self._store, key))["size"])
+            for offset in range(start, end, STREAM_CHUNK):
+                yield bytes(await obstore.get_range_async(self._store, key, start=offset,
+                                                          end=min(offset + STREAM_CHUNK, end)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error("get", exc) from None
 
     async def download(self, sha256: str, into: Path) -> None:
         with into.open("wb") as fh:
