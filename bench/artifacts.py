@@ -1,0 +1,300 @@
+"""Adapter artifacts over loopback (issue 10 §5): a ~200 MB PEFT adapter uploaded into the control plane's
+store, fetched and verified by an engine, and what that costs the first token and other adapters' decoding.
+Prints one JSON object.
+
+    .venv/bin/python bench/artifacts.py [--repeats 3] [--size-mb 200]
+
+Real processes: `loraplane control` (SQLite, file:// store) and one `loraplane engine --control-plane …`
+(CPU) whose --lora-cache-dir starts empty; this script is the HTTP client. The base is a random Qwen2 of
+hidden 1024 whose depth and adapter rank are chosen to make the adapter about --size-mb (fp32, all seven
+projections). Each repeat uploads two new adapters (new digests, so every fetch is cold) and measures,
+in alternating order:
+- upload: POST /v1/lora_adapters/{name}/versions (multipart, streamed from disk) → MB/s;
+- cold load vs local disk: the engine's POST /v1/load_lora_adapter with `artifact` (fetch from the control
+  plane, verify, cache, load) vs with `lora_path` (the same files under its --lora-roots), each timed to
+  the first streamed token of a request to it; fetch+verify MB/s = size / (load call → the verified folder
+  published in the cache, which happens after every sha256 matched and the files were fsynced);
+- p99 inter-token latency of another (small) adapter's streaming decode while a cold fetch runs vs steady.
+Figures are medians over the repeats, with [min, max].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from stack import Stack, stack  # bench/stack.py: run as `python bench/artifacts.py`
+from tqdm import tqdm
+
+from data_plane.demo.model_builder import DemoModelShape, write_demo_model
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.weights import TARGET_MODULES
+from shared.peft import CONFIG_NAME, WEIGHTS_NAME
+
+MB = 1e6
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS = 1024, 2048, 8, 4  # head_dim 128: q 1024 wide, k/v 512
+# in + out features summed over the seven projections of one layer: a rank-r layer holds r * this floats
+FEATURES_PER_LAYER = (2 * HIDDEN) * 2 + (HIDDEN + KV_HEADS * 128) * 2 + (HIDDEN + INTERMEDIATE) * 3
+MAX_RANK = 512  # never above min(in, out) of any projection (k/v are 512 wide)
+PROMPT = "The quick brown fox"
+POLL_S = 0.002
+
+
+def shape_for(size_mb: float) -> tuple[DemoModelShape, int]:
+    """A base depth and an adapter rank whose fp32 adapter is about `size_mb`."""
+    per_layer_at_max = FEATURES_PER_LAYER * MAX_RANK * 4
+    layers = max(1, math.ceil(size_mb * MB / per_layer_at_max))
+    rank = min(MAX_RANK, max(8, round(size_mb * MB / (layers * FEATURES_PER_LAYER * 4) / 8) * 8))
+    return DemoModelShape(num_hidden_layers=layers, hidden_size=HIDDEN, num_attention_heads=HEADS,
+                          num_key_value_heads=KV_HEADS, intermediate_size=INTERMEDIATE), rank
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum((folder / n).stat().st_size for n in (CONFIG_NAME, WEIGHTS_NAME))
+
+
+def spread(values: list[float], digits: int = 1) -> dict:
+    return {"median": round(statistics.median(values), digits),
+            "range": [round(min(values), digits), round(max(values), digits)]}
+
+
+class Bench:
+    def __init__(self, s: Stack, cache: Path) -> None:
+        self.s, self.cache = s, cache  # cache: the engine's --lora-cache-dir
+        self.admin = s.admin()
+        self.engine = httpx.Client(base_url=s.engine, timeout=600,
+                                   headers={"Authorization": f"Bearer {s.engine_admin_token}"})
+
+    def upload(self, name: str, folder: Path) -> tuple[str, float]:
+        """(the version's digest, seconds) for one multipart upload streamed from disk, not activated."""
+        with (folder / CONFIG_NAME).open("rb") as config, (folder / WEIGHTS_NAME).open("rb") as weights:
+            files = {CONFIG_NAME: (CONFIG_NAME, config, "application/json"),
+                     WEIGHTS_NAME: (WEIGHTS_NAME, weights, "application/octet-stream")}
+            started = time.perf_counter()
+            r = self.admin.post(f"/v1/lora_adapters/{name}/versions", files=files,
+                                data={"base_model": "demo", "activate": "false"})
+            seconds = time.perf_counter() - started
+        if r.status_code != 200 or r.json()["engines"]:
+            raise SystemExit(f"upload of {name} answered {r.status_code}: {r.text[:500]}")
+        return r.json()["sha256"], seconds
+
+    def load(self, name: str, **source: object) -> None:
+        r = self.engine.post("/v1/load_lora_adapter", json={"lora_name": name, **source})
+        if r.status_code != 200:
+            raise SystemExit(f"load of {name} answered {r.status_code}: {r.text[:500]}")
+
+    def unload(self, name: str) -> None:
+        r = self.engine.post("/v1/unload_lora_adapter", json={"lora_name": name})
+        if r.status_code != 200:
+            raise SystemExit(f"unload of {name} answered {r.status_code}: {r.text[:500]}")
+
+    def artifact(self, digest: str) -> dict:
+        return {"artifact": {"digest": digest, "url": f"{self.s.cp}/v1/artifacts/{digest}"}}
+
+    def stream(self, model: str, max_tokens: int, on_token: Callable[[float], bool]) -> None:
+        """A streamed completion; `on_token(arrival time)` per token, until it returns False or the end."""
+        body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+                "temperature": 0}
+        with self.engine.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                raise SystemExit(f"completion of {model} answered {r.status_code}: {r.read()[:500]!r}")
+            for line in r.iter_lines():
+                if line.startswith("data: {") and not on_token(time.perf_counter()):
+                    return  # closing the stream aborts the request at the engine
+
+    def first_token_s(self, name: str, **source: object) -> float:
+        """Seconds from the load call to the first streamed token of a request to the loaded adapter."""
+        started = time.perf_counter()
+        self.load(name, **source)
+        first: list[float] = []
+
+        def on_token(t: float) -> bool:
+            first.append(t)
+            return False
+
+        self.stream(name, 4, on_token)
+        self.unload(name)
+        return first[0] - started
+
+    def cold_load(self, name: str, digest: str) -> tuple[float, float]:
+        """(seconds to the first token, seconds to the verified folder in the cache) of an artifact load."""
+        published = Watch(self.cache / digest)
+        try:
+            seconds = self.first_token_s(name, **self.artifact(digest))
+        finally:
+            published.stop()
+        return seconds, published.seen_after()
+
+    def decode_gaps(self, model: str, during: Callable[[], list[float]] | None = None) -> list[list[float]]:
+        """Inter-token gaps of `model`'s streaming decode. Steady: the 96 gaps after 8 tokens. With `during`
+        (run in a thread once 8 tokens arrived; it answers the times [t0, t1, …] that bound its phases):
+        per phase [t0, ti], the gaps that overlap it; the stream is closed when `during` returns."""
+        arrivals: list[float] = []
+        marks: list[float] = []
+        worker = threading.Thread(target=lambda: marks.extend(during()) if during else None, daemon=True)
+
+        def on_token(t: float) -> bool:
+            arrivals.append(t)
+            if during is None:
+                return len(arrivals) < 8 + 97
+            if len(arrivals) == 8:
+                worker.start()
+            return len(arrivals) <= 8 or worker.is_alive()
+
+        self.stream(model, 1500, on_token)
+        gaps = list(zip(arrivals[8:], arrivals[9:], strict=False))
+        if during is None:
+            return [[b - a for a, b in gaps]]
+        worker.join()
+        if not marks:
+            raise SystemExit("the load during the decode failed; see the engine's log")
+        return [[b - a for a, b in gaps if b > marks[0] and a < end] for end in marks[1:]]
+
+
+class Watch:
+    """Records when `path` appears (the cache publishes a verified version by one rename)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.started, self.at = path, time.perf_counter(), None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.at is None:
+            if self.path.exists():
+                self.at = time.perf_counter()
+            time.sleep(POLL_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def seen_after(self) -> float:
+        if self.at is None:
+            raise SystemExit(f"{self.path} never appeared in the engine's cache")
+        return self.at - self.started
+
+
+def p99(gaps: list[float]) -> float:
+    if len(gaps) < 2:
+        raise SystemExit(f"only {len(gaps)} inter-token gaps were measured; the phase was too short")
+    return statistics.quantiles(gaps, n=100, method="inclusive")[98]
+
+
+def measure(bench: Bench, digests: tuple[str, str], folder: Path, tag: str, flip: bool,
+            out: dict[str, list[float]]) -> None:
+    """One repeat: cold artifact load (digests[0]) vs the same files from local disk (`folder`), and decode
+    steady vs during a cold fetch (digests[1]); each pair in the order `flip` says."""
+    size = folder_bytes(folder)
+
+    def cold() -> None:
+        ttft, fetch = bench.cold_load(f"cold-{tag}", digests[0])
+        out["cold_s"].append(ttft)
+        out["fetch_mb_s"].append(size / MB / fetch)
+
+    def local() -> None:
+        out["local_s"].append(bench.first_token_s(f"local-{tag}", lora_path=str(folder)))
+
+    def fetch_during() -> list[float]:
+        published = Watch(bench.cache / digests[1])
+        try:
+            bench.load(f"during-{tag}", **bench.artifact(digests[1]))
+        finally:
+            published.stop()
+        return [published.started, published.started + published.seen_after(), time.perf_counter()]
+
+    def steady() -> None:
+        out["steady_p99"].append(p99(bench.decode_gaps("small")[0]))
+
+    def during() -> None:
+        fetching, loading = bench.decode_gaps("small", fetch_during)
+        bench.unload(f"during-{tag}")
+        out["fetching_p99"].append(p99(fetching))
+        out["loading_p99"].append(p99(loading))
+        out["fetching_gaps"].append(len(fetching))
+
+    first, second = ((local, cold), (during, steady)) if flip else ((cold, local), (steady, during))
+    for step in (*first, *second):
+        os.sync()  # what this script wrote (new adapters, their upload) is on disk before anything is timed
+        step()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--size-mb", type=float, default=200)
+    args = parser.parse_args()
+    shape, rank = shape_for(args.size_mb)
+    spec = DemoAdapter(r=rank, lora_alpha=rank, target_modules=TARGET_MODULES)
+    progress = tqdm(total=2 + 3 * (args.repeats + 1), desc="artifacts benchmark", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        base, root, cache = tmp / "base", tmp / "adapters", tmp / "engine-cache"
+        write_demo_model(base, seed=0, shape=shape)
+        small = write_lora_adapter(base, root / "small", DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES),
+                                   seed=1)
+        progress.update()
+        flags = ("--lora-cache-dir", str(cache), "--max-lora-rank", str(rank), "--max-loras", "2",
+                 "--max-model-len", "2048", "--num-kv-blocks", "512")
+        with stack(tmp, base, root, f"sqlite+aiosqlite:///{tmp / 'control.db'}", *flags) as running:
+            bench = Bench(running, cache)
+            progress.update()
+            bench.load("small", lora_path=str(small))
+            uploads: list[float] = []
+            out: dict[str, list[float]] = {k: [] for k in ("cold_s", "local_s", "fetch_mb_s", "steady_p99",
+                                                           "fetching_p99", "loading_p99", "fetching_gaps")}
+            for i in range(-1, args.repeats):  # -1: a warm-up round, not counted
+                tag = "warm" if i < 0 else str(i)
+                digests = []
+                for part in ("a", "b"):  # new random weights each time: a new digest, a cold fetch
+                    folder = write_lora_adapter(base, root / f"big-{tag}-{part}", spec, seed=102 + 2 * i + len(digests))
+                    digest, seconds = bench.upload(f"big-{tag}-{part}", folder)
+                    digests.append(digest)
+                    if i >= 0:
+                        uploads.append(folder_bytes(folder) / MB / seconds)
+                    progress.update()
+                measure(bench, (digests[0], digests[1]), root / f"big-{tag}-a", tag, i % 2 == 1,
+                        out if i >= 0 else {k: [] for k in out})
+                progress.update()
+            size_mb = folder_bytes(root / "big-0-a") / MB
+    progress.close()
+    ratios = [c / lo for c, lo in zip(out["cold_s"], out["local_s"], strict=True)]
+    itl_ratios = [d / s for d, s in zip(out["fetching_p99"], out["steady_p99"], strict=True)]
+    ms = [1e3 * x for x in out["steady_p99"]], [1e3 * x for x in out["fetching_p99"]]
+    figures = {
+        "benchmark": "artifacts",
+        "machine": f"CPU only, {os.cpu_count()} cores shared by the control plane, the engine and this client",
+        "adapter": {"size_mb": round(size_mb, 1), "rank": rank, "targets": list(TARGET_MODULES), "dtype": "float32",
+                    "base": f"Qwen2, {shape.num_hidden_layers} layers, hidden {HIDDEN}, intermediate {INTERMEDIATE}, "
+                            f"GQA {HEADS}/{KV_HEADS}"},
+        "repeats": args.repeats,
+        "upload_mb_s": spread(uploads),
+        "fetch_verify_mb_s": spread(out["fetch_mb_s"]) | {"target": ">= 200"},
+        "first_token_after_load_s": {
+            "cold_engine_artifact": spread(out["cold_s"], 3), "local_disk_lora_path": spread(out["local_s"], 3),
+            "ratio": round(statistics.median(out["cold_s"]) / statistics.median(out["local_s"]), 3),
+            "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)], "target": "ratio <= 1.5"},
+        "other_adapter_itl_p99_ms": {
+            "steady": spread(ms[0], 2), "while_fetching": spread(ms[1], 2),
+            "ratio": round(statistics.median(ms[1]) / statistics.median(ms[0]), 3),
+            "ratio_range": [round(min(itl_ratios), 3), round(max(itl_ratios), 3)],
+            "while_loading_incl_slot_copy": spread([1e3 * x for x in out["loading_p99"]], 2),
+            "gaps_per_fetch_window": spread(out["fetching_gaps"], 0), "target": "ratio <= 1.5"},
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
