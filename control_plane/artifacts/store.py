@@ -45,7 +45,7 @@ class ArtifactStore:
             else:
                 self._store = from_url(url)
         except Exception as exc:  # a malformed URL, an unknown scheme, missing configuration
-            raise ArtifactStoreError(f"artifact store {self.safe_url}: {exc}") from None
+            raise ArtifactStoreError(f"artifact store {self.safe_url}: {self._reason(exc)}") from None
 
     @property
     def safe_url(self) -> str:
@@ -76,6 +76,8 @@ class ArtifactStore:
 
     async def stream(self, sha256: str, start: int = 0, end: int | None = None) -> AsyncIterator[bytes]:
         """The blob's bytes [start, end), chunk by chunk (never the whole object in memory)."""
+        if end is not None and end <= start:
+            return  # an empty span (S3 refuses the request that would ask for it)
         if isinstance(self._store, LocalStore):
             async for chunk in self._local_ranges(sha256, start, end):
                 yield chunk
@@ -128,6 +130,14 @@ class ArtifactStore:
             return await obstore.sign_async(self._store, "GET", blob_key(sha256), PRESIGN_FOR)
         except Exception as exc:
             raise self._error("sign", exc) from None
+
+    def _reason(self, exc: Exception) -> str:
+        """The first line of obstore's message (the rest is a debug dump), unless it quotes the URL, which
+        may carry a password or a signed query: then only the error's kind."""
+        line = str(exc).split("\n", 1)[0]
+        parts = urlsplit(self.url)
+        secrets = [s for s in (parts.password, parts.query) if s]
+        return f"cannot be opened ({type(exc).__name__})" if any(s in line for s in secrets) else line
 
     def _error(self, what: str, exc: Exception) -> ArtifactStoreError:
         return ArtifactStoreError(f"artifact store {self.safe_url}: {what} failed ({type(exc).__name__})")

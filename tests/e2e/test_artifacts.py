@@ -25,6 +25,7 @@ import pytest
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
+from tests.control_plane.artifacts.conftest import require_moto
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine, scrape_metric
 from tests.data_plane.api.test_lora_artifacts import chat, peft_tokens
 from tests.e2e.test_control_plane_engines import (
@@ -158,16 +159,6 @@ def moto_server(tmp: Path, bucket: str) -> Iterator[str]:
     with started(cmd, tmp / "moto.log", {**os.environ, **MOTO_KEYS},
                  lambda: httpx.put(f"{endpoint}/{bucket}", timeout=2).status_code == 200, "moto"):
         yield endpoint
-
-def require_moto() -> None:
-    try:
-        import moto.server  # noqa: F401
-    except ImportError as exc:
-        reason = f"moto's server mode is not installed ({exc}); pip install 'moto[server]'"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set: a missing S3 server is a failure there)")
-        pytest.skip(reason)
-
 
 def test_an_upload_to_an_s3_store_is_fetched_from_presigned_urls(demo, tmp_path: Path) -> None:
     require_moto()
