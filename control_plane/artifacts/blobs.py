@@ -53,7 +53,7 @@ async def reference(session: AsyncSession, store: ArtifactStore, version_id: int
     already lists its files is left as it is (same digest, same files)."""
     have = set((await session.scalars(select(VersionFile.name)
                                       .where(VersionFile.adapter_version_id == version_id))).all())
-    for f in sorted(files, key=lambda f: f.name):  # one lock order across writers
+    for f in sorted(files, key=lambda f: f.sha256):  # one lock order across writers: collect's too
         blob = await _locked_blob(session, f.sha256, f.size)
         if not await store.has(f.sha256, f.size):  # collected meanwhile (or never put): put it back
             await store.put_file(f.sha256, f.path)
@@ -81,3 +81,11 @@ async def collect(session: AsyncSession, store: ArtifactStore, blob_ids: Iterabl
     if removed:
         logger.info("artifact store: removed %d blob(s) no version lists", len(removed))
     return removed
+
+
+async def discard(session: AsyncSession, store: ArtifactStore, files: Iterable[SpooledFile]) -> list[str]:
+    """After a recording that failed or was refused: the objects `put_missing` may have put for `files`
+    go again unless a manifest lists them (another version, or a concurrent upload of the same content).
+    Each blob's row is created if need be and locked first, so this is a collection like any other."""
+    ids = [(await _locked_blob(session, f.sha256, f.size)).id for f in sorted(files, key=lambda f: f.sha256)]
+    return await collect(session, store, ids)

@@ -9,7 +9,8 @@ Two bodies are accepted:
 Nothing is held in memory beyond a chunk: file parts go straight into the spool, whose limit
 (`--max-artifact-bytes`) counts the files' bytes (for a tarball, after decompression: a small archive
 cannot expand past it); the body itself may exceed that by little (headers, text fields). A client
-that disconnects mid-way leaves only the spool, which the caller removes.
+that disconnects mid-way is a refusal like any other (400, audited as such) and leaves only the spool,
+which the caller removes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import PurePosixPath
 
 import multipart
 from litestar import Request
+from litestar.exceptions import InternalServerException
 
 from control_plane.artifacts.spool import VERSION_FILES, Spool
 from shared.errors import InvalidRequestError, PayloadTooLargeError
@@ -45,7 +47,7 @@ async def receive(request: Request, limit_bytes: int, query: dict[str, str]) -> 
     content_type, options = multipart.parse_options_header(request.headers.get("content-type", ""))
     upload = Upload(Spool(limit_bytes, param="file"))
     try:
-        body = _capped(request.stream(), limit_bytes + BODY_OVERHEAD)
+        body = _capped(_received(request), limit_bytes + BODY_OVERHEAD)
         if content_type == "multipart/form-data":
             if not options.get("boundary"):
                 raise InvalidRequestError("multipart/form-data without a boundary", param="content-type")
@@ -61,6 +63,14 @@ async def receive(request: Request, limit_bytes: int, query: dict[str, str]) -> 
     except BaseException:
         upload.spool.close()
         raise
+
+
+async def _received(request: Request) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except InternalServerException:  # Litestar's word for an http.disconnect before the body ended
+        raise InvalidRequestError("the client disconnected before the upload ended", param="file") from None
 
 
 async def _capped(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
@@ -120,16 +130,20 @@ async def _tarball(body: AsyncIterator[bytes], spool: Spool) -> None:
 
 
 def _extract(raw: object, spool: Spool) -> None:
+    folder: PurePosixPath | None = None  # where the first file lay: the other must lie there too
     try:
         with tarfile.open(fileobj=raw, mode="r|*") as archive:  # type: ignore[call-overload]
             for member in archive:
                 name = PurePosixPath(member.name)
                 if member.isdir() or name.name.startswith("._"):  # folders; macOS resource forks
                     continue
-                if not member.isreg() or len(name.parts) > 2 or name.name not in VERSION_FILES:
+                plain = not name.is_absolute() and ".." not in name.parts and len(name.parts) <= 2
+                if (not member.isreg() or not plain or name.name not in VERSION_FILES
+                        or (folder is not None and name.parent != folder)):
                     raise InvalidRequestError(f"the archive holds {member.name[:80]!r}; it may hold only "
                                               f"{' and '.join(VERSION_FILES)}, at its top or in one folder",
                                               param="file")
+                folder = name.parent
                 source = archive.extractfile(member)
                 assert source is not None  # a regular file
                 with spool.writer(name.name) as writer:

@@ -10,11 +10,13 @@ connection). The removed versions' blobs are collected afterwards, in a transact
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Iterable
 
 from sqlalchemy import ColumnElement, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.artifacts import blobs
+from control_plane.artifacts.spool import SpooledFile
 from control_plane.artifacts.store import ArtifactStore
 from control_plane.db.models import HOLDING, Adapter, AdapterVersion, Placement, VersionFile
 from control_plane.db.session import WriteGate
@@ -71,13 +73,22 @@ async def remove_version(session: AsyncSession, adapter: Adapter, number: int) -
 async def collect_blobs(session: AsyncSession, gate: WriteGate, store: ArtifactStore, blob_ids: list[int]) -> None:
     """Remove the blobs of `blob_ids` that no manifest lists now. A failure is logged, never raised: the
     removal itself committed, and an unreferenced blob is collected with the next removal that lists it."""
-    if not blob_ids:
-        return
+    if blob_ids:
+        await _collecting(session, gate, lambda s: blobs.collect(s, store, blob_ids), "of a removed version")
 
-    async def work(s: AsyncSession) -> list[str]:
-        return await blobs.collect(s, store, blob_ids)
 
+async def discard_spooled(session: AsyncSession, gate: WriteGate, store: ArtifactStore,
+                          files: Iterable[SpooledFile]) -> None:
+    """After a load or upload that was refused or failed once its files were in the store: the objects no
+    manifest lists go again (logged, never raised: the caller is answering with the original error)."""
+    files = list(files)
+    if files:
+        await _collecting(session, gate, lambda s: blobs.discard(s, store, files), "of a refused version")
+
+
+async def _collecting(session: AsyncSession, gate: WriteGate, work: Callable[[AsyncSession], Awaitable[list[str]]],
+                      whose: str) -> None:
     try:
-        await transact(session, gate, work, what="collecting unreferenced blobs", idempotent=True)
+        await transact(session, gate, work, what=f"collecting the unreferenced blobs {whose}", idempotent=True)
     except Exception:
-        logger.exception("could not collect the blobs of a removed version; they stay in the store")
+        logger.exception("could not collect the blobs %s; they stay in the store", whose)

@@ -127,6 +127,10 @@ class AdapterService:
 
         try:
             loaded, orders = await self.mutation.run(actor, action, name, work, prepare)
+        except Exception:
+            for s in spooled:  # its files may be in the store by now: those no version lists go again
+                await removal.discard_spooled(self.session, self.mutation.gate, self.store, s.files.values())
+            raise
         finally:
             for s in spooled:
                 s.close()
