@@ -19,7 +19,7 @@ from litestar.response import Stream
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.artifacts.store import ArtifactStore
+from control_plane.artifacts.store import ArtifactStore, ArtifactStoreError
 from control_plane.auth import read_guard
 from control_plane.db.models import AdapterVersion, ArtifactBlob, VersionFile
 from control_plane.db.transaction import read
@@ -33,7 +33,7 @@ from shared.artifacts import (
     Digest,
     FileName,
 )
-from shared.errors import InvalidRequestError, NotFoundError
+from shared.errors import InvalidRequestError, LoraplaneError, NotFoundError, OverloadedError
 from shared.http_errors import error_body
 from shared.openapi import route_doc
 
@@ -118,11 +118,30 @@ class ArtifactController(Controller):
         store: ArtifactStore = state.artifact_store
         start, end = span or (0, size)
         headers = {"Accept-Ranges": "bytes", "Content-Length": str(end - start), "X-Content-SHA256": sha}
-        body = _counted(store.stream(sha, start, None if span is None else end), state.metrics)
+        body = _counted(await _started(store.stream(sha, start, None if span is None else end), sha), state.metrics)
         if span is None:
             return Stream(body, media_type="application/octet-stream", headers=headers)
         headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
         return Stream(body, status_code=206, media_type="application/octet-stream", headers=headers)
+
+
+async def _started(chunks: AsyncIterator[bytes], sha: str) -> AsyncIterator[bytes]:
+    """The stream with its first chunk already read: a blob gone from the store, or a store that cannot be
+    reached, is then an error answer instead of a 200 whose body breaks off after the headers."""
+    try:
+        first = await anext(chunks, None)
+    except FileNotFoundError:
+        raise LoraplaneError(f"blob {sha} is listed but missing from the artifact store") from None
+    except ArtifactStoreError as exc:
+        raise OverloadedError(f"{exc}; retry") from None
+
+    async def rest() -> AsyncIterator[bytes]:
+        if first is not None:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+
+    return rest()
 
 
 async def _counted(chunks: AsyncIterator[bytes], metrics: ControlPlaneMetrics) -> AsyncIterator[bytes]:
