@@ -9,7 +9,8 @@ Both take the blob's row lock first (PostgreSQL row locks; SQLite's write gate s
   statement of its own, so it sees an upload that committed meanwhile), deletes the object and then
   the row, and commits.
 So an upload either commits its reference before a collection looks (the blob stays), or waits for the
-collection to finish and then finds the object gone and puts it back. A collection that fails after
+collection to finish and then finds the row and the object gone, and inserts and puts them again
+(tests/control_plane/artifacts/test_blob_race.py drives that order on PostgreSQL). A collection that fails after
 deleting an object leaves an unreferenced row without object: harmless, the next reference re-puts it.
 """
 
@@ -38,13 +39,17 @@ async def put_missing(store: ArtifactStore, files: Iterable[SpooledFile]) -> Non
 
 
 async def _locked_blob(session: AsyncSession, sha256: str, size: int) -> ArtifactBlob:
+    """The blob's row, created if need be, and locked: no collection can remove it now. A collection that
+    held the row's lock when the insert found it (a lock does not make the insert wait) has deleted it by
+    the time the lock is granted; the lock then finds no row, and the insert goes again."""
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    await session.execute(insert(ArtifactBlob).values(sha256=sha256, size=size)
-                          .on_conflict_do_nothing(index_elements=["sha256"]))
-    blob = await session.scalar(select(ArtifactBlob).where(ArtifactBlob.sha256 == sha256)
-                                .with_for_update().execution_options(populate_existing=True))
-    assert blob is not None  # inserted above, and locked: no collection can remove it now
-    return blob
+    while True:
+        await session.execute(insert(ArtifactBlob).values(sha256=sha256, size=size)
+                              .on_conflict_do_nothing(index_elements=["sha256"]))
+        blob = await session.scalar(select(ArtifactBlob).where(ArtifactBlob.sha256 == sha256)
+                                    .with_for_update().execution_options(populate_existing=True))
+        if blob is not None:
+            return blob
 
 
 async def reference(session: AsyncSession, store: ArtifactStore, version_id: int,
