@@ -20,6 +20,7 @@ from typing import BinaryIO
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
 from shared.artifacts import is_file_name
 from shared.errors import InvalidRequestError, PayloadTooLargeError
+from shared.manifest import ManifestEntry, manifest_digest
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 
 # What a version is made of: the files the manifest digest covers (shared.manifest), nothing else.
@@ -85,7 +86,8 @@ class Spool:
         if missing:
             raise InvalidRequestError(f"{' and '.join(missing)} missing: a version is {' and '.join(VERSION_FILES)}",
                                       param=self.param)
-        return inspect_adapter(str(self.folder), (str(self.folder),))
+        digest = manifest_digest(ManifestEntry(f.name, f.size, f.sha256) for f in self.files.values())
+        return inspect_adapter(str(self.folder), (str(self.folder),), sha256=digest)
 
 
 class _Writer:

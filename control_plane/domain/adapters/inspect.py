@@ -45,18 +45,20 @@ class InspectedAdapter:
     base_model_hint: str | None  # adapter_config.json's base_model_name_or_path
 
 
-def inspect_adapter(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
+def inspect_adapter(path: str, roots: tuple[str, ...], *, sha256: str | None = None) -> InspectedAdapter:
+    """`sha256`: the files' manifest digest when the caller hashed them already (a spool hashes as it
+    writes); otherwise the files are hashed here."""
     if "\0" in path:  # the schema refuses it first; the OS would raise ValueError (a 500) on it
         raise AdapterFilesError("lora_path contains a NUL byte", param="lora_path")
     try:
-        return _inspect(path, roots)
+        return _inspect(path, roots, sha256)
     except OSError as exc:  # unreadable (permissions), vanished mid-read, a name too long for the file system
         shown = repr(path[:128]) + ("…" if len(path) > 128 else "")
         raise AdapterFilesError(f"the adapter files in {shown} cannot be read ({exc.strerror or type(exc).__name__})",
                                 param="lora_path") from None
 
 
-def _inspect(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
+def _inspect(path: str, roots: tuple[str, ...], sha256: str | None) -> InspectedAdapter:
     folder = _inside_roots(path, roots)
     config_path, weights_path = folder / CONFIG_NAME, folder / WEIGHTS_NAME
     if not folder.is_dir():
@@ -76,7 +78,7 @@ def _inspect(path: str, roots: tuple[str, ...]) -> InspectedAdapter:
     files = [config_path, weights_path]
     hint = config.get("base_model_name_or_path")
     return InspectedAdapter(
-        path=str(folder), sha256=files_digest(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
+        path=str(folder), sha256=sha256 or files_digest(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
         target_modules=targets, size_bytes=sum(f.stat().st_size for f in files),
         base_model_hint=hint if isinstance(hint, str) and hint else None,
     )
