@@ -77,22 +77,39 @@ class ControlPlaneSettings:
     # How engines reach this control plane, when artifact refs should be absolute (LORAPLANE_PUBLIC_URL);
     # unset, refs are paths that each engine resolves against its own --control-plane URL.
     public_url: str | None = None
+    # Tokens of routers (LORAPLANE_ROUTER_TOKENS): they may read routes, report demand and ask for
+    # placements, nothing else.
+    router_tokens: tuple[str, ...] = ()
+    # replicas {min, max} of an adapter that sets none (--default-min-replicas, --default-max-replicas;
+    # max 0 means "all" matching engines, "all" on the command line)
+    default_min_replicas: int = 1
+    default_max_replicas: int = 3
+    # demand scaling (control_plane/domain/placements): a replica more when waiting+running per replica
+    # stays above scale_up_load_per_replica for scale_window_s; one less after scale_down_idle_s idle;
+    # at most one change per adapter per window
+    scale_up_load_per_replica: float = 8.0
+    scale_window_s: float = 30.0
+    scale_down_idle_s: float = 300.0
+    # how many placements one reconcile interval may move to rebalance onto returning or new engines
+    rebalance_max_moves: int = 4
     log_level: str = "info"
     log_format: str = "text"  # text | json (shared/logging_setup.py)
 
     def __post_init__(self) -> None:
         self.admin_tokens = tuple(self.admin_tokens)
         self.read_tokens = tuple(self.read_tokens)
+        self.router_tokens = tuple(self.router_tokens)
         self.adapter_roots = tuple(str(Path(r).expanduser().resolve()) for r in self.adapter_roots)
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        for kind, tokens in (("admin", self.admin_tokens), ("read", self.read_tokens)):
+        for kind, tokens in (("admin", self.admin_tokens), ("read", self.read_tokens), ("router", self.router_tokens)):
             # A message about a bad token names its position, never its value.
             for i, token in enumerate(tokens):
                 if not token or token != token.strip() or any(c.isspace() for c in token):
                     raise ValueError(f"{kind} token #{i + 1} is empty or contains whitespace")
-        if set(self.admin_tokens) & set(self.read_tokens):
-            raise ValueError("a token is listed both as admin and as read token; give each token one kind")
+        kinds = (set(self.admin_tokens), set(self.read_tokens), set(self.router_tokens))
+        if sum(len(k) for k in kinds) != len(set().union(*kinds)):
+            raise ValueError("a token is listed under two kinds (admin, read, router); give each token one kind")
         self.engine_credentials = dict(self.engine_credentials)
         for name, token in self.engine_credentials.items():
             problem = name_problem(name)
@@ -103,8 +120,8 @@ class ControlPlaneSettings:
         engine_tokens = list(self.engine_credentials.values())
         if len(set(engine_tokens)) != len(engine_tokens):
             raise ValueError("engine credentials: two engines share a token; give each engine its own")
-        if set(engine_tokens) & (set(self.admin_tokens) | set(self.read_tokens)):
-            raise ValueError("engine credentials: an engine's token is also an admin or read token")
+        if set(engine_tokens) & (set(self.admin_tokens) | set(self.read_tokens) | set(self.router_tokens)):
+            raise ValueError("engine credentials: an engine's token is also an admin, read or router token")
         try:
             self.engine_allowed_networks = tuple(str(ipaddress.ip_network(n.strip(), strict=False))
                                                  for n in self.engine_allowed_networks)
@@ -116,6 +133,14 @@ class ControlPlaneSettings:
                              "engine_stale_after_s must be positive")
         if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
             raise ValueError("the engine token is empty or contains whitespace")
+        if self.default_min_replicas < 0 or self.default_max_replicas < 0:
+            raise ValueError("default_min_replicas and default_max_replicas must be >= 0 (max 0 means all)")
+        if 0 < self.default_max_replicas < self.default_min_replicas:
+            raise ValueError("default_max_replicas is below default_min_replicas")
+        if min(self.scale_up_load_per_replica, self.scale_window_s, self.scale_down_idle_s) <= 0:
+            raise ValueError("scale_up_load_per_replica, scale_window_s and scale_down_idle_s must be positive")
+        if self.rebalance_max_moves < 0:
+            raise ValueError("rebalance_max_moves must be >= 0")
         self.database_url = normalize_database_url(self.database_url)
         if self.artifact_store is None:
             self.artifact_store = default_artifact_store(self.database_url)
@@ -136,7 +161,11 @@ class ControlPlaneSettings:
         return (
             f"ControlPlaneSettings(host={self.host!r}, port={self.port}, "
             f"database_url={self.safe_database_url!r}, admin_tokens=<{len(self.admin_tokens)} hidden>, "
-            f"read_tokens=<{len(self.read_tokens)} hidden>, adapter_roots={self.adapter_roots!r}, "
+            f"read_tokens=<{len(self.read_tokens)} hidden>, router_tokens=<{len(self.router_tokens)} hidden>, "
+            f"default_replicas={self.default_min_replicas}..{self.default_max_replicas or 'all'}, "
+            f"scale_up_load_per_replica={self.scale_up_load_per_replica}, scale_window_s={self.scale_window_s}, "
+            f"scale_down_idle_s={self.scale_down_idle_s}, rebalance_max_moves={self.rebalance_max_moves}, "
+            f"adapter_roots={self.adapter_roots!r}, "
             f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
             f"engine_fetch_min_mbps={self.engine_fetch_min_mbps}, "
             f"engine_stale_after_s={self.engine_stale_after_s}, "
@@ -173,6 +202,11 @@ class ControlPlaneSettings:
                    "LOG_FORMAT": ("log_format", str), "ARTIFACT_STORE": ("artifact_store", str),
                    "MAX_ARTIFACT_BYTES": ("max_artifact_bytes", int), "PUBLIC_URL": ("public_url", str),
                    "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str),
+                   "DEFAULT_MIN_REPLICAS": ("default_min_replicas", int),
+                   "DEFAULT_MAX_REPLICAS": ("default_max_replicas", parse_max_replicas),
+                   "SCALE_UP_LOAD_PER_REPLICA": ("scale_up_load_per_replica", float),
+                   "SCALE_WINDOW_S": ("scale_window_s", float), "SCALE_DOWN_IDLE_S": ("scale_down_idle_s", float),
+                   "REBALANCE_MAX_MOVES": ("rebalance_max_moves", int),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)
@@ -182,7 +216,8 @@ class ControlPlaneSettings:
                 except ValueError:
                     raise ValueError(f"{ENV_PREFIX}{suffix} must be a {convert.__name__}") from None
         # Token lists are comma-separated; adapter roots use the OS path separator or commas.
-        for suffix, name in (("ADMIN_TOKENS", "admin_tokens"), ("READ_TOKENS", "read_tokens")):
+        for suffix, name in (("ADMIN_TOKENS", "admin_tokens"), ("READ_TOKENS", "read_tokens"),
+                             ("ROUTER_TOKENS", "router_tokens")):
             if env.get(ENV_PREFIX + suffix):
                 values[name] = tuple(t for t in env[ENV_PREFIX + suffix].split(",") if t)
         if env.get(ENV_PREFIX + "ENGINE_CREDENTIALS"):
@@ -200,6 +235,14 @@ class ControlPlaneSettings:
             values["adapter_roots"] = tuple(r for r in raw.split(",") if r)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def parse_max_replicas(raw: str) -> int:
+    """A replica maximum: a count, or `all` (stored as 0)."""
+    return 0 if raw.strip().lower() == "all" else int(raw)
+
+
+parse_max_replicas.__name__ = "count or 'all'"  # named in the error message of a bad variable
 
 
 def parse_engine_credentials(raw: str) -> dict[str, str]:

@@ -8,11 +8,12 @@ from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN, Adapter
 from control_plane.db.models.adapter_version import AdapterVersion
 from control_plane.db.models.artifact_blob import ArtifactBlob
 from control_plane.db.models.audit_event import AuditEvent
+from control_plane.db.models.demand_report import DemandReport
 from control_plane.db.models.engine import Engine, EngineState
 from control_plane.db.models.placement import HOLDING, DesiredState, ObservedState, Placement
 from control_plane.db.models.version_file import VersionFile
 
 __all__ = [
-    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ArtifactBlob", "AuditEvent", "DesiredState",
+    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ArtifactBlob", "AuditEvent", "DemandReport", "DesiredState",
     "Engine", "EngineState", "ObservedState", "Placement", "VersionFile",
 ]

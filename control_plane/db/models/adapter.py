@@ -6,7 +6,7 @@ from typing import Any
 
 from advanced_alchemy.base import IdentityAuditBase
 from advanced_alchemy.types import JsonB
-from sqlalchemy import BigInteger, ForeignKey, String, Text
+from sqlalchemy import BigInteger, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 # The one name rule (shared.names), re-exported here for the schemas that import it from the model.
@@ -30,3 +30,10 @@ class Adapter(IdentityAuditBase):
                    ondelete="SET NULL"),
         nullable=True,
     )
+    # replicas {min, max}: NULL means the control plane's defaults; max 0 means "all" matching engines
+    min_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the replica count demand scaling chose (NULL: min) and its bookkeeping (when demand went high or
+    # idle, the last decision with its reason and figures)
+    target_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    scale_state: Mapped[dict[str, Any] | None] = mapped_column(JsonB, nullable=True)

@@ -7,7 +7,7 @@ import enum
 
 from advanced_alchemy.base import IdentityAuditBase
 from advanced_alchemy.types import DateTimeUTC
-from sqlalchemy import Integer, String
+from sqlalchemy import BigInteger, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 
@@ -28,3 +28,12 @@ class Engine(IdentityAuditBase):
     last_heartbeat: Mapped[dt.datetime | None] = mapped_column(DateTimeUTC(timezone=True), nullable=True)
     slots_total: Mapped[int] = mapped_column(Integer, default=0)
     slots_used: Mapped[int] = mapped_column(Integer, default=0)
+    # What the engine serves besides its served name (`base_model`): an adapter's base model matches an
+    # engine by any of these (its checkpoint's _name_or_path, model path, sha256 of its config.json).
+    model_name_or_path: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    model_path: Mapped[str | None] = mapped_column(String(4096), nullable=True)
+    config_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    device_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)  # cpu | cuda | npu
+    max_lora_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_cpu_loras: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # host-cache slots
+    cache_bytes_free: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # --lora-cache-dir room

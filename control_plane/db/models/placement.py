@@ -40,3 +40,4 @@ class Placement(IdentityAuditBase):
     desired: Mapped[str] = mapped_column(String(16), default=DesiredState.LOADED.value)
     observed: Mapped[str] = mapped_column(String(16), default=ObservedState.ABSENT.value)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    residency: Mapped[str | None] = mapped_column(String(16), nullable=True)  # device | host, as last read

@@ -84,6 +84,19 @@ class PlacementPlanner:
         await lock_placements(session, of_adapter(adapter.id))
         return [await self._set(session, adapter, version, engine, desired) for engine in engines]
 
+    async def ensure_placed(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
+        """A router has requests for `adapter` and nobody holds it: desire its active version where the
+        replica rules put it (for now: every healthy engine of its base model, when no engine holds it)."""
+        if adapter.active_version_id is None:
+            return []
+        await lock_placements(session, of_adapter(adapter.id))
+        held = await session.scalar(select(Placement.id).where(
+            of_adapter(adapter.id), Placement.desired.in_(HOLDING)).limit(1))
+        if held is not None:
+            return []
+        version = await session.get_one(AdapterVersion, adapter.active_version_id)
+        return await self.place(session, adapter, version, DesiredState.LOADED, None)
+
     async def switch(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion) -> list[PushOrder]:
         """After activation: every engine holding some version of the adapter is to hold `version`,
         with the same desired state (loaded or pinned) it had."""

@@ -21,8 +21,9 @@ from control_plane import cli
 from control_plane.db import migrate
 from tests.control_plane.conftest import create_pg_database, drop_pg_database
 
-TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events", "artifact_blobs", "version_files"}
-HEAD = "0003_artifact_store"
+TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events", "artifact_blobs", "version_files",
+          "demand_reports"}
+HEAD = "0004_fleet"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,0 +1,75 @@
+"""The routing table and the router's calls to the control plane, defined once for both sides (msgspec).
+
+The router (data_plane/router) keeps no state of its own about where adapters live: it reads this table
+from the control plane and asks it for placements.
+
+- `GET /v1/routes` (router token, read or admin token too) → `RoutesTable`, with an `ETag` header; the
+  router sends `If-None-Match` every second and gets `304 Not Modified` while nothing changed. `etag`
+  in the body is the same value, so a router that logs or caches the table knows which one it holds.
+- `POST /v1/routes/demand` (router token) → `DemandAnswer`: the router's per-model queue figures
+  (`demand`, every interval) and the models it has requests for that nobody holds (`place`, at once, one
+  call however many requests wait). The control plane feeds the figures to demand scaling and places
+  the named adapters; the answer carries their routes (holders may still be `loading`).
+
+Ranking (router): residency `device` > `host` > `loading` (placed, not yet served); among equals, the
+fewest outstanding requests (power of two choices). `base` models are the engines' served names: every
+healthy engine of that base model holds them on device.
+
+Torch-free; extend additively (unknown fields are ignored on decode).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+ROUTES_PATH = "/v1/routes"
+DEMAND_PATH = "/v1/routes/demand"
+
+Residency = Literal["device", "host", "loading"]
+RESIDENCY_RANK: dict[str, int] = {"device": 0, "host": 1, "loading": 2}  # lower is better
+Count = Annotated[int, msgspec.Meta(ge=0)]
+ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+
+
+class RouteEngine(msgspec.Struct, kw_only=True):
+    """An engine the router may send requests to (healthy, not draining)."""
+
+    name: str
+    url: str  # the engine's base URL: the router calls `{url}/v1/chat/completions` with its inference key
+    base_model: str  # the engine's served model name
+
+
+class Holder(msgspec.Struct, kw_only=True):
+    engine: str  # a RouteEngine's name
+    residency: Residency
+
+
+class ModelRoute(msgspec.Struct, kw_only=True):
+    model: str  # what a client puts in `model`
+    kind: Literal["base", "adapter"]
+    base_model: str  # an adapter's base model as engines serve it; a base model's own name
+    holders: list[Holder]
+
+
+class RoutesTable(msgspec.Struct, kw_only=True):
+    etag: str
+    engines: list[RouteEngine]
+    models: list[ModelRoute]  # base models and active adapters; an adapter nobody holds has no holders
+
+
+class ModelDemand(msgspec.Struct, kw_only=True):
+    model: ModelName
+    waiting: Count = 0  # requests the router holds for this model, not yet sent to an engine
+    running: Count = 0  # requests sent to an engine and not finished
+
+
+class DemandReport(msgspec.Struct, kw_only=True):
+    demand: list[ModelDemand] = msgspec.field(default_factory=list)
+    place: list[ModelName] = msgspec.field(default_factory=list)  # adapters to place now (nobody holds them)
+
+
+class DemandAnswer(msgspec.Struct, kw_only=True):
+    placed: list[ModelRoute]  # the routes of the models in `place` (holders may be `loading`)
+    unknown: list[str]  # names in `place` that are no registered adapter (the router answers 404)
