@@ -1,11 +1,15 @@
-"""Bearer-token auth with three roles: admin (everything), read (reads), engine (its own bookkeeping).
+"""Bearer-token auth with four roles: admin (everything), read (reads), engine (its own bookkeeping),
+router (the routing table and its own demand reports).
 
 - admin tokens (LORAPLANE_ADMIN_TOKENS) may do everything, registering any engine included;
 - read tokens (LORAPLANE_READ_TOKENS) may read; a mutating call gets 403;
 - an engine token (LORAPLANE_ENGINE_CREDENTIALS, `name=token,…`) acts only for its engine name and only
   on the engine's own calls: register, heartbeat, resolve, drain (`engine_guard` routes, which then call
   `require_engine`). Everywhere else it gets 403: an engine holds no admin token of the control plane,
-  so a compromised or impersonated engine cannot load adapters or redirect other engines.
+  so a compromised or impersonated engine cannot load adapters or redirect other engines;
+- a router token (LORAPLANE_ROUTER_TOKENS) may read the routing table and report demand (asking for
+  placements with it): the `router_guard` routes, nothing else. A router faces clients, so its token is
+  the likeliest to leak; it reads no adapter paths or audit trail and changes nothing directly.
 
 401 without a (known) token. Every configured token is compared in constant time, all of them each time,
 so timing tells neither which token nor how much of it matched. The audit trail names a caller by
@@ -26,7 +30,7 @@ from control_plane import audit
 from control_plane.settings import ControlPlaneSettings
 from shared.errors import AuthenticationError, PermissionDeniedError
 
-Kind = Literal["admin", "read", "engine"]
+Kind = Literal["admin", "read", "engine", "router"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ def authenticate(authorization: str | None, settings: ControlPlaneSettings) -> P
     candidates: list[tuple[Kind, str | None, str]] = [("admin", None, t) for t in settings.admin_tokens]
     candidates += [("read", None, t) for t in settings.read_tokens]
     candidates += [("engine", name, t) for name, t in settings.engine_credentials.items()]
+    candidates += [("router", None, t) for t in settings.router_tokens]
     found: tuple[Kind, str | None] | None = None
     for kind, engine, token in candidates:
         if hmac.compare_digest(offered.encode(), token.encode()) and found is None:
@@ -77,33 +82,55 @@ async def _refuse(connection: ASGIConnection, handler: BaseRouteHandler, princip
 
 
 _ENGINE_ONLY = "This is an engine token: it may only register, heartbeat, resolve and drain its own engine."
+_ROUTER_ONLY = "This is a router token: it may only read the routing table and report demand."
+_READING = frozenset({"GET", "HEAD"})
+
+
+async def _refuse_narrow_roles(connection: ASGIConnection, handler: BaseRouteHandler, principal: Principal) -> None:
+    """Engine and router tokens are refused outside their own routes (the admin and read guards' rule)."""
+    if principal.kind == "engine":
+        await _refuse(connection, handler, principal, _ENGINE_ONLY)
+    if principal.kind == "router":
+        await _refuse(connection, handler, principal, _ROUTER_ONLY)
 
 
 async def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """A read or admin token; an engine token only on routes marked `opt={"engine_role": True}` (an
-    engine's own calls, whose handlers check the name with `require_engine`)."""
+    engine's own calls, whose handlers check the name with `require_engine`); never a router token."""
     principal = principal_of(connection)
-    if principal.kind == "engine" and not handler.opt.get("engine_role"):
-        await _refuse(connection, handler, principal, _ENGINE_ONLY)
+    if principal.kind == "engine" and handler.opt.get("engine_role"):
+        return
+    await _refuse_narrow_roles(connection, handler, principal)
 
 
 async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
-    """An admin token; a read or engine token gets 403, and the attempt is audited."""
+    """An admin token; a read, engine or router token gets 403, and the attempt is audited."""
     principal = principal_of(connection)
     if principal.kind == "admin":
         return
-    if principal.kind == "engine":
-        await _refuse(connection, handler, principal, _ENGINE_ONLY)
+    await _refuse_narrow_roles(connection, handler, principal)
     await _refuse(connection, handler, principal,
                   "This call changes state and needs an admin token; this is a read token.")
 
 
 async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """An engine's own mutating calls (with `opt={"engine_role": True}`): an admin or engine token, the
-    handler then checking the name with `require_engine`; a read token gets 403."""
+    handler then checking the name with `require_engine`; a read or router token gets 403."""
     principal = principal_of(connection)
-    if principal.kind == "read":
+    if principal.kind in ("read", "router"):
         await _refuse(connection, handler, principal, "This call needs an admin token or the engine's own token.")
+
+
+async def router_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """The router's routes: reading them (GET) takes a router, read or admin token; the others (the
+    demand report, which may place adapters) a router or admin token. An engine token gets 403."""
+    principal = principal_of(connection)
+    if principal.kind in ("admin", "router"):
+        return
+    if principal.kind == "engine":
+        await _refuse(connection, handler, principal, _ENGINE_ONLY)
+    if not handler.http_methods <= _READING:
+        await _refuse(connection, handler, principal, "This call needs a router or admin token; this is a read token.")
 
 
 def require_engine(principal: Principal, name: str) -> None:
