@@ -181,7 +181,7 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
         cache = artifact_cache_for(config)
         registry = LoRARegistry(
             engine,
-            lora_loader or loader_for(config, cache_dir=str(cache.root)),
+            lora_loader or loader_for(config, cache_dir=str(cache.root), verified=cache.verified),
             base_name=base_name,
             max_cpu_loras=config.max_cpu_loras,
             default_drain_timeout_s=config.default_drain_timeout_s,

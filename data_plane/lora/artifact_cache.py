@@ -5,10 +5,12 @@
   (a name no artifact file can have), and the whole folder is renamed into place, then the directory
   fsynced. A crash or a failed fetch leaves only .partial/ debris, removed at the next start.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
-  Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed: every load
-  re-hashes the files anyway (the PEFT loader digests what it reads and the registry refuses another
-  digest), so a second full hash here would only double the cost of a hit. A folder whose files
+  Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed here: the
+  load hashes them anyway (the PEFT loader digests what it reads and the registry refuses another
+  digest) unless this process verified them itself and their stat stamps are unchanged since. A folder whose files
   changed since is dropped by `discard` when that load check fails, and fetched again.
+- Files this process fetched and verified are remembered with their stat stamps (`verified`), so the
+  load right after the fetch does not hash them a second time (data_plane.lora.verified_files).
 - Concurrent needs of one digest fetch it once (one lock per digest; the waiters then find it cached).
 - `max_bytes` bounds the cache: before a fetch, the least recently used digests are evicted that are
   neither held (a fetch or load in progress: `acquire`) nor in use (`in_use`: the digests the LoRA
@@ -37,6 +39,7 @@ from data_plane.config import ConfigError
 from data_plane.lora.artifact_fetch import ArtifactFetcher
 from data_plane.lora.keyed_lock import KeyedLock
 from data_plane.lora.reader import read_off_loop
+from data_plane.lora.verified_files import VerifiedFiles
 from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
 from shared.errors import OverloadedError
 
@@ -75,6 +78,7 @@ class ArtifactCache:
         self._reserved = 0  # bytes of fetches in progress
         self._locks = KeyedLock()
         self._lock_file: IO[bytes] | None = None
+        self.verified = VerifiedFiles()  # what _fetch hashed, for the loader (not hashed again)
 
     @property
     def size_bytes(self) -> int:
@@ -172,6 +176,8 @@ class ArtifactCache:
             self._reserved -= size
         self.stats.fetches += 1
         self._entries[ref.digest] = size
+        for f in manifest.files:
+            self.verified.remember(folder / f.name, f.sha256)
         return folder
 
     def _publish(self, partial: Path, manifest: ArtifactManifest) -> Path:
@@ -201,6 +207,7 @@ class ArtifactCache:
             await self._remove(self.root / victim)
 
     async def _remove(self, folder: Path) -> None:
+        self.verified.forget_under(folder)
         # renamed away first (instant), so the digest's folder is gone even if the removal is interrupted
         trash = self.root / PARTIAL_DIR / f"{folder.name}.evicted.{secrets.token_hex(4)}"
         try:

@@ -16,15 +16,16 @@ The rules, in the order they are applied:
 Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
 its files (exactly a PEFT version's two), and the version's size (the cache's capacity: a bigger one
 could never be kept).
-Hashing and writing run in the LoRA reader's low-priority threads (hashlib and file writes release the
-GIL), a MiB at a time, so the event loop and the engine's step thread keep their pace while it runs.
+Each file is downloaded, hashed and written in one low-priority thread (artifact_download: the stdlib
+client reading into a 1 MiB buffer, the GIL released for the copies), so the event loop and the engine's
+step thread keep their pace while it runs; the small manifest comes over httpx on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,8 +34,9 @@ from pathlib import Path
 import httpx
 import msgspec
 
+from data_plane.lora.artifact_download import Download, DownloadProblem, as_error, download, status_problem
 from data_plane.lora.errors import LoRAAdapterError
-from data_plane.lora.reader import read_off_loop
+from data_plane.lora.reader import fetch_off_loop
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
@@ -45,7 +47,6 @@ MAX_MANIFEST_BYTES = 1 << 20
 MAX_LISTED = 8  # file names quoted in a refusal
 # a PEFT LoRA version, as the loader reads and digests it (shared.peft)
 ADAPTER_FILES = (CONFIG_NAME, WEIGHTS_NAME)
-WRITE_CHUNK = 1 << 20  # bytes handed to a writer thread at once
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -112,6 +113,7 @@ class ArtifactFetcher:
         self.origins = origins
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.read_timeout_s = read_timeout_s
         self._on_bytes = on_bytes  # bytes received (metrics)
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         # identity: sizes are checked against the bytes as stored; never follow a redirect elsewhere
@@ -163,9 +165,10 @@ class ArtifactFetcher:
 
     async def download(self, manifest: ArtifactManifest, folder: Path) -> None:
         """Write every file of `manifest` into `folder` (which exists), each verified and fsynced."""
+        deadline = time.monotonic() + self.timeout_s  # the threads stop on their own by then too
         async with self._deadline(f"adapter {manifest.digest[:16]}…"):
             for f in manifest.files:
-                await self._download_file(manifest, f, folder / f.name)
+                await self._download_file(manifest, f, folder / f.name, deadline)
 
     @asynccontextmanager
     async def _deadline(self, what: str) -> AsyncIterator[None]:
@@ -184,32 +187,19 @@ class ArtifactFetcher:
                           "untrusted_artifact_origin")
         return file_url(self.origins.control_plane, manifest.digest, f.name)
 
-    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, path: Path) -> None:
-        sink = await read_off_loop(_Sink, path)
+    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, path: Path,
+                             deadline: float) -> None:
+        url = self._file_url(manifest, f)
+        job = Download(url=url, headers=self._auth if self.origins.is_control_plane(url) else {}, file=f,
+                       path=path, where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
+                       deadline=deadline)
+        cancelled = threading.Event()
         try:
-            buffer = bytearray()
-            async with self._stream(self._file_url(manifest, f), f"file {f.name}") as r:
-                async for chunk in r.aiter_bytes():
-                    if sink.size + len(buffer) + len(chunk) > f.size:
-                        raise _mismatch(f, f"more than the {f.size} bytes listed")
-                    buffer += chunk
-                    if self._on_bytes is not None:
-                        self._on_bytes(len(chunk))
-                    if len(buffer) >= WRITE_CHUNK:
-                        await read_off_loop(sink.write, bytes(buffer))
-                        buffer.clear()
-            if buffer:
-                await read_off_loop(sink.write, bytes(buffer))
-            if sink.size != f.size:
-                raise _mismatch(f, f"{sink.size} bytes received, {f.size} listed")
-            if sink.hexdigest() != f.sha256:
-                raise _mismatch(f, f"sha256 {sink.hexdigest()[:16]}… received, {f.sha256[:16]}… listed")
-            await read_off_loop(sink.finish)
-        except OSError as exc:
-            raise ArtifactFetchError(f"cannot write {f.name} into the LoRA cache ({exc.strerror or exc})",
-                                     param="artifact") from None
+            await fetch_off_loop(download, job, cancelled, self._on_bytes)
+        except DownloadProblem as problem:
+            raise as_error(problem, ArtifactFetchError) from None
         finally:
-            sink.close()
+            cancelled.set()  # a cancelled await leaves the thread running: it stops before its next read
 
     @asynccontextmanager
     async def _stream(self, url: str, what: str) -> AsyncIterator[httpx.Response]:
@@ -218,43 +208,12 @@ class ArtifactFetcher:
         headers = self._auth if self.origins.is_control_plane(url) else {}  # the token goes nowhere else
         try:
             async with self._http.stream("GET", url, headers=headers) as r:
-                if 300 <= r.status_code < 400:
-                    raise refusal(f"{where} answered {r.status_code} (redirects are not followed)", "artifact_redirect")
-                if 400 <= r.status_code < 500:
-                    raise refusal(f"{where} answered {r.status_code}", "artifact_not_available")
-                if r.status_code != 200:
-                    raise ArtifactFetchError(f"{where} answered {r.status_code}", param="artifact")
+                problem = status_problem(r.status_code, where)
+                if problem is not None:
+                    raise as_error(problem, ArtifactFetchError)
                 yield r
         except httpx.HTTPError as exc:  # connect, read timeout, or the body broke off (the server died)
             raise ArtifactFetchError(f"{where}: {type(exc).__name__}", param="artifact") from None
-
-
-class _Sink:
-    """One file being written and hashed (its methods run in a reader thread)."""
-
-    def __init__(self, path: Path) -> None:
-        self._fh = path.open("xb")
-        self._hash = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> None:
-        self._hash.update(data)
-        self._fh.write(data)
-        self.size += len(data)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-    def finish(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        self._fh.close()
-
-
-def _mismatch(f: ArtifactFile, detail: str) -> LoRAAdapterError:
-    return refusal(f"checksum mismatch for {f.name}: {detail}; nothing was loaded", "checksum_mismatch")
 
 
 def _shown(url: str) -> str:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,11 @@ def load_peft_adapter(
     max_rank: int,
     allowed_roots: list[str],
     dtype: torch.dtype = torch.float32,
+    known_sha256: Callable[[Path], str | None] | None = None,
 ) -> LoRAAdapterWeights:
-    """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale."""
+    """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale.
+    `known_sha256`: the sha256 of a weights file the engine verified itself and that is unchanged since
+    (data_plane.lora.verified_files), so it is not hashed again; None for any other file."""
     if "\0" in str(path):  # the OS would raise ValueError (a 500) on it
         raise LoRAAdapterError("lora_path contains a NUL byte; pass the adapter folder's path")
     try:
@@ -69,8 +73,11 @@ def load_peft_adapter(
         layers.setdefault(layer, {})[short] = LoRAModuleWeights(lora_a=lora_a, lora_b=lora_b, scaling=scaling)
     # The version's identity is the manifest digest (shared.manifest), the same the control plane records:
     # the config's entry is taken from the very bytes parsed above, so what is served is what is named.
+    known = known_sha256(weights_path) if known_sha256 is not None else None
+    weights_entry = (ManifestEntry(WEIGHTS_NAME, weights_path.stat().st_size, known) if known is not None
+                     else entries_of([weights_path])[0])
     entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
-               *entries_of([weights_path])]
+               weights_entry]
     return LoRAAdapterWeights(
         path=str(folder),
         sha256=manifest_digest(entries),

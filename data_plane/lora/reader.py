@@ -26,7 +26,13 @@ def lower_thread_priority() -> None:
 
 
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-read", initializer=lower_thread_priority)
+# Downloads hold their thread for a whole file: a pool of their own, so that they never keep reads waiting.
+_fetch_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lora-fetch", initializer=lower_thread_priority)
 
 
 async def read_off_loop(fn: Callable[..., T], *args: object) -> T:
     return await asyncio.get_running_loop().run_in_executor(_pool, functools.partial(fn, *args))
+
+
+async def fetch_off_loop(fn: Callable[..., T], *args: object) -> T:
+    return await asyncio.get_running_loop().run_in_executor(_fetch_pool, functools.partial(fn, *args))

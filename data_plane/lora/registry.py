@@ -27,6 +27,7 @@ from data_plane.lora.keyed_lock import KeyedLock
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.reader import read_off_loop
 from data_plane.lora.stats import LoRAStatsSource
+from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError
@@ -321,9 +322,11 @@ def _check_name(name: str, base_name: str) -> None:
             "so choose another adapter name", param="lora_name")
 
 
-def loader_for(config: EngineConfig, cache_dir: str | None = None) -> Loader:
+def loader_for(config: EngineConfig, cache_dir: str | None = None,
+               verified: VerifiedFiles | None = None) -> Loader:
     """The engine's adapter loader: PEFT files validated against its base model, rank and roots. Folders
-    under `cache_dir` (the artifact cache: the engine's own folder of verified versions) need no root."""
+    under `cache_dir` (the artifact cache: the engine's own folder of verified versions) need no root;
+    files in `verified` (what the cache hashed as it fetched them, unchanged since) are not hashed again."""
     model_config = ModelConfig.from_pretrained(config.model)
 
     def load(path: str) -> LoRAAdapterWeights:
@@ -332,6 +335,6 @@ def loader_for(config: EngineConfig, cache_dir: str | None = None) -> Loader:
         # host copies stay float32 (the loader's default): the engine folds the scale in and casts once
         # when it copies into a slot, so the model dtype's rounding happens only there
         return load_peft_adapter(path, model_config=model_config, max_rank=config.max_lora_rank,
-                                 allowed_roots=roots)
+                                 allowed_roots=roots, known_sha256=verified.sha256_of if verified else None)
 
     return load
