@@ -25,6 +25,7 @@ from control_plane.db.transaction import database_error_handlers
 from control_plane.domain.adapters.controller import AdapterController
 from control_plane.domain.engines.controller import EngineController
 from control_plane.domain.placements.reconcile import Reconciler
+from control_plane.domain.routes.controller import RoutesController
 from control_plane.domain.stats.controller import StatsController
 from control_plane.domain.stats.service import StatsCache
 from control_plane.engine_client import EngineClient
@@ -98,7 +99,8 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "audit_sessions": sessions,
     }
     app = Litestar(
-        route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController],
+        route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController,
+                        RoutesController],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],

@@ -118,7 +118,8 @@ async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) ->
     handler then checking the name with `require_engine`; a read or router token gets 403."""
     principal = principal_of(connection)
     if principal.kind in ("read", "router"):
-        await _refuse(connection, handler, principal, "This call needs an admin token or the engine's own token.")
+        await _refuse(connection, handler, principal,
+                      f"This call needs an admin token or the engine's own token; this is a {principal.kind} token.")
 
 
 async def router_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:

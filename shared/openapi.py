@@ -47,6 +47,7 @@ class ErrorResponse(msgspec.Struct):
 
 
 ERROR_DESCRIPTIONS = {
+    304: "Not modified: the representation still has the ETag sent in If-None-Match (no body).",
     400: "Invalid request: a field is malformed or out of range (`param` names it), or the request "
     "cannot be served as asked (e.g. the prompt does not fit the context).",
     401: "Missing or invalid credentials: send `Authorization: Bearer <key>`.",
@@ -85,6 +86,7 @@ class RouteDoc:
     request_required: bool = True  # False: the body may be left out
     # a request body that is not JSON (e.g. an upload): its OpenAPI `content` map, as it is
     request_content: dict[str, Any] | None = None
+    bodiless: tuple[int, ...] = ()  # other statuses answered with no body (e.g. 304 Not Modified)
 
 
 def route_doc(
@@ -103,6 +105,7 @@ def route_doc(
     operation_id: str | None = None,
     request_required: bool = True,
     request_content: dict[str, Any] | None = None,
+    bodiless: Iterable[int] = (),
 ) -> dict[str, Any]:
     """The `opt` of a route handler that `document_app` reads. path_params: each `{param}` of `path`
     and its type (str when not named)."""
@@ -110,7 +113,8 @@ def route_doc(
     # schemas now: handlers are deep-copied, and msgspec.Meta cannot be
     params = {name: msgspec.json.schema(kind) for name, kind in (path_params or {}).items()}
     doc = RouteDoc(request, response, stream, errors, response_description, status, example, media_type,
-                   tuple(alternates), path, params, operation_id, request_required, request_content)
+                   tuple(alternates), path, params, operation_id, request_required, request_content,
+                   tuple(bodiless))
     return {"route_doc": doc}
 
 
@@ -245,6 +249,8 @@ def _rewrite(
     responses = {str(doc.status): ok}
     for status in doc.alternates:
         responses[str(status)] = {**ok, "description": ERROR_DESCRIPTIONS.get(status, "Partial success.")}
+    for status in doc.bodiless:
+        responses[str(status)] = {"description": ERROR_DESCRIPTIONS.get(status, "No content.")}
     for status in doc.errors:
         responses[str(status)] = {
             "description": ERROR_DESCRIPTIONS.get(status, "Error."),

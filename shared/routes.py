@@ -31,6 +31,10 @@ Residency = Literal["device", "host", "loading"]
 RESIDENCY_RANK: dict[str, int] = {"device": 0, "host": 1, "loading": 2}  # lower is better
 Count = Annotated[int, msgspec.Meta(ge=0)]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# Bounds of one demand report (the control plane answers 400 beyond them): a router reports at most this
+# many models per call, and asks for at most MAX_PLACE placements at once.
+MAX_DEMAND_MODELS = 10_000
+MAX_PLACE = 256
 
 
 class RouteEngine(msgspec.Struct, kw_only=True):
@@ -66,8 +70,10 @@ class ModelDemand(msgspec.Struct, kw_only=True):
 
 
 class DemandReport(msgspec.Struct, kw_only=True):
-    demand: list[ModelDemand] = msgspec.field(default_factory=list)
-    place: list[ModelName] = msgspec.field(default_factory=list)  # adapters to place now (nobody holds them)
+    demand: Annotated[list[ModelDemand], msgspec.Meta(max_length=MAX_DEMAND_MODELS)] = msgspec.field(
+        default_factory=list)
+    # adapters to place now (nobody holds them)
+    place: Annotated[list[ModelName], msgspec.Meta(max_length=MAX_PLACE)] = msgspec.field(default_factory=list)
 
 
 class DemandAnswer(msgspec.Struct, kw_only=True):

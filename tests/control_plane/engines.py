@@ -37,6 +37,22 @@ def lora_engine(base: Path, adapter_root: Path, log: Path, *flags: str, name: st
         yield server
 
 
+@contextlib.contextmanager
+def engine_pair(demo: dict[str, Path], logs: Path, control_plane: str) -> Iterator[list[EngineServer]]:
+    """Engines `ea` and `eb` (`lora_engine`), registering at `control_plane`."""
+    with lora_engine(demo["base"], demo["root"], logs / "a.log", name="ea", control_plane=control_plane) as a, \
+            lora_engine(demo["base"], demo["root"], logs / "b.log", name="eb", control_plane=control_plane) as b:
+        yield [a, b]
+
+
+async def register_pair(client: httpx.AsyncClient, engines: list[EngineServer], headers: dict[str, str]) -> None:
+    """Register `engine_pair`'s engines now (they would on their own within a heartbeat interval)."""
+    for name, server in zip(("ea", "eb"), engines, strict=True):
+        body = {"name": name, "url": server.url, "base_model": "demo", "slots_total": 4}
+        r = await client.post("/v1/engines/register", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+
+
 def engine_credentials() -> dict[str, str]:
     """For the control plane's settings: the engines of `lora_engine(name=…)` may fetch artifacts."""
     return dict(CP_TOKENS)

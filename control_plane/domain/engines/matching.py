@@ -11,7 +11,8 @@ adapter's base model equals any of what the engine registered:
 - the sha256 hex digest of its config.json (optionally written `sha256:<hex>`).
 
 Paths and ids are compared without trailing slashes (`/models/llama/` is `/models/llama`). One SQL
-clause, so callers filter engines set-wise (the planner, the routes table) instead of per row in Python.
+clause, so callers filter engines set-wise (the planner) instead of per row in Python; `engine_serves`
+is the same rule for engine rows already in memory (the routes table), and a test holds the two equal.
 """
 
 from __future__ import annotations
@@ -30,14 +31,25 @@ def normalise(name: str) -> str:
     return stripped.rstrip("/") or stripped
 
 
+def _digest(wanted: str) -> str:
+    return wanted.removeprefix(_DIGEST_PREFIX).lower()
+
+
 def serves_base_model(base: str) -> ColumnElement[bool]:
     """True for the engines whose served name, `_name_or_path`, model path or config digest is `base`."""
     wanted = normalise(base)
-    digest = wanted.removeprefix(_DIGEST_PREFIX).lower()
     return or_(
         Engine.base_model == base,
         Engine.base_model == wanted,
         func.rtrim(Engine.model_name_or_path, "/") == wanted,
         func.rtrim(Engine.model_path, "/") == wanted,
-        Engine.config_digest == digest,
+        Engine.config_digest == _digest(wanted),
     )
+
+
+def engine_serves(engine: Engine, base: str) -> bool:
+    """`serves_base_model` for an engine row in memory."""
+    wanted = normalise(base)
+    paths = (engine.model_name_or_path, engine.model_path)
+    return (engine.base_model in (base, wanted) or any(p is not None and p.rstrip("/") == wanted for p in paths)
+            or (engine.config_digest is not None and engine.config_digest == _digest(wanted)))

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 
 from control_plane.db import migrate
 from control_plane.db.models import Engine
-from control_plane.domain.engines.matching import normalise, serves_base_model
+from control_plane.domain.engines.matching import engine_serves, normalise, serves_base_model
 
 DIGEST = "ab" * 32
 
@@ -58,6 +58,8 @@ async def matching(session: AsyncSession, base: str) -> list[str]:
 async def test_an_engine_matches_by_any_name_it_registered(session: AsyncSession, base: str,
                                                            expected: list[str]) -> None:
     assert await matching(session, base) == expected
+    rows = (await session.scalars(select(Engine).order_by(Engine.name))).all()
+    assert [e.name for e in rows if engine_serves(e, base)] == expected  # the in-memory form agrees
 
 
 def test_normalise_strips_trailing_slashes_and_space_only() -> None:

@@ -2,14 +2,16 @@
 router's credential may read routes, report demand and ask for placement, nothing else).
 
 The policy is written out here, per operation, and must cover every guarded handler of the app, so a
-new route without a line here fails the test instead of inheriting a role by accident. A refusal is a
-403 naming the caller's role and leaves an audit row under the caller's token id; an allowed call gets
-past the guards (the handler's own answer: 200, 400, 404 …).
+new route without a line here fails the test instead of inheriting a role by accident (a line for a
+route the app does not have is skipped). A refusal is a 403 naming the caller's role and leaves an
+audit row under the caller's token id; an allowed call gets past the guards (the handler's own
+answer: 200, 400, 404 …).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -32,6 +34,7 @@ POLICY: dict[str, tuple[str, str, dict | None, set[str]]] = {
     "getLoraAdapter": ("GET", "/v1/lora_adapters/x", None, {"admin", "read"}),
     "activateOrUpload": ("POST", "/v1/lora_adapters/x/activate", {"version": 1}, {"admin"}),
     "deleteLoraAdapterOrVersion": ("DELETE", "/v1/lora_adapters/x", None, {"admin"}),
+    "updateLoraAdapter": ("PATCH", "/v1/lora_adapters/x", {"replicas": {"min": 1}}, {"admin"}),
     "loadLoraAdapter": ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/nowhere"}, {"admin"}),
     "unloadLoraAdapter": ("POST", "/v1/unload_lora_adapter", {"lora_name": "x"}, {"admin"}),
     "resolveLoraAdapter": ("GET", "/v1/resolve/x?base_model=demo&engine=e1", None, {"admin", "read", "engine"}),
@@ -44,8 +47,10 @@ POLICY: dict[str, tuple[str, str, dict | None, set[str]]] = {
     "loraStats": ("GET", "/v1/lora_stats", None, {"admin", "read"}),
     "getArtifactManifest": ("GET", f"/v1/artifacts/{DIGEST}", None, {"admin", "read", "engine"}),
     "getArtifactFile": ("GET", f"/v1/artifacts/{DIGEST}/adapter_config.json", None, {"admin", "read", "engine"}),
+    "getRoutes": ("GET", "/v1/routes", None, {"admin", "read", "router"}),
+    "reportDemand": ("POST", "/v1/routes/demand", {"demand": [{"model": "x", "waiting": 1}], "place": ["x"]},
+                     {"admin", "router"}),
 }
-REFUSAL = {"engine": "This is an engine token", "router": "This is a router token", "read": "token"}
 
 
 def guarded_operations(app: Litestar) -> set[str]:
@@ -65,20 +70,24 @@ async def cp(role_settings: ControlPlaneSettings) -> AsyncIterator[AsyncTestClie
 
 
 async def test_the_policy_names_every_guarded_route(cp: AsyncTestClient) -> None:
-    assert guarded_operations(cp.app) == set(POLICY)
+    assert guarded_operations(cp.app) <= set(POLICY)
 
 
 @pytest.mark.parametrize("role", list(TOKENS))
 async def test_each_role_passes_exactly_its_routes(cp: AsyncTestClient, role_settings, role: str) -> None:
     refused: list[str] = []
+    present = guarded_operations(cp.app)
     for operation, (method, path, body, allowed) in POLICY.items():
+        if operation not in present:
+            continue  # a route of a change not in this tree yet
         r = await cp.request(method, path, json=body, headers={"Authorization": f"Bearer {TOKENS[role]}"})
         if role in allowed:
             assert r.status_code not in (401, 403), (operation, r.status_code, r.text)
             continue
         assert r.status_code == 403, (operation, r.status_code, r.text)
         error = r.json()["error"]
-        assert error["type"] == "permission_error" and REFUSAL[role] in error["message"], (operation, error)
+        assert error["type"] == "permission_error", (operation, error)
+        assert re.search(rf"this is an? {role} token", error["message"], re.I), (operation, error)
         assert TOKENS[role] not in r.text
         refused.append(operation)
     assert role != "admin" or not refused
@@ -87,6 +96,9 @@ async def test_each_role_passes_exactly_its_routes(cp: AsyncTestClient, role_set
 
 
 async def test_an_unknown_token_is_401_everywhere(cp: AsyncTestClient) -> None:
+    present = guarded_operations(cp.app)
     for operation, (method, path, body, _) in POLICY.items():
+        if operation not in present:
+            continue
         r = await cp.request(method, path, json=body, headers={"Authorization": "Bearer router-token-for-test"})
         assert r.status_code == 401, (operation, r.text)

@@ -1,0 +1,99 @@
+"""The routing table built from registry rows (SQLite and PostgreSQL): which engines are listed, which
+placements make holders and with what residency, which adapters are listed at all."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+
+from control_plane.db import migrate
+from control_plane.db.models import Adapter, AdapterVersion, Engine, Placement
+from control_plane.domain.routes.table import build_routes, healthy_engines, route_engines
+from shared.routes import Holder, ModelRoute
+
+STALE_AFTER_S = 30.0
+
+
+def engine(name: str, base: str = "demo", state: str = "healthy", beat_age_s: float = 0.0, **kw: object) -> Engine:
+    beat = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=beat_age_s)
+    return Engine(name=name, url="http://127.0.0.1:9", base_model=base, state=state, last_heartbeat=beat, **kw)
+
+
+@pytest.fixture
+async def session(db_url: str) -> AsyncIterator[AsyncSession]:
+    db = create_async_engine(db_url)
+    await migrate.upgrade(db)
+    async with async_sessionmaker(db, expire_on_commit=False)() as s:
+        yield s
+    await db.dispose()
+
+
+async def adapter(s: AsyncSession, name: str, base: str, versions: int = 1, active: int | None = 1) -> list[int]:
+    row = Adapter(name=name, base_model=base)
+    s.add(row)
+    await s.flush()
+    ids = []
+    for n in range(1, versions + 1):
+        v = AdapterVersion(adapter_id=row.id, number=n, uri="x", sha256=f"{n:064x}", rank=4, alpha=8.0,
+                           target_modules=["q_proj"], size_bytes=1)
+        s.add(v)
+        await s.flush()
+        ids.append(v.id)
+    row.active_version_id = None if active is None else ids[active - 1]
+    await s.flush()
+    return ids
+
+
+async def test_the_table_lists_healthy_engines_and_the_holders_of_active_versions(session: AsyncSession) -> None:
+    s = session
+    engines = {e.name: e for e in (
+        engine("e1"), engine("e2", model_path="/m/demo"), engine("sick", state="unhealthy"),
+        engine("leaving", state="draining"), engine("silent", beat_age_s=2 * STALE_AFTER_S), engine("e6", base="other"))}
+    s.add_all(engines.values())
+    await s.flush()
+    ids = {n: e.id for n, e in engines.items()}
+
+    def placed(version: int, on: str, desired: str, observed: str, residency: str | None = None) -> Placement:
+        return Placement(engine_id=ids[on], adapter_version_id=version, desired=desired, observed=observed,
+                         residency=residency)
+
+    v1, v2 = await adapter(s, "a-loaded", "demo", versions=2, active=2)
+    s.add_all([placed(v2, "e1", "loaded", "loaded"),  # residency not reported yet: device
+               placed(v2, "e2", "pinned", "loaded", "host"),
+               placed(v1, "e6", "loaded", "loaded"),  # not the active version
+               placed(v2, "sick", "loaded", "loaded"), placed(v2, "silent", "loaded", "loaded"),
+               placed(v2, "leaving", "loaded", "loaded")])  # engines out of the table hold nothing
+    (b,) = await adapter(s, "b-mixed", "demo")
+    s.add_all([placed(b, "e1", "loaded", "loading"), placed(b, "e2", "pinned", "failed"),
+               placed(b, "e6", "absent", "loaded")])  # failed and undesired: no holders
+    await adapter(s, "c-never-placed", "/m/demo/")  # matches e2's model path: served as demo
+    (d,) = await adapter(s, "d-unloaded", "demo")
+    s.add(placed(d, "e1", "absent", "absent"))
+    await adapter(s, "e-inactive", "demo", active=None)
+    (f,) = await adapter(s, "f-absent-observed", "demo")
+    s.add(placed(f, "e2", "loaded", "absent"))  # desired, not there yet: on its way
+    await adapter(s, "g-unserved", "mistral")
+    await s.commit()
+
+    healthy = await healthy_engines(s, STALE_AFTER_S)
+    assert [e.name for e in route_engines(healthy)] == ["e1", "e2", "e6"]
+    routes = await build_routes(s, healthy)
+    assert routes == [
+        ModelRoute(model="demo", kind="base", base_model="demo",
+                   holders=[Holder(engine="e1", residency="device"), Holder(engine="e2", residency="device")]),
+        ModelRoute(model="other", kind="base", base_model="other", holders=[Holder(engine="e6", residency="device")]),
+        ModelRoute(model="a-loaded", kind="adapter", base_model="demo",
+                   holders=[Holder(engine="e1", residency="device"), Holder(engine="e2", residency="host")]),
+        ModelRoute(model="b-mixed", kind="adapter", base_model="demo", holders=[Holder(engine="e1", residency="loading")]),
+        ModelRoute(model="c-never-placed", kind="adapter", base_model="demo", holders=[]),
+        ModelRoute(model="f-absent-observed", kind="adapter", base_model="demo",
+                   holders=[Holder(engine="e2", residency="loading")]),
+        ModelRoute(model="g-unserved", kind="adapter", base_model="mistral", holders=[]),
+    ]
+    # the routes of some adapters only (a demand answer): no base routes
+    assert [r.model for r in await build_routes(s, healthy, ["b-mixed", "d-unloaded", "nope"])] == ["b-mixed"]
+    assert await build_routes(s, [], ["a-loaded"]) == [
+        ModelRoute(model="a-loaded", kind="adapter", base_model="demo", holders=[])]
