@@ -6,7 +6,6 @@ body `{"error": {"message", "type", "param", "code"}}`; see errors.py.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable
 from importlib.metadata import PackageNotFoundError, version
@@ -34,6 +33,7 @@ from data_plane.lora.artifact_source import ArtifactSource, artifact_cache_for
 from data_plane.lora.registry import Loader, LoRARegistry, loader_for
 from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
+from shared.disconnect import until_disconnect
 from shared.errors import EngineDeadError, LoraplaneError
 from shared.http_errors import exception_handlers
 from shared.openapi import document_app, route_doc
@@ -50,30 +50,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Run `work`, cancelling it if the client goes away first: the engine then aborts the request
     instead of generating an answer nobody reads. (Streams watch for this themselves later on.)"""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # server shutdown: stop the work too
-        await _cancel(task, watcher)
-        raise
-    if not task.done():  # the client left first
-        await _cancel(task, watcher)
-        raise ClientDisconnected("The client closed the connection.")
-    watcher.cancel()
-    return task.result()
+    return await until_disconnect(request.receive, work, _client_gone)
 
 
-async def _cancel(*tasks: asyncio.Future[Any]) -> None:
-    """Cancel and wait, so the work's cleanup (closing its generation → engine abort) has run."""
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+def _client_gone() -> ClientDisconnected:
+    return ClientDisconnected("The client closed the connection.")
 
 
 def _respond(result: dict[str, Any] | EventStream) -> Response[Any]:

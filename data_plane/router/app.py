@@ -1,0 +1,137 @@
+"""The router's HTTP app: OpenAI's inference routes in front of the engines, /v1/models, /health, /metrics.
+
+Thin handlers over RouterService (service.py). Every error, Litestar's own included (unknown route, a body
+over the size limit), leaves in OpenAI's shape (shared/http_errors.py). With client keys configured
+(LORAPLANE_API_KEYS) the inference routes and the model list need one; /health and /metrics stay open.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
+
+from data_plane.router.config import RouterConfig
+from data_plane.router.errors import model_not_found
+from data_plane.router.metrics import CONTENT_TYPE
+from data_plane.router.request import check_client_key
+from data_plane.router.service import RouterService
+from shared.http_errors import exception_handlers
+from shared.openapi import document_app, route_doc
+
+try:
+    __version__ = version("loraplane")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+class RoutedRequest(msgspec.Struct):
+    """What the router reads of an inference request; every other field goes to the engine as sent."""
+
+    model: str  # a base model's served name or an adapter's name
+    stream: bool = False
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    object: str
+    created: int
+    owned_by: str
+    root: str
+    parent: str | None  # an adapter's base model; null for a base model
+
+
+class ModelList(msgspec.Struct):
+    object: str
+    data: list[ModelCard]
+
+
+class RoutingTableHealth(msgspec.Struct):
+    etag: str | None
+    age_s: float
+    engines: int
+    models: int
+
+
+class Health(msgspec.Struct):
+    status: str  # ok | degraded (the control plane has not confirmed the table lately)
+    routing_table: RoutingTableHealth
+    reason: str | None = None
+
+
+def client_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    check_client_key(connection.headers.get("authorization"), connection.app.state.router.config.api_keys)
+
+
+_ERRORS = (400, 404, 413, 502, 503)
+_PASSED = "The engine's answer as it sent it (JSON, or text/event-stream when `stream`), with x-loraplane-engine."
+
+
+@post("/v1/chat/completions", status_code=200, operation_id="createChatCompletion", guards=[client_key_guard],
+      opt=route_doc(request=RoutedRequest, errors=_ERRORS, response_description=_PASSED,
+                    example={"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}))
+async def create_chat_completion(request: Request, state: State) -> Response[Any]:
+    """Create a chat completion on an engine that holds `model` (OpenAI-compatible; `stream` for SSE)."""
+    return await state.router.complete(request, "/v1/chat/completions")
+
+
+@post("/v1/completions", status_code=200, operation_id="createCompletion", guards=[client_key_guard],
+      opt=route_doc(request=RoutedRequest, errors=_ERRORS, response_description=_PASSED,
+                    example={"model": "demo", "prompt": "Once upon a time", "max_tokens": 8}))
+async def create_completion(request: Request, state: State) -> Response[Any]:
+    """Create a completion on an engine that holds `model` (OpenAI-compatible; `stream` for SSE)."""
+    return await state.router.complete(request, "/v1/completions")
+
+
+@get("/v1/models", operation_id="listModels", guards=[client_key_guard], opt=route_doc(response=ModelList))
+async def list_models(state: State) -> dict[str, Any]:
+    """The fleet's base models and active adapters (`parent`: an adapter's base model), from the routing table."""
+    return {"object": "list", "data": state.router.cards()}
+
+
+@get("/v1/models/{model_id:path}", operation_id="retrieveModel", guards=[client_key_guard],
+     opt=route_doc(response=ModelCard, errors=[404]))
+async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
+    """One model of the routing table by name (404 when the fleet has no such model)."""
+    name = model_id.lstrip("/")
+    card = next((c for c in state.router.cards() if c["id"] == name), None)
+    if card is None:
+        raise model_not_found(name)
+    return card
+
+
+@get("/health", operation_id="health", opt=route_doc(response=Health, errors=[503]))
+async def health(state: State) -> Response[Any]:
+    """200 `ok`; 200 `degraded` while the control plane has not confirmed the routing table for a while (the
+    router routes by the last one); 503 before the first table."""
+    status, body = state.router.health()
+    return Response(body, status_code=status)
+
+
+@get("/metrics", operation_id="metrics",
+     opt=route_doc(media_type=CONTENT_TYPE.split(";")[0], response_description="Prometheus text exposition."))
+async def metrics(state: State) -> Response[bytes]:
+    """Prometheus exposition of this router's metrics."""
+    return Response(state.router.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def create_app(config: RouterConfig) -> Litestar:
+    service = RouterService(config)
+    app = Litestar(
+        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health, metrics],
+        state=State({"router": service}),
+        on_startup=[service.start],
+        on_shutdown=[service.stop],
+        exception_handlers=exception_handlers(),
+        request_max_body_size=config.max_request_body_bytes,
+        openapi_config=OpenAPIConfig(title="loraplane router", version=__version__),
+        logging_config=None,  # the process configures logging at its edge (cli.py)
+    )
+    document_app(app, extra_errors=lambda h: [401] if config.api_keys and client_key_guard in (h.guards or ()) else [])
+    return app

@@ -1,0 +1,90 @@
+"""`loraplane router`: the OpenAI endpoint in front of the engines, routing by adapter residency.
+
+    loraplane router --control-plane URL [--host 127.0.0.1] [--port 8000] [--log-format text|json]
+
+Secrets come from the environment, or from a file named by the same variable with `_FILE` appended
+(never from flags, which every user sees in `ps`): LORAPLANE_ROUTER_TOKEN (this router's token at the
+control plane: one of its LORAPLANE_ROUTER_TOKENS), LORAPLANE_ENGINE_API_KEY (the engines' --api-key),
+LORAPLANE_API_KEYS (comma-separated keys clients must send; unset, the router is open).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+from data_plane.router.config import RouterConfig, RouterConfigError, secrets_from_env
+from shared.logging_setup import add_log_format_argument, configure_logging
+
+logger = logging.getLogger("loraplane.router")
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = RouterConfig.__dataclass_fields__
+    p = argparse.ArgumentParser(prog="loraplane router", description=__doc__.split("\n\n")[0])
+    p.add_argument("--control-plane", required=True, metavar="URL", help="the control plane's base URL")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    p.add_argument("--refresh-interval-s", type=float, default=d["refresh_interval_s"].default,
+                   help="how often the routing table is revalidated (If-None-Match)")
+    p.add_argument("--demand-interval-s", type=float, default=d["demand_interval_s"].default,
+                   help="how often per-model queue figures are reported to the control plane")
+    p.add_argument("--stale-after-s", type=float, default=d["stale_after_s"].default,
+                   help="/health says degraded once the table has not been confirmed for this long")
+    p.add_argument("--max-attempts", type=int, default=d["max_attempts"].default,
+                   help="engines tried per request before the first byte (connect refused, 503)")
+    p.add_argument("--connect-timeout-s", type=float, default=d["connect_timeout_s"].default)
+    p.add_argument("--read-timeout-s", type=float, default=d["read_timeout_s"].default,
+                   help="longest wait for an engine's next bytes")
+    p.add_argument("--max-request-body-bytes", type=int, default=d["max_request_body_bytes"].default)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_log_format_argument(p)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    if args.log_level != "debug":  # a line per proxied request and per demand report is no news at INFO
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        config = RouterConfig(
+            control_plane_url=args.control_plane, host=args.host, port=args.port,
+            refresh_interval_s=args.refresh_interval_s, demand_interval_s=args.demand_interval_s,
+            stale_after_s=args.stale_after_s, max_attempts=args.max_attempts,
+            connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
+            max_request_body_bytes=args.max_request_body_bytes, log_level=args.log_level,
+            log_format=args.log_format, **secrets_from_env(),  # type: ignore[arg-type]
+        )
+        sock = _bind(config.host, config.port)
+    except (RouterConfigError, OSError) as exc:
+        print(f"loraplane router: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(config)
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    keys = f"{len(config.api_keys)} client key(s)" if config.api_keys else "open (no LORAPLANE_API_KEYS)"
+    print(f"loraplane router: serving on {url}, routes from {config.control_plane_url}, {keys}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, log_config=None,
+                                           access_log=args.log_level == "debug", timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
+    return 0 if server.started else 1
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bound before serving, so that `--port 0` can say which port it got."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""The router's demand report: every interval, `POST /v1/routes/demand` with each adapter's queue here.
+
+`waiting` counts requests waiting for a placement (placement.Placer), `running` those sent to an engine and
+not finished (balancer.Balancer). Only adapters the table lists are reported (the control plane scales
+adapters, not base models); a model whose figures fell to zero is reported once more as zero, then not
+again, and an idle router sends nothing. A failed report is logged once per outage and not retried: the
+next interval brings fresher figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import msgspec
+
+from data_plane.router.balancer import Balancer
+from data_plane.router.placement import Placer
+from data_plane.router.table import RoutingTable
+from shared.routes import DEMAND_PATH, MAX_DEMAND_MODELS, DemandReport, ModelDemand
+
+logger = logging.getLogger(__name__)
+_encoder = msgspec.json.Encoder()
+
+
+class DemandReporter:
+    def __init__(self, table: RoutingTable, balancer: Balancer, placer: Placer, client: httpx.AsyncClient,
+                 interval_s: float) -> None:
+        self.table = table
+        self.balancer = balancer
+        self.placer = placer
+        self.client = client
+        self.interval_s = interval_s
+        self.reports = 0  # reports the control plane accepted
+        self._last: set[str] = set()  # models reported non-zero last time
+        self._failing = False
+
+    def figures(self) -> list[ModelDemand]:
+        running, waiting = self.balancer.running, self.placer.waiting
+        names = set(running) | set(waiting) | self._last
+        out = []
+        for name in sorted(names):
+            route = self.table.route(name)
+            if route is not None and route.kind == "adapter":
+                out.append(ModelDemand(model=name, waiting=waiting.get(name, 0), running=running.get(name, 0)))
+        if len(out) > MAX_DEMAND_MODELS:  # the busiest first, as many as one report may carry
+            out = sorted(out, key=lambda d: d.waiting + d.running, reverse=True)[:MAX_DEMAND_MODELS]
+        return out
+
+    async def report(self) -> bool:
+        """One report (none when there is nothing to say); whether the control plane took it."""
+        figures = self.figures()
+        if not figures:
+            return False
+        try:
+            response = await self.client.post(DEMAND_PATH, content=_encoder.encode(DemandReport(demand=figures)),
+                                              headers={"Content-Type": "application/json"})
+            if response.status_code != 200:
+                return self._fail(f"it answered {response.status_code}: {response.text[:200]}")
+        except httpx.HTTPError as exc:
+            return self._fail(f"{type(exc).__name__}: {exc}")
+        self._last = {f.model for f in figures if f.waiting or f.running}
+        self.reports += 1
+        self._failing = False
+        return True
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.report()
+
+    def _fail(self, why: str) -> bool:
+        if not self._failing:
+            self._failing = True
+            logger.warning("cannot report demand to the control plane: %s", why)
+        return False

@@ -1,0 +1,124 @@
+"""RouterService: one request's way through the router, and the parts it is made of.
+
+    body → parse_head (model, stream, prompt prefix) → Placer.route_for (table, or a placement)
+         → Balancer.order (residency, outstanding, prefix affinity) → Proxy.forward (retries, streaming)
+
+The whole way runs under `until_disconnect`: a client that goes away while its request waits for a
+placement or for an engine's (non-streamed) answer cancels it, and the engine's request is aborted by
+the closing of its connection. Streams watch for this themselves (Litestar's Stream) once they start.
+
+`start()` launches the routing-table revalidation and the demand reports; `stop()` ends them and closes
+the connection pools.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any, TypeVar
+
+import httpx
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+from data_plane.router.balancer import Balancer
+from data_plane.router.config import RouterConfig
+from data_plane.router.demand import DemandReporter
+from data_plane.router.errors import ClientDisconnected, NoEngineError
+from data_plane.router.metrics import RouterMetrics
+from data_plane.router.placement import Placer
+from data_plane.router.proxy import Proxy
+from data_plane.router.request import parse_head, prefix_key
+from data_plane.router.table import RoutingTable, TableRefresher
+from shared.disconnect import until_disconnect
+from shared.errors import LoraplaneError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RouterService:
+    def __init__(self, config: RouterConfig, *, rng: random.Random | None = None) -> None:
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.router_token}"} if config.router_token else {}
+        self.control_plane = httpx.AsyncClient(base_url=config.control_plane_url, headers=headers,
+                                               timeout=config.control_plane_timeout_s)
+        self.engines = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
+            limits=httpx.Limits(max_connections=config.max_connections,
+                                max_keepalive_connections=config.max_connections),
+        )
+        self.table = RoutingTable()
+        self.balancer = Balancer(prefix_cache_size=config.prefix_cache_size, affinity_slack=config.affinity_slack,
+                                 engine_down_s=config.engine_down_s, rng=rng)
+        self.metrics = RouterMetrics(config.max_model_labels, self.table.age_s, lambda: self.balancer.outstanding)
+        self.refresher = TableRefresher(self.table, self.control_plane, config.refresh_interval_s,
+                                        lambda result: self.metrics.revalidations.labels(result).inc())
+        self.placer = Placer(self.table, self.control_plane, self.metrics, timeout_s=config.placement_timeout_s)
+        self.reporter = DemandReporter(self.table, self.balancer, self.placer, self.control_plane,
+                                       config.demand_interval_s)
+        self.proxy = Proxy(self.engines, self.balancer, self.metrics, engine_api_key=config.engine_api_key,
+                           max_attempts=config.max_attempts)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.refresher.refresh()  # a table before the first request, if the control plane answers
+        self._tasks = [asyncio.create_task(self.refresher.run(), name="router:routes"),
+                       asyncio.create_task(self.reporter.run(), name="router:demand")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.engines.aclose()
+        await self.control_plane.aclose()
+
+    async def complete(self, request: Request, path: str) -> Response[Any]:
+        """POST `path` (/v1/chat/completions or /v1/completions) for `request`, through an engine."""
+        model = ""
+        try:
+            body = await request.body()  # Litestar answers 413 past request_max_body_size
+            head = parse_head(body)
+            model = head.model
+            work = self._route(path, body, head.model, prefix_key(head, self.config.prefix_chars))
+            return await until_disconnect(request.receive, work, _gone)
+        except (LoraplaneError, HTTPException) as exc:
+            status = exc.status_code
+            if not isinstance(exc, NoEngineError | ClientDisconnected):  # those are counted where they happen
+                self.metrics.request(model if status != 404 else "", "", "not_found" if status == 404 else "rejected")
+            raise
+
+    async def _route(self, path: str, body: bytes, model: str, prefix: int | None) -> Response[Any]:
+        route = await self.placer.route_for(model)
+        if route.kind != "base":
+            prefix = None  # an adapter's holders are few; residency decides, not prompt affinity
+        candidates = self.balancer.order(route, self.table, prefix)
+        if not candidates:
+            self.metrics.request(model, "", "unavailable")
+            raise NoEngineError(f"No engine holding `{model}` is available now; retry later.")
+        return await self.proxy.forward(candidates, path, body, model, kind=route.kind, prefix=prefix)
+
+    def cards(self) -> list[dict[str, Any]]:
+        """GET /v1/models: the fleet's base models and active adapters, as the table lists them."""
+        return [{"id": m.model, "object": "model", "created": 0, "owned_by": "loraplane", "root": m.model,
+                 "parent": None if m.kind == "base" else m.base_model}
+                for m in sorted(self.table.models.values(), key=lambda m: (m.kind != "base", m.model))]
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """200 ok; 200 degraded once the table is stale (routing goes on by it); 503 before any table."""
+        age = self.table.age_s()
+        if age is None:
+            return 503, NoEngineError("No routing table yet: the control plane has not answered.").to_body()
+        status = "ok" if age <= self.config.stale_after_s else "degraded"
+        body: dict[str, Any] = {"status": status, "routing_table": {
+            "etag": self.table.etag, "age_s": round(age, 3), "engines": len(self.table.engines),
+            "models": len(self.table.models)}}
+        if status == "degraded":
+            body["reason"] = (f"the control plane has not confirmed the routing table for {age:.0f}s; "
+                              "routing by the last one")
+        return 200, body
+
+
+def _gone() -> ClientDisconnected:
+    return ClientDisconnected("The client closed the connection.")

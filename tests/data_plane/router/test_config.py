@@ -1,0 +1,37 @@
+"""RouterConfig validation, and the secrets read from the environment or a file (never from flags)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from data_plane.router.cli import _parser
+from data_plane.router.config import RouterConfig, RouterConfigError, secrets_from_env
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"control_plane_url": "ftp://x"}, "http(s) URL"), ({"port": 70000}, "--port"),
+    ({"router_token": "has space"}, "router token"), ({"api_keys": frozenset({""})}, "client API key"),
+    ({"refresh_interval_s": 0}, "refresh_interval_s"), ({"max_attempts": 0}, "max_attempts"),
+])
+def test_bad_settings_are_refused_by_name(fields: dict, words: str) -> None:
+    with pytest.raises(RouterConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        RouterConfig(**{"control_plane_url": "http://cp:8080", **fields})
+
+
+def test_secrets_from_the_environment_or_files(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("k1, k2,\n")
+    env = {"LORAPLANE_ROUTER_TOKEN": "rt", "LORAPLANE_API_KEYS_FILE": str(keys)}
+    assert secrets_from_env(env) == {"router_token": "rt", "engine_api_key": None, "api_keys": frozenset({"k1", "k2"})}
+    assert secrets_from_env({})["api_keys"] == frozenset()  # no keys: an open router
+    with pytest.raises(RouterConfigError, match="LORAPLANE_ENGINE_API_KEY_FILE"):
+        secrets_from_env({"LORAPLANE_ENGINE_API_KEY_FILE": str(tmp_path / "missing")})
+    config = RouterConfig(control_plane_url="http://cp:8080/", **secrets_from_env(env))
+    assert (config.control_plane_url, config.router_token) == ("http://cp:8080", "rt")
+
+
+def test_no_flag_takes_a_secret() -> None:
+    flags = {option for action in _parser()._actions for option in action.option_strings}
+    assert not any(word in flag for flag in flags for word in ("token", "key"))
