@@ -25,6 +25,7 @@ from control_plane.db.transaction import database_error_handlers
 from control_plane.domain.adapters.controller import AdapterController
 from control_plane.domain.engines.controller import EngineController
 from control_plane.domain.placements.reconcile import Reconciler
+from control_plane.domain.routes.cache import RoutesCache
 from control_plane.domain.routes.controller import RoutesController
 from control_plane.domain.stats.controller import StatsController
 from control_plane.domain.stats.service import StatsCache
@@ -95,6 +96,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "version_loader": reconciler.loader,  # how pushes and reconciles tell an engine to load a version
         "artifact_store": artifact_store,  # every version's bytes (control_plane/artifacts)
         "reconciler": reconciler,
+        "routes_cache": RoutesCache(),  # the encoded routing table while its rows are unchanged
         "stats_cache": StatsCache(),  # each engine's last figures for GET /v1/lora_stats
         "audit_sessions": sessions,
     }

@@ -26,7 +26,7 @@ async def provide_routes_service(db_session: AsyncSession, state: State) -> Rout
     gate = state.write_gate
     return RoutesService(db_session, state.settings, Mutation(db_session, gate, state.metrics), gate,
                          PlacementPlanner(state.settings.engine_stale_after_s),
-                         Pusher(state.version_loader, db_session, gate))
+                         Pusher(state.version_loader, db_session, gate), state.routes_cache)
 
 
 class RoutesController(Controller):

@@ -1,10 +1,10 @@
 """RoutesService: the routing table with its ETag, and the routers' demand reports.
 
-The table is built afresh on every call (table.py: a few set-based queries) and encoded once with
-msgspec. Its ETag is a strong validator, the quoted sha256 of the encoded table: equal tables, equal
-ETags, so a router revalidating every second gets 304 (and no body) until something a router would
-route by changed. The body's `etag` is the same quoted value; the digest is taken over the encoding
-with a placeholder there, which is then replaced (no second encoding of a table of 100,000 routes).
+The table (table.py: a few set-based queries) is encoded once with msgspec and kept while a cheap
+fingerprint of the rows it depends on is unchanged (cache.py). Its ETag is a strong validator, the
+quoted sha256 of the encoded table: equal tables, equal ETags, so a router revalidating every second
+gets 304 (and no body) until something a router would route by changed. The body's `etag` is the
+same quoted value.
 
 A demand report (`POST /v1/routes/demand`):
 - `demand`: per-model queue figures, recorded for the adapters among them under the source
@@ -18,12 +18,10 @@ A demand report (`POST /v1/routes/demand`):
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -34,28 +32,14 @@ from control_plane.db.transaction import read, transact
 from control_plane.domain.placements.demand import AdapterDemand, record_demand
 from control_plane.domain.placements.planner import PlacementPlanner, PushOrder
 from control_plane.domain.placements.push import Pusher
+from control_plane.domain.routes.cache import EncodedTable, RoutesCache, fingerprint
 from control_plane.domain.routes.table import build_routes, healthy_engines, route_engines, servable
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.routes import DemandAnswer, DemandReport, ModelDemand, RoutesTable
 
-_PLACEHOLDER = "\x00etag\x00"  # encodes as "\u0000etag\u0000": no table string can hold it unescaped
-_ENCODED_PLACEHOLDER = msgspec.json.encode(_PLACEHOLDER)
 _LOOKUP_CHUNK = 1000  # names per IN (…) query: far below SQLite's and asyncpg's bound-parameter limits
 _AUDIT_TARGET = 256  # audit_events.target's length
-
-
-@dataclass(frozen=True)
-class EncodedTable:
-    etag: str  # quoted, as the ETag header carries it
-    body: bytes
-
-    def matches(self, if_none_match: str | None) -> bool:
-        """Whether an `If-None-Match` header names this table (RFC 9110: weak comparison, `*`, lists)."""
-        if not if_none_match:
-            return False
-        tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
-        return "*" in tags or self.etag in tags
 
 
 @dataclass
@@ -66,16 +50,20 @@ class RoutesService:
     gate: WriteGate
     planner: PlacementPlanner
     pusher: Pusher
+    cache: RoutesCache
 
     async def table(self) -> EncodedTable:
-        async def build() -> RoutesTable:
+        async def current() -> EncodedTable:
             engines = await healthy_engines(self.session, self.settings.engine_stale_after_s)
-            models = await build_routes(self.session, engines)
-            return RoutesTable(etag=_PLACEHOLDER, engines=route_engines(engines), models=models)
 
-        encoded = msgspec.json.encode(await read(self.session, build, "routes table"))
-        etag = f'"{hashlib.sha256(encoded).hexdigest()}"'
-        return EncodedTable(etag, encoded.replace(_ENCODED_PLACEHOLDER, msgspec.json.encode(etag), 1))
+            async def build() -> EncodedTable:
+                models = await build_routes(self.session, engines)
+                return EncodedTable.of(lambda etag: RoutesTable(etag=etag, engines=route_engines(engines),
+                                                                models=models))
+
+            return await self.cache.get(await fingerprint(self.session, engines), build)
+
+        return await read(self.session, current, "routes table")
 
     async def report(self, report: DemandReport, actor: Principal) -> DemandAnswer:
         if report.demand:

@@ -1,18 +1,22 @@
 """The routing table built from registry rows (SQLite and PostgreSQL): which engines are listed, which
-placements make holders and with what residency, which adapters are listed at all."""
+placements make holders and with what residency, which adapters are listed at all; the fingerprint
+under which the encoded table is kept, and the ETag it carries."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
+from sqlalchemy import delete, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from control_plane.db import migrate
 from control_plane.db.models import Adapter, AdapterVersion, Engine, Placement
+from control_plane.domain.routes.cache import EncodedTable, fingerprint
 from control_plane.domain.routes.table import build_routes, healthy_engines, route_engines
-from shared.routes import Holder, ModelRoute
+from shared.routes import Holder, ModelRoute, RoutesTable
 
 STALE_AFTER_S = 30.0
 
@@ -97,3 +101,48 @@ async def test_the_table_lists_healthy_engines_and_the_holders_of_active_version
     assert [r.model for r in await build_routes(s, healthy, ["b-mixed", "d-unloaded", "nope"])] == ["b-mixed"]
     assert await build_routes(s, [], ["a-loaded"]) == [
         ModelRoute(model="a-loaded", kind="adapter", base_model="demo", holders=[])]
+
+
+async def test_the_fingerprint_follows_every_row_the_table_depends_on(session: AsyncSession) -> None:
+    s = session
+    e1, e2 = engine("e1"), engine("e2")
+    s.add_all([e1, e2])
+    await s.flush()
+    v1, v2 = await adapter(s, "a", "demo", versions=2)
+    p = Placement(engine_id=e1.id, adapter_version_id=v1, desired="loaded", observed="loading")
+    s.add(p)
+    await s.commit()
+    engines = await healthy_engines(s, STALE_AFTER_S)
+    seen = [await fingerprint(s, engines)]
+    assert await fingerprint(s, engines) == seen[0]  # nothing changed: the same
+
+    async def changes(stmt: object, engines: list[Engine] = engines) -> None:
+        if stmt is not None:
+            await s.execute(stmt)
+            await s.commit()
+        now = await fingerprint(s, engines)
+        assert now not in seen, stmt
+        seen.append(now)
+
+    await changes(update(Placement).values(observed="loaded"))
+    await changes(update(Placement).values(residency="host"))
+    await changes(update(Placement).values(desired="pinned"))
+    await changes(update(Adapter).values(active_version_id=v2))
+    await changes(update(Engine).where(Engine.name == "e2").values(url="http://127.0.0.1:10"),
+                  await healthy_engines(s, STALE_AFTER_S))
+    await changes(None, engines[:1])  # an engine left the healthy set
+    await changes(delete(Placement))
+
+
+def test_an_encoded_table_carries_its_etag_and_answers_if_none_match() -> None:
+    table = EncodedTable.of(lambda etag: RoutesTable(etag=etag, engines=[], models=[]))
+    assert msgspec.json.decode(table.body, type=RoutesTable).etag == table.etag
+    again = EncodedTable.of(lambda etag: RoutesTable(etag=etag, engines=[], models=[]))
+    assert again == table  # equal tables, equal bytes and ETags
+    other = EncodedTable.of(lambda etag: RoutesTable(etag=etag, engines=[], models=[
+        ModelRoute(model="m", kind="base", base_model="m", holders=[])]))
+    assert other.etag != table.etag
+    for header in (table.etag, f"W/{table.etag}", f'"x", {table.etag}', "*"):
+        assert table.matches(header), header
+    for header in (None, "", '"x"', table.etag.strip('"'), other.etag):
+        assert not table.matches(header), header
