@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -14,8 +15,8 @@ from control_plane.db.transaction import transact
 logger = logging.getLogger(__name__)
 
 
-def event(actor: str, action: str, target: str, outcome: str) -> AuditEvent:
-    return AuditEvent(actor=actor, action=action[:64], target=target[:256], outcome=outcome[:64])
+def event(actor: str, action: str, target: str, outcome: str, detail: dict[str, Any] | None = None) -> AuditEvent:
+    return AuditEvent(actor=actor, action=action[:64], target=target[:256], outcome=outcome[:64], detail=detail)
 
 
 async def record_alone(session: AsyncSession, gate: WriteGate, row: AuditEvent) -> None:

@@ -2,7 +2,7 @@
 
 Two bodies are accepted:
 - `multipart/form-data`: one file part per PEFT file, named by its filename (`adapter_config.json`,
-  `adapter_model.safetensors`), plus the text fields `base_model`, `description`, `activate`, `pinned`;
+  `adapter_model.safetensors`), plus the text fields `base_model`, `description`, `activate`, `pinned`, `replicas` (JSON);
 - a `.tar.gz` (`application/gzip`, `application/x-gzip`, `application/x-tar`): the two files at the top
   or inside one folder; the fields then come as query parameters.
 
@@ -29,7 +29,7 @@ from litestar.exceptions import InternalServerException
 from control_plane.artifacts.spool import VERSION_FILES, Spool
 from shared.errors import InvalidRequestError, PayloadTooLargeError
 
-FIELDS = ("base_model", "description", "activate", "pinned")
+FIELDS = ("base_model", "description", "activate", "pinned", "replicas")
 MAX_FIELD_BYTES = 8192
 BODY_OVERHEAD = 1 << 20  # multipart headers and text fields, on top of the files' own bytes
 TAR_TYPES = ("application/gzip", "application/x-gzip", "application/x-tar", "application/x-gtar")

@@ -14,6 +14,7 @@ Create Date: 2026-12-03
 - demand_reports: the latest waiting/running figures per (source, adapter), a source being an engine's
   stats or a router's report; scaling sums the fresh ones.
 - placements.residency: where the engine last said it keeps the version (device | host), for routing.
+- audit_events.detail: what a decision was based on (demand scaling's reason and figures), when it says.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column("scale_state", _JSON, nullable=True))
     with op.batch_alter_table("placements") as batch:
         batch.add_column(sa.Column("residency", sa.String(16), nullable=True))
+    with op.batch_alter_table("audit_events") as batch:
+        batch.add_column(sa.Column("detail", _JSON, nullable=True))
     op.create_table(
         "demand_reports",
         sa.Column("id", _ID, sa.Identity(always=False, start=1, increment=1), nullable=False),
@@ -72,6 +75,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_demand_reports_adapter_id", table_name="demand_reports")
     op.drop_table("demand_reports")
+    with op.batch_alter_table("audit_events") as batch:
+        batch.drop_column("detail")
     with op.batch_alter_table("placements") as batch:
         batch.drop_column("residency")
     with op.batch_alter_table("adapters") as batch:

@@ -61,7 +61,7 @@ async def test_every_operation_is_typed_and_documents_its_statuses(client: Async
 async def test_path_routes_are_documented_where_they_serve(client: AsyncTestClient) -> None:
     paths = (await _document(client))["paths"]
     assert "/v1/lora_adapters/{target}" not in paths and "/v1/engines/{target}" not in paths
-    assert set(paths["/v1/lora_adapters/{name}"]) == {"get", "delete"}
+    assert set(paths["/v1/lora_adapters/{name}"]) == {"get", "patch", "delete"}
     assert set(paths["/v1/lora_adapters/{name}/activate"]) == {"post"}
     beat, drain = paths["/v1/engines/{name}/heartbeat"]["post"], paths["/v1/engines/{name}/drain"]["post"]
     assert (beat["operationId"], drain["operationId"]) == ("engineHeartbeat", "drainEngine")
@@ -72,7 +72,7 @@ async def test_path_routes_are_documented_where_they_serve(client: AsyncTestClie
 
 @pytest.mark.parametrize(("path", "allow"), [
     ("/v1/lora_adapters/org/a/activate", "OPTIONS, POST"),
-    ("/v1/lora_adapters/org/a", "OPTIONS, GET, DELETE"),
+    ("/v1/lora_adapters/org/a", "OPTIONS, GET, DELETE, PATCH"),
     ("/v1/engines/e1/heartbeat", "OPTIONS, POST"),
     ("/v1/engines/e1/drain", "OPTIONS, POST"),
     ("/v1/engines/e1", "OPTIONS, DELETE"),

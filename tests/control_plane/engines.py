@@ -19,7 +19,7 @@ from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 
 ENGINE_TOKEN = "engine-token-for-tests"
 # each engine's own token at the control plane (its LORAPLANE_CONTROL_PLANE_TOKEN): it fetches artifacts
-CP_TOKENS = {"ea": "cp-token-of-ea-for-tests", "eb": "cp-token-of-eb-for-tests"}
+CP_TOKENS = {"ea": "cp-token-of-ea-for-tests", "eb": "cp-token-of-eb-for-tests", "ec": "cp-token-of-ec-for-tests"}
 
 
 @contextlib.contextmanager

@@ -7,9 +7,10 @@ for recovering the token.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from advanced_alchemy.base import IdentityBase
-from advanced_alchemy.types import DateTimeUTC
+from advanced_alchemy.types import DateTimeUTC, JsonB
 from sqlalchemy import String
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -26,3 +27,5 @@ class AuditEvent(IdentityBase):
     target: Mapped[str] = mapped_column(String(256))
     outcome: Mapped[str] = mapped_column(String(64))
     at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True), default=_now, index=True)
+    # what a decision was based on (demand scaling: its reason and figures); None for admin calls
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JsonB, nullable=True)

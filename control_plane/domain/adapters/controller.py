@@ -10,7 +10,7 @@ import re
 from typing import Annotated
 
 import msgspec
-from litestar import Controller, Request, Response, delete, get, post, route
+from litestar import Controller, Request, Response, delete, get, patch, post, route
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.params import Parameter
@@ -35,6 +35,8 @@ _FIELDS = {
     "description": {"type": "string", "maxLength": 4096},
     "activate": {"type": "boolean", "default": True, "description": "pin the new version and place it"},
     "pinned": {"type": "boolean", "default": False},
+    "replicas": {"type": "string", "maxLength": 256,
+                 "description": 'JSON: {"min": N, "max": N or "all"}; left out: the defaults'},
 }
 _UPLOAD_CONTENT = {
     "multipart/form-data": {"schema": {
@@ -54,7 +56,7 @@ _NAME = {"name": schemas.AdapterName}
 
 async def provide_adapter_service(db_session: AsyncSession, state: State) -> AdapterService:
     mutation = Mutation(db_session, state.write_gate, state.metrics)
-    planner = PlacementPlanner(state.settings.engine_stale_after_s)
+    planner = PlacementPlanner.of(state.settings)
     pusher = Pusher(state.version_loader, db_session, state.write_gate)
     return AdapterService(db_session, state.settings, mutation, planner, pusher, state.artifact_store)
 
@@ -76,10 +78,14 @@ class AdapterController(Controller):
 
         The files are validated (config, rank, targets, safetensors header, location under the adapter
         roots) before anything is recorded. Identical files return the existing version (`created`
-        false); new files become the next version. The version is desired on every healthy engine of
-        the adapter's base model, or on the named `engines`, and pushed to them concurrently; `engines`
-        in the answer says how each did. Status: 200 all engines loaded it (or none was involved), 207
-        some failed, 502 all failed — the version is recorded and pinned in every case.
+        false); new files become the next version. The version is desired where the replica rules put
+        it — the engines holding the adapter now, and more chosen by rendezvous hashing over free
+        capacity until `replicas.min` (or demand scaling's target) healthy engines of its base model
+        hold it — or exactly on the named `engines`, and pushed to them concurrently; `engines` in the
+        answer says how each did. When no engine serves the base model yet (or none is healthy),
+        `engines` is empty and `warning` says so: the adapter is placed as soon as one registers.
+        Status: 200 all engines loaded it (or none was involved), 207 some failed, 502 all failed — the
+        version is recorded and pinned in every case.
         """
         loaded = await service.load(decode_body(await request.body(), schemas.AdapterCreate), principal)
         return Response(loaded, status_code=schemas.push_status(loaded.engines))
@@ -118,6 +124,22 @@ class AdapterController(Controller):
     async def get_adapter(self, service: AdapterService, name: str) -> schemas.AdapterDetail:
         """One adapter with all its versions and its placements on engines."""
         return await service.get(name.lstrip("/"))
+
+    @patch("/lora_adapters/{name:path}", guards=[admin_guard], operation_id="updateLoraAdapter",
+           opt={"audit_action": "update_lora_adapter",
+                **route_doc(request=schemas.AdapterUpdate, response=schemas.AdapterUpdated, alternates=_PUSH,
+                            errors=(400, 404), path="/v1/lora_adapters/{name}", path_params=_NAME,
+                            example={"replicas": {"min": 1, "max": 2}})})
+    async def update_adapter(self, service: AdapterService, principal: Principal, name: str,
+                             request: Request) -> Response[schemas.AdapterUpdated]:
+        """Set the adapter's `replicas {min, max}` (`max` may be "all"; a field left out or null is the
+        control plane's default; 400 when min is above max). Replicas are added or let go at once to meet
+        the new counts (never a loaded one that would leave fewer than desired loaded), and demand
+        scaling moves between them from now on. Status as for loads: 200, 207 (some engines failed),
+        502 (all)."""
+        data = decode_body(await request.body(), schemas.AdapterUpdate)
+        updated = await service.update(name.lstrip("/"), data, principal)
+        return Response(updated, status_code=schemas.push_status(updated.engines))
 
     @get("/resolve/{name:path}", operation_id="resolveLoraAdapter",
          opt={"engine_role": True, **route_doc(response=schemas.AdapterResolved, errors=(400, 404),

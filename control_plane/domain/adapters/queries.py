@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, Placement
+from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
 from control_plane.domain.adapters import schemas
+from control_plane.domain.engines.health import healthy_clause
+from control_plane.domain.engines.matching import serves_base_model
+from control_plane.domain.placements.planner import PlacementPlanner
+from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
 from shared.errors import InvalidRequestError, NotFoundError
 
 MAX_PAGE = 500
@@ -60,12 +65,12 @@ async def list_adapters(session: AsyncSession, query: AdapterQuery) -> schemas.A
                                offset=query.offset)
 
 
-async def adapter_detail(session: AsyncSession, name: str) -> schemas.AdapterDetail:
+async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPlanner) -> schemas.AdapterDetail:
     adapter = await require_adapter(session, name)
     versions = (await session.scalars(select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id)
                                       .order_by(AdapterVersion.number))).all()
     placements = (await session.execute(
-        select(Placement, Engine.name, AdapterVersion.number)
+        select(Placement, Engine.name, AdapterVersion.number, healthy_clause(planner.stale_after_s))
         .join(Engine, Engine.id == Placement.engine_id)
         .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
         .where(AdapterVersion.adapter_id == adapter.id).order_by(Engine.name, AdapterVersion.number)
@@ -78,9 +83,24 @@ async def adapter_detail(session: AsyncSession, name: str) -> schemas.AdapterDet
             target_modules=list(v.target_modules), size_bytes=v.size_bytes, created_at=v.created_at)
             for v in versions],
         placements=[schemas.Placement(engine=engine, version=number, desired=p.desired, observed=p.observed,
-                                      last_error=p.last_error, updated_at=p.updated_at)
-                    for p, engine, number in placements],
+                                      last_error=p.last_error, residency=p.residency, updated_at=p.updated_at)
+                    for p, engine, number, _ in placements],
+        replicas=_replicas(adapter, planner.defaults,
+                           len({e for p, e, _, healthy in placements if healthy and p.desired in HOLDING})),
+        last_decision=_decision((adapter.scale_state or {}).get("last_decision")),
     )
+
+
+def _replicas(adapter: Adapter, defaults: ReplicaDefaults, current: int) -> schemas.Replicas:
+    rule = ReplicaRule.of(adapter.min_replicas, adapter.max_replicas, adapter.target_replicas, defaults)
+    return schemas.Replicas(min=rule.min, max=rule.max or "all", target=rule.wanted(), current=current)
+
+
+def _decision(raw: dict | None) -> schemas.ScaleDecision | None:
+    if not raw:
+        return None
+    return schemas.ScaleDecision(at=dt.datetime.fromtimestamp(raw["at"], dt.UTC), from_=raw["from"], to=raw["to"],
+                                 reason=raw["reason"], figures=raw.get("figures", {}))
 
 
 def _fields(adapter: Adapter, active: int | None) -> dict:
@@ -94,14 +114,14 @@ def _adapter(adapter: Adapter, active: int | None) -> schemas.Adapter:
 
 
 async def active_version(session: AsyncSession, name: str, base_model: str | None) -> tuple[Adapter, AdapterVersion]:
-    """The adapter `name` (for `base_model`, when given) and its active version; NotFoundError otherwise, and
-    also for an adapter that was unloaded (placements exist, none holding it): engines must not pull it back."""
+    """The adapter `name` (for `base_model`, when given: its own base model, or an engine's served name when
+    that engine serves its base model by any name it registered) and its active version; NotFoundError
+    otherwise, and also for an adapter that was unloaded (placements exist, none holding it): engines must
+    not pull it back."""
     stmt = (select(Adapter, AdapterVersion).join(AdapterVersion, AdapterVersion.id == Adapter.active_version_id)
             .where(Adapter.name == name))
-    if base_model is not None:
-        stmt = stmt.where(Adapter.base_model == base_model)
     row = (await session.execute(stmt)).first()
-    if row is None:
+    if row is None or (base_model is not None and not await _serves(session, row[0], base_model)):
         raise NotFoundError(f"no active adapter named {name!r}" + (f" for base model {base_model!r}" if base_model
                                                                    else ""), param="name")
     adapter, version = row
@@ -111,3 +131,10 @@ async def active_version(session: AsyncSession, name: str, base_model: str | Non
     if desired and not desired & {DesiredState.LOADED.value, DesiredState.PINNED.value}:
         raise NotFoundError(f"adapter {name!r} was unloaded; load it again to serve it", param="name")
     return adapter, version
+
+
+async def _serves(session: AsyncSession, adapter: Adapter, served: str) -> bool:
+    if adapter.base_model == served:
+        return True
+    return await session.scalar(select(Engine.id).where(Engine.base_model == served,
+                                                        serves_base_model(adapter.base_model)).limit(1)) is not None

@@ -35,6 +35,20 @@ AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern
                                           description="the adapter folder, under the adapter roots")]
 
 
+MAX_REPLICAS = 4096
+ReplicaMin = Annotated[int, msgspec.Meta(ge=0, le=MAX_REPLICAS)]
+ReplicaMax = Annotated[int, msgspec.Meta(ge=1, le=MAX_REPLICAS)]
+
+
+class ReplicasSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How many engines hold the adapter: at least `min`, at most `max` ("all": every engine of its base
+    model); demand scaling moves between them. A field left out or null is the control plane's default
+    (--default-min-replicas, --default-max-replicas)."""
+
+    min: ReplicaMin | None = None
+    max: ReplicaMax | Literal["all"] | None = None
+
+
 class AdapterCreate(msgspec.Struct, kw_only=True):
     """POST /v1/load_lora_adapter."""
 
@@ -45,6 +59,13 @@ class AdapterCreate(msgspec.Struct, kw_only=True):
     engines: Annotated[list[AdapterName], msgspec.Meta(max_length=MAX_NAMED_ENGINES)] | None = None
     description: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
     labels: Annotated[Labels | None, LABELS_RULE] = None  # described beside the union: the document shows it
+    replicas: ReplicasSpec | None = None  # None: an existing adapter keeps its own, a new one the defaults
+
+
+class AdapterUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PATCH /v1/lora_adapters/{name}: the adapter's replica counts (both fields replaced)."""
+
+    replicas: ReplicasSpec
 
 
 class AdapterUnload(msgspec.Struct, kw_only=True):
@@ -86,6 +107,9 @@ class AdapterLoaded(msgspec.Struct, kw_only=True):
     target_modules: list[str]
     created: bool  # False when identical files were registered before: the existing version was reused
     engines: list[EngineOutcome]
+    # set when no engine could take it yet (none serves its base model, or none is healthy): it is placed
+    # as soon as one registers or recovers
+    warning: str | None = None
 
 
 class AdapterUnloaded(msgspec.Struct, kw_only=True):
@@ -110,6 +134,7 @@ class Placement(msgspec.Struct, kw_only=True):
     desired: str
     observed: str
     last_error: str | None
+    residency: str | None = None  # device | host, as the engine last said (loaded ones)
     updated_at: dt.datetime
 
 
@@ -123,9 +148,32 @@ class Adapter(msgspec.Struct, kw_only=True):
     updated_at: dt.datetime
 
 
+class Replicas(msgspec.Struct, kw_only=True):
+    min: int
+    max: int | Literal["all"]
+    target: int  # what the replica rules ask for now: min, or what demand scaling raised it to
+    current: int  # healthy engines desired to hold it
+
+
+class ScaleDecision(msgspec.Struct, kw_only=True):
+    """Demand scaling's last change of the target, with its reason and the figures behind it."""
+
+    at: dt.datetime
+    from_: int = msgspec.field(name="from")
+    to: int
+    reason: str
+    figures: dict[str, float]
+
+
 class AdapterDetail(Adapter, kw_only=True):
     versions: list[AdapterVersion]
     placements: list[Placement]
+    replicas: Replicas
+    last_decision: ScaleDecision | None = None
+
+
+class AdapterUpdated(AdapterDetail, kw_only=True):
+    engines: list[EngineOutcome]  # replicas added or let go at once
 
 
 class AdapterActivated(AdapterDetail, kw_only=True):

@@ -30,6 +30,7 @@ from control_plane.domain.placements.planner import (
     in_store,
 )
 from control_plane.domain.placements.push import Pusher
+from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -102,6 +103,8 @@ class AdapterService:
             files, found, req, activate = incoming.spool, incoming.found, incoming.req, incoming.activate
             adapter = await self._adapter_for_load(session, req, found)
             await _refuse_base_model_names(session, adapter)
+            if req.replicas is not None:
+                set_replicas(adapter, req.replicas, self.planner.defaults)
             version = await session.scalar(select(AdapterVersion).where(
                 AdapterVersion.adapter_id == adapter.id, AdapterVersion.sha256 == found.sha256))
             created = version is None
@@ -116,14 +119,17 @@ class AdapterService:
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
             await blobs.reference(session, self.store, version.id, files.files.values())
             orders: list[PushOrder] = []
+            warning = None
             if activate:
                 adapter.active_version_id = version.id
                 desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
                 orders = await self.planner.place(session, adapter, version, desired, req.engines)
+                if not orders and req.engines is None:
+                    warning = await self._unplaced_warning(session, adapter)
             return schemas.AdapterLoaded(
                 name=adapter.name, version=version.number, sha256=version.sha256, rank=version.rank,
                 alpha=version.alpha, target_modules=list(version.target_modules), created=created,
-                engines=[]), orders
+                engines=[], warning=warning), orders
 
         try:
             loaded, orders = await self.mutation.run(actor, action, name, work, prepare)
@@ -136,6 +142,31 @@ class AdapterService:
                 s.close()
         loaded.engines = await self.pusher.push(orders)
         return loaded
+
+    async def _unplaced_warning(self, session: AsyncSession, adapter: Adapter) -> str | None:
+        """In words, why a load reached no engine, when the reason is that none can take it yet."""
+        registered, healthy = await self.planner.coverage(session, adapter.base_model)
+        if registered == 0:
+            return (f"no engine serves base model {adapter.base_model!r} yet; the adapter is recorded and will "
+                    "be placed when an engine serving that base model registers (engines match by served model "
+                    "name, the checkpoint's _name_or_path, its model path or config digest; give base_model to "
+                    "name it explicitly)")
+        if healthy == 0:
+            return (f"no engine serving base model {adapter.base_model!r} is healthy right now ({registered} "
+                    "registered); the adapter will be placed when one is")
+        return None
+
+    async def update(self, name: str, req: schemas.AdapterUpdate, actor: Principal) -> schemas.AdapterUpdated:
+        """PATCH /v1/lora_adapters/{name}: new replica counts, and replicas added or let go at once."""
+        async def work(session: AsyncSession, _: Any) -> list[PushOrder]:
+            adapter = await queries.require_adapter(session, name, for_update=True)
+            set_replicas(adapter, req.replicas, self.planner.defaults)
+            return await self.planner.resize(session, adapter)
+
+        orders = await self.mutation.run(actor, "update_lora_adapter", name, work)
+        engines = await self.pusher.push(orders)
+        detail = await self.get(name)
+        return schemas.AdapterUpdated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines)
 
     async def _adapter_for_load(self, session: AsyncSession, req: schemas.AdapterCreate,
                                 found: InspectedAdapter) -> Adapter:
@@ -209,7 +240,8 @@ class AdapterService:
         return await read(self.session, lambda: queries.list_adapters(self.session, query), "list adapters")
 
     async def get(self, name: str) -> schemas.AdapterDetail:
-        return await read(self.session, lambda: queries.adapter_detail(self.session, name), f"get adapter {name!r}")
+        return await read(self.session, lambda: queries.adapter_detail(self.session, name, self.planner),
+                          f"get adapter {name!r}")
 
     async def resolve(self, name: str, base_model: str | None, engine: str | None,
                       actor: Principal) -> schemas.AdapterResolved:
@@ -249,6 +281,23 @@ async def _refuse_base_model_names(session: AsyncSession, adapter: Adapter) -> N
             param="lora_name")
 
 
+def set_replicas(adapter: Adapter, spec: schemas.ReplicasSpec, defaults: ReplicaDefaults) -> None:
+    """Record `replicas {min, max}` (null fields: the defaults; "all" is stored as 0); 400 when min is
+    above max. A target demand scaling chose is kept inside the new bounds."""
+    high = 0 if spec.max == "all" else spec.max
+    rule = ReplicaRule.of(spec.min, high, None, defaults)
+    if rule.max and rule.min > rule.max:
+        raise InvalidRequestError(f"replicas.min {rule.min} is above replicas.max {rule.max}"
+                                  + (" (the default, --default-max-replicas)" if high is None else ""),
+                                  param="replicas")
+    adapter.min_replicas, adapter.max_replicas = spec.min, high
+    target = adapter.target_replicas
+    if target is not None and target <= rule.min:
+        adapter.target_replicas = None
+    elif target is not None and rule.max and target > rule.max:
+        adapter.target_replicas = rule.max
+
+
 def _source_of(lora_path: str, found: InspectedAdapter) -> str:
     """What a version's `uri` records: where its files came from (for people; engines never read it)."""
     if is_object_store_url(lora_path):
@@ -277,9 +326,13 @@ def upload_request(name: str, fields: dict[str, str]) -> tuple[schemas.AdapterCr
         return raw in ("true", "1", "yes")
 
     try:
+        replicas = msgspec.json.decode(fields["replicas"]) if fields.get("replicas", "").strip() else None
         req = msgspec.convert({"lora_name": name, "lora_path": "upload", "pinned": flag("pinned", False),
                                "base_model": fields.get("base_model") or None,
-                               "description": fields.get("description")}, schemas.AdapterCreate)
+                               "description": fields.get("description"), "replicas": replicas}, schemas.AdapterCreate)
+    except msgspec.DecodeError:
+        raise InvalidRequestError('replicas must be a JSON object such as {"min": 1, "max": 2}',
+                                  param="replicas") from None
     except msgspec.ValidationError as exc:
         raise InvalidRequestError(f"invalid upload field: {exc}") from None
     return req, flag("activate", True)

@@ -2,7 +2,9 @@
 
 A load that succeeded is observed `loaded`, and the adapter's other versions on that engine, desired absent,
 are observed `absent` (loads are sent with `load_inplace`, so the engine replaced them); an unload is
-`absent`; a failure is `failed` with the engine's error in `last_error`. Rows are locked first, in the one
+`absent`; a failure is `failed` with the engine's error in `last_error`. Where the engine said where it
+keeps a loaded version (device | host: the reconciler reads it from GET /v1/lora_adapters) that is
+recorded as `residency`; a row no longer loaded has none. Rows are locked first, in the one
 order of placement writers (ascending id, see planner), and a row already saying the same is not rewritten.
 """
 
@@ -27,6 +29,7 @@ class EngineAnswer:
     observed: ObservedState
     error: str | None = None
     replaced_adapter_id: int | None = None  # a load that succeeded: this adapter's other versions are gone there
+    residency: str | None = None  # loaded: where the engine keeps it, when it said
 
 
 def _touched(answers: Sequence[EngineAnswer]) -> ColumnElement[bool]:
@@ -37,8 +40,18 @@ def _touched(answers: Sequence[EngineAnswer]) -> ColumnElement[bool]:
     return or_(Placement.id.in_(ids), *replaced)
 
 
-def _differs(observed: str, error: str | None) -> ColumnElement[bool]:
-    return or_(Placement.observed != observed, Placement.last_error.is_distinct_from(error))
+def _differs(values: dict[str, str | None]) -> ColumnElement[bool]:
+    """A row whose columns are not all `values` already (so an unchanged row is not rewritten)."""
+    return or_(*(getattr(Placement, column).is_distinct_from(value) for column, value in values.items()))
+
+
+def _values(answer: EngineAnswer) -> dict[str, str | None]:
+    values = {"observed": answer.observed.value, "last_error": answer.error}
+    if answer.observed != ObservedState.LOADED:
+        values["residency"] = None
+    elif answer.residency is not None:
+        values["residency"] = answer.residency[:16]
+    return values
 
 
 async def record_answers(session: AsyncSession, answers: Sequence[EngineAnswer]) -> None:
@@ -47,14 +60,14 @@ async def record_answers(session: AsyncSession, answers: Sequence[EngineAnswer])
         return
     await lock_placements(session, _touched(answers))
     for answer in answers:
-        observed = answer.observed.value
+        values = _values(answer)
         await session.execute(update(Placement).where(
-            Placement.id.in_(answer.placement_ids), _differs(observed, answer.error),
-        ).values(observed=observed, last_error=answer.error))
+            Placement.id.in_(answer.placement_ids), _differs(values),
+        ).values(**values))
         if answer.replaced_adapter_id is not None:
-            absent = ObservedState.ABSENT.value
+            gone = {"observed": ObservedState.ABSENT.value, "last_error": None, "residency": None}
             await session.execute(update(Placement).where(
                 Placement.engine_id == answer.engine_id, Placement.id.not_in(answer.placement_ids),
                 of_adapter(answer.replaced_adapter_id), Placement.desired == DesiredState.ABSENT.value,
-                _differs(absent, None),
-            ).values(observed=absent, last_error=None))
+                _differs(gone),
+            ).values(**gone))

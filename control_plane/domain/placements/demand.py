@@ -39,6 +39,17 @@ async def record_demand(session: AsyncSession, source: str, figures: Iterable[Ad
     await session.flush()
 
 
+async def replace_demand(session: AsyncSession, source: str, figures: Iterable[AdapterDemand]) -> None:
+    """`source`'s whole report: its rows replaced by these figures (those with any request; an adapter
+    left out has none from this source)."""
+    await session.execute(delete(DemandReport).where(DemandReport.source == source))
+    busy = [f for f in figures if f.waiting or f.running or f.tokens_per_s]
+    at = now()
+    session.add_all(DemandReport(source=source, adapter_id=f.adapter_id, waiting=f.waiting, running=f.running,
+                                 tokens_per_s=f.tokens_per_s, reported_at=at) for f in busy)
+    await session.flush()
+
+
 async def current_demand(session: AsyncSession, max_age_s: float) -> dict[int, AdapterDemand]:
     """The sum over sources of each adapter's figures reported within the last `max_age_s`."""
     since = now() - dt.timedelta(seconds=max_age_s)

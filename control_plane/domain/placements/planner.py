@@ -2,13 +2,26 @@
 
 It records desired state on `placements` rows, inside the caller's transaction, and returns one
 PushOrder per engine; after the commit, control_plane.domain.placements.push carries them out. The
-reconciler that reads `desired` vs `observed` later starts from the same rows.
+reconciler that reads `desired` vs `observed` later starts from the same rows, and its fleet pass
+(domain/placements/fleet.py) keeps every adapter at its replica count between admin calls.
+
+Replica rules (domain/placements/replicas.py): an adapter is held by `desired` = clamp(target or min, min,
+max or all) healthy engines of its base model (matched by any name an engine registered,
+domain/engines/matching.py) that can load its rank. A load or upload without `engines` keeps the
+adapter where it is held (switching those engines to the new version) and adds engines, chosen by
+weighted rendezvous hashing over free capacity (domain/placements/rendezvous.py), until `desired`
+healthy ones hold it; with `engines` it goes exactly there. A router asking for an adapter nobody
+holds (`ensure_placed`) gets at least one replica; a PATCH of `replicas` (`resize`) adds or lets go of
+replicas at once. An adapter that was unloaded (placements, none held) is never placed again by these
+rules: only a load does that.
 
 Lock order (PostgreSQL): every writer of placement rows takes them in one order, ascending id, before it
 changes any (`lock_placements`): the planner's callers all the adapter's rows, the pusher the rows it
-records, the reconciler one engine's rows. Writers that also lock an engine or adapter row take that one
-first. Without this a reconcile on one replica and a push recorded on another deadlocked (each held a
-row the other was about to update).
+records, the reconciler one engine's rows, the fleet pass the rows of the adapters it changes. Writers
+that also lock an engine or adapter row take that one first (adapters before engines, each kind in
+ascending id): admin calls lock their adapter row, the reconciler its engine row, the fleet pass the
+adapter rows it changes and then the engine rows it adds placements on. Without this a reconcile on one
+replica and a push recorded on another deadlocked (each held a row the other was about to update).
 """
 
 from __future__ import annotations
@@ -16,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import ColumnElement, exists, select, update
+from sqlalchemy import ColumnElement, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import (
@@ -30,7 +43,17 @@ from control_plane.db.models import (
     VersionFile,
 )
 from control_plane.domain.engines.health import healthy_clause
+from control_plane.domain.engines.matching import serves_base_model
+from control_plane.domain.placements import view
 from control_plane.domain.placements.loads import RecordedVersion
+from control_plane.domain.placements.replicas import (
+    AdapterPlacement,
+    EngineLoad,
+    ReplicaDefaults,
+    fill,
+    releasable,
+)
+from control_plane.settings import ControlPlaneSettings
 from shared.errors import InvalidRequestError
 
 
@@ -66,36 +89,116 @@ async def recorded_version(session: AsyncSession, version: AdapterVersion) -> Re
     return RecordedVersion(sha256=version.sha256, uri=version.uri, in_store=stored, size_bytes=version.size_bytes)
 
 
+def replica_defaults(settings: ControlPlaneSettings) -> ReplicaDefaults:
+    return ReplicaDefaults(settings.default_min_replicas, settings.default_max_replicas)
+
+
 def of_adapter(adapter_id: int) -> ColumnElement[bool]:
     return Placement.adapter_version_id.in_(select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter_id))
 
 
 class PlacementPlanner:
-    def __init__(self, stale_after_s: float = 30.0) -> None:
+    def __init__(self, stale_after_s: float = 30.0, defaults: ReplicaDefaults | None = None) -> None:
         self.stale_after_s = stale_after_s
+        self.defaults = defaults or ReplicaDefaults()
+
+    @classmethod
+    def of(cls, settings: ControlPlaneSettings) -> PlacementPlanner:
+        return cls(settings.engine_stale_after_s, replica_defaults(settings))
 
     async def place(
         self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, desired: DesiredState,
         engine_names: list[str] | None,
     ) -> list[PushOrder]:
-        """Desire `version` on every healthy engine of the adapter's base model (or the named ones);
-        the adapter's other versions on those engines are desired absent (the switch)."""
-        engines = await self._engines(session, adapter.base_model, engine_names)
+        """Desire `version` on the named engines, or else where the replica rules put it: the engines
+        holding the adapter now (healthy or not: one that returns must not serve the old version) and as
+        many more as make `desired` healthy replicas. Orders go to the healthy ones; the adapter's other
+        versions on those engines are desired absent (the switch)."""
         await lock_placements(session, of_adapter(adapter.id))
-        return [await self._set(session, adapter, version, engine, desired) for engine in engines]
+        if engine_names is not None:
+            engines = await self._named(session, adapter.base_model, engine_names)
+            return [await self.desire(session, adapter, version, engine, desired) for engine in engines]
+        plan = await view.adapter_placement(session, adapter, version, self.defaults)
+        loads = await view.engine_loads(session, self.stale_after_s, view.leaving_ids(adapter.scale_state))
+        added = fill(plan, loads, plan.rule.desired(len(plan.able(loads))))
+        targets = sorted({h.engine_id for h in plan.holders} | set(added))
+        orders = []
+        for engine in await self._by_id(session, targets):
+            order = await self.desire(session, adapter, version, engine, desired)
+            if loads[engine.id].healthy:
+                orders.append(order)
+        return orders
 
     async def ensure_placed(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
-        """A router has requests for `adapter` and nobody holds it: desire its active version where the
-        replica rules put it (for now: every healthy engine of its base model, when no engine holds it)."""
+        """A router has requests for `adapter` and no healthy engine holds it: desire its active version
+        where the replica rules put it (at least one replica, even for `min` 0). Nothing for an adapter
+        without an active version or one that was unloaded."""
+        current = await self._current(session, adapter)
+        if current is None:
+            return []
+        version, plan, loads = current
+        if plan.serving(loads):
+            return []
+        able = len(plan.able(loads))
+        return await self.add(session, adapter, version, plan, fill(plan, loads, min(max(plan.rule.desired(able), 1), able)))
+
+    async def resize(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
+        """After `replicas` changed: add replicas up to the new desired count, or let go of the least
+        useful ones above it (never a loaded one that would leave fewer than desired loaded)."""
+        current = await self._current(session, adapter)
+        if current is None:
+            return []
+        version, plan, loads = current
+        desired = plan.rule.desired(len(plan.able(loads)))
+        orders = await self.add(session, adapter, version, plan, fill(plan, loads, desired))
+        return orders + await self.release(session, adapter, releasable(plan, loads, desired, keep=desired))
+
+    async def _current(self, session: AsyncSession,
+                       adapter: Adapter) -> tuple[AdapterVersion, AdapterPlacement, dict[int, EngineLoad]] | None:
+        """The adapter's rows locked and read for the replica rules; None when they leave it alone (no
+        active version, or unloaded)."""
         if adapter.active_version_id is None:
-            return []
+            return None
         await lock_placements(session, of_adapter(adapter.id))
-        held = await session.scalar(select(Placement.id).where(
-            of_adapter(adapter.id), Placement.desired.in_(HOLDING)).limit(1))
-        if held is not None:
-            return []
+        if adapter.id in await view.withdrawn(session, [adapter.id]):
+            return None
         version = await session.get_one(AdapterVersion, adapter.active_version_id)
-        return await self.place(session, adapter, version, DesiredState.LOADED, None)
+        plan = await view.adapter_placement(session, adapter, version, self.defaults)
+        return version, plan, await view.engine_loads(session, self.stale_after_s, view.leaving_ids(adapter.scale_state))
+
+    async def add(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, plan: AdapterPlacement,
+                  engine_ids: list[int]) -> list[PushOrder]:
+        """The active version desired on these engines, pinned where the adapter's replicas are."""
+        mode = DesiredState.PINNED if plan.pinned else DesiredState.LOADED
+        return [await self.desire(session, adapter, version, engine, mode)
+                for engine in await self._by_id(session, engine_ids)]
+
+    async def release(self, session: AsyncSession, adapter: Adapter, placement_ids: list[int]) -> list[PushOrder]:
+        """Desire these placements absent; one unload order per healthy engine that held them (rows
+        already locked by the caller)."""
+        if not placement_ids:
+            return []
+        rows = (await session.execute(
+            select(Placement, Engine, healthy_clause(self.stale_after_s))
+            .join(Engine, Engine.id == Placement.engine_id)
+            .where(Placement.id.in_(placement_ids)).order_by(Engine.name, Placement.id))).all()
+        by_engine: dict[int, tuple[Engine, bool, list[int]]] = {}
+        for placement, engine, healthy in rows:
+            placement.desired = DesiredState.ABSENT.value
+            by_engine.setdefault(engine.id, (engine, bool(healthy), []))[2].append(placement.id)
+        await session.flush()
+        return [PushOrder(engine_id=e.id, engine=e.name, url=e.url, adapter=adapter.name, action="unload",
+                          desired=DesiredState.ABSENT.value, placement_ids=tuple(ids))
+                for e, healthy, ids in by_engine.values() if healthy]
+
+    async def coverage(self, session: AsyncSession, base_model: str) -> tuple[int, int]:
+        """How many registered engines serve `base_model`, and how many of them are healthy."""
+        matching = (await view.matching_engines(session, [base_model]))[base_model]
+        if not matching:
+            return 0, 0
+        healthy = await session.scalar(select(func.count()).select_from(Engine).where(
+            Engine.id.in_(matching), healthy_clause(self.stale_after_s)))
+        return len(matching), int(healthy or 0)
 
     async def switch(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion) -> list[PushOrder]:
         """After activation: every engine holding some version of the adapter is to hold `version`,
@@ -110,7 +213,7 @@ class PlacementPlanner:
         for engine, desired in rows:  # pinned wins over loaded when an engine held two versions
             if engine.id not in best or desired == DesiredState.PINNED.value:
                 best[engine.id] = (engine, desired)
-        return [await self._set(session, adapter, version, engine, DesiredState(desired))
+        return [await self.desire(session, adapter, version, engine, DesiredState(desired))
                 for engine, desired in best.values()]
 
     async def withdraw(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
@@ -135,7 +238,7 @@ class PlacementPlanner:
         """An engine pulls `version` on demand: desire it there (loaded, unless already held), observed
         `loading` until the reconciler reads the engine. Unknown engines or another base model: nothing."""
         engine = await session.scalar(select(Engine).where(Engine.name == engine_name,
-                                                           Engine.base_model == adapter.base_model))
+                                                           serves_base_model(adapter.base_model)))
         if engine is None:
             return
         await lock_placements(session, of_adapter(adapter.id))
@@ -143,27 +246,33 @@ class PlacementPlanner:
             Placement.engine_id == engine.id, Placement.adapter_version_id == version.id,
             Placement.desired.in_(HOLDING)))
         if held is None:
-            await self._set(session, adapter, version, engine, DesiredState.LOADED)
+            await self.desire(session, adapter, version, engine, DesiredState.LOADED)
             await session.execute(update(Placement).where(
                 Placement.engine_id == engine.id, Placement.adapter_version_id == version.id,
             ).values(observed=ObservedState.LOADING.value, last_error=None))
 
-    async def _engines(self, session: AsyncSession, base_model: str, names: list[str] | None) -> list[Engine]:
-        if names is None:
-            stmt = select(Engine).where(Engine.base_model == base_model, healthy_clause(self.stale_after_s))
-            return list((await session.scalars(stmt.order_by(Engine.name))).all())
+    async def _named(self, session: AsyncSession, base_model: str, names: list[str]) -> list[Engine]:
+        """The engines named in a load's `engines` (health is not checked: the operator chose them)."""
         engines = list((await session.scalars(select(Engine).where(Engine.name.in_(names)))).all())
         unknown = sorted(set(names) - {e.name for e in engines})
         if unknown:
             raise InvalidRequestError(f"unknown engine(s): {', '.join(unknown)}", param="engines")
-        wrong = [e.name for e in engines if e.base_model != base_model]
+        serving = set((await session.scalars(select(Engine.id).where(
+            Engine.name.in_(names), serves_base_model(base_model)))).all())
+        wrong = sorted(e.name for e in engines if e.id not in serving)
         if wrong:
             raise InvalidRequestError(f"engine(s) {', '.join(wrong)} serve another base model than "
                                       f"{base_model!r}", param="engines")
         return sorted(engines, key=lambda e: e.name)
 
-    async def _set(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, engine: Engine,
-                   desired: DesiredState) -> PushOrder:
+    async def _by_id(self, session: AsyncSession, ids: list[int]) -> list[Engine]:
+        if not ids:
+            return []
+        return list((await session.scalars(select(Engine).where(Engine.id.in_(ids)).order_by(Engine.name))).all())
+
+    async def desire(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, engine: Engine,
+                     desired: DesiredState) -> PushOrder:
+        """`version` desired on `engine` (its other versions there absent); the order that tells it."""
         await session.execute(
             update(Placement).where(
                 Placement.engine_id == engine.id, Placement.adapter_version_id != version.id,

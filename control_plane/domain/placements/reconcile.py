@@ -1,11 +1,22 @@
 """Reconciler: make every healthy engine hold what its placements desire, on a timer and after a
 (re-)registration, so that an engine that was down or restarted catches up.
 
+Each round (every `reconcile_interval_s`, and after an engine registers) starts with the fleet pass
+(domain/placements/fleet.py): demand scaling, then every adapter's replicas brought back to its rules —
+re-placed off engines that went stale, drain or were deleted, placed for the first time on an engine that
+just registered with its base model, at most `rebalance_max_moves` moved onto engines that hold much
+less. The pass only desires; the engine rounds that follow, in the same round, carry it out. So an
+adapter whose engine stops heartbeating is held elsewhere within `engine_stale_after_s` plus about one
+interval (the pass after the engine went stale) plus its load.
+
 Per engine: read its GET /v1/lora_adapters, then
 - a placement desired loaded/pinned whose version (by sha256) the engine does not serve → load it
   (load_inplace, so another version of the name is replaced with in-flight requests finishing on it);
 - an adapter the engine serves that the control plane placed there but desires nowhere on it → unload;
-- record observed state and the engine's error on the placements (answers.record_answers, as a push does).
+- record observed state and the engine's error on the placements (answers.record_answers, as a push does),
+  and where the engine keeps each loaded version (`residency`: device | host, for the routes);
+- record the engine's queue per adapter (running, waiting) as the demand source `engine:<name>`
+  (demand.replace_demand), which demand scaling sums with the routers' reports.
 Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
 
 Several replicas on one PostgreSQL never reconcile one engine at once: each engine is taken with
@@ -46,6 +57,8 @@ from control_plane.db.session import WriteGate, failure_kind
 from control_plane.db.transaction import DatabaseUnavailableError, read, transact
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
+from control_plane.domain.placements.demand import AdapterDemand, replace_demand
+from control_plane.domain.placements.fleet import FleetPass, FleetReport
 from control_plane.domain.placements.loads import RecordedVersion, VersionLoader
 from control_plane.domain.placements.planner import in_store
 from control_plane.engine_client import EngineCallError, EngineClient
@@ -76,6 +89,7 @@ class Reconciler:
         self.client = client
         self.loader = VersionLoader(client, settings)
         self.settings = settings
+        self.fleet = FleetPass(settings)
         self._task: asyncio.Task[None] | None = None
         self._kicks: set[asyncio.Task[EngineRound]] = set()
 
@@ -90,8 +104,13 @@ class Reconciler:
                     await task
 
     def kick(self, engine_name: str) -> None:
-        """Reconcile one engine soon (it just registered: maybe a restart that lost its adapters)."""
-        task = asyncio.create_task(self.reconcile_engine(engine_name))
+        """Reconcile one engine soon (it just registered: maybe a restart that lost its adapters), after a
+        fleet pass (adapters waiting for an engine of its base model are placed on it now)."""
+        async def kicked() -> EngineRound:
+            await self.plan()
+            return await self.reconcile_engine(engine_name)
+
+        task = asyncio.create_task(kicked())
         self._kicks.add(task)
         task.add_done_callback(self._kicks.discard)
 
@@ -103,7 +122,25 @@ class Reconciler:
             except Exception:
                 logger.exception("reconcile round failed")
 
+    async def plan(self) -> FleetReport | None:
+        """The fleet pass in a transaction of its own; its failure is logged and leaves the rounds to run."""
+        async with self.sessions() as session:
+            try:
+                # not idempotent (a scaling decision once), but a pass whose commit was lost is only redone
+                report = await transact(session, self.gate, self.fleet.run, what="fleet pass", idempotent=False)
+            except Exception as exc:
+                if failure_kind(exc) is None and not isinstance(exc, DatabaseUnavailableError):
+                    logger.exception("fleet pass failed")
+                else:
+                    logger.warning("fleet pass: database unavailable; left for the next round")
+                return None
+        if report.added or report.released or report.moves:
+            logger.info("fleet pass: %d placed, %d released, %d moving", len(report.added), len(report.released),
+                        len(report.moves))
+        return report
+
     async def reconcile_all(self) -> list[EngineRound]:
+        await self.plan()
         async with self.sessions() as session:
             async def healthy() -> list[str]:
                 return list((await session.scalars(
@@ -152,9 +189,12 @@ class Reconciler:
                 return EngineRound(name, [], [], [], skipped=True)
             held = {a.name: a for a in listing.adapters if a.state != "draining"}
             done, answers = await self._converge(url, engine.id, rows, held, bound)
+            ids = {adapter: version.adapter_id for _, version, adapter, _ in rows}
+            demand = [AdapterDemand(ids[a.name], a.waiting, a.running) for a in listing.adapters if a.name in ids]
 
             async def record(session: AsyncSession) -> None:
                 await record_answers(session, answers)
+                await replace_demand(session, f"engine:{name}", demand)
 
             await transact(session, self.gate, record, what=f"recording the reconcile of engine {name!r}",
                            idempotent=True)
@@ -168,8 +208,9 @@ class Reconciler:
         answers: list[EngineAnswer] = []
 
         def observe(placement: Placement, observed: ObservedState, error: str | None = None,
-                    replaced: int | None = None) -> None:
-            answers.append(EngineAnswer(engine_id, (placement.id,), observed, error, replaced))
+                    replaced: int | None = None, residency: str | None = None) -> None:
+            answers.append(EngineAnswer(engine_id, (placement.id,), observed, error, replaced,
+                                        residency if residency in ("device", "host") else None))
 
         wanted = {adapter for p, _, adapter, _ in rows if p.desired in HOLDING}
         for placement, version, adapter, stored in rows:
@@ -190,7 +231,9 @@ class Reconciler:
                         result.failed.append(adapter)
                         continue
                     result.loaded.append(adapter)
-                observe(placement, ObservedState.LOADED, replaced=version.adapter_id)
+                kept = held.get(adapter)
+                residency = kept.residency if kept is not None and kept.sha256 == version.sha256 else None
+                observe(placement, ObservedState.LOADED, replaced=version.adapter_id, residency=residency)
             elif adapter not in wanted:
                 if adapter in held and adapter not in result.unloaded:
                     try:

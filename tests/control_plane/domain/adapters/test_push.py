@@ -22,7 +22,8 @@ from tests.control_plane.engines import (
     ENGINE_TOKEN,
     engine_adapters,
     engine_credentials,
-    lora_engine,
+    engine_pair,
+    register_pair,
     served_control_plane,
 )
 from tests.data_plane.api.conftest import EngineServer
@@ -38,11 +39,8 @@ def cp_port() -> int:
 @pytest.fixture(scope="module")
 def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cp_port: int) -> Iterator[list[EngineServer]]:
     """Two real engines shared by this module's tests (each test uses adapter names of its own)."""
-    logs = tmp_path_factory.mktemp("push_engines")
-    cp = f"http://127.0.0.1:{cp_port}"
-    with lora_engine(demo["base"], demo["root"], logs / "a.log", name="ea", control_plane=cp) as a, \
-            lora_engine(demo["base"], demo["root"], logs / "b.log", name="eb", control_plane=cp) as b:
-        yield [a, b]
+    with engine_pair(demo, tmp_path_factory.mktemp("push_engines"), f"http://127.0.0.1:{cp_port}") as pair:
+        yield pair
 
 
 @pytest.fixture
@@ -50,9 +48,7 @@ async def cp(settings, engines: list[EngineServer], cp_port: int) -> AsyncIterat
     """The control plane with the engine token, over HTTP, both engines registered."""
     settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials())
     async with served_control_plane(settings, cp_port) as c:
-        for name, server in zip(("ea", "eb"), engines, strict=True):
-            body = {"name": name, "url": server.url, "base_model": "demo", "slots_total": 4}
-            assert (await c.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
+        await register_pair(c, engines, admin())
         yield c
 
 
@@ -60,11 +56,12 @@ def unique(request: pytest.FixtureRequest, stem: str) -> str:
     return f"{stem}-{request.node.callspec.id}"
 
 
-async def test_load_activate_unload_reach_every_engine(cp: httpx.AsyncClient, engines: list[EngineServer],
-                                                       demo: dict, request: pytest.FixtureRequest) -> None:
+async def test_load_activate_unload_reach_the_adapters_engines(
+        cp: httpx.AsyncClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
     name = unique(request, "push")
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
-                      json={"lora_name": name, "lora_path": str(demo["demo-pirate"]), "base_model": "demo"})
+                      json={"lora_name": name, "lora_path": str(demo["demo-pirate"]), "base_model": "demo",
+                            "replicas": {"min": 2}})
     assert r.status_code == 200, r.text
     assert [(e["engine"], e["outcome"], e["error"]) for e in r.json()["engines"]] == [
         ("ea", "loaded", None), ("eb", "loaded", None)]
@@ -104,7 +101,8 @@ async def test_partial_failure_is_207_and_total_failure_502(cp: httpx.AsyncClien
     body = {"name": "down", "url": UNREACHABLE, "base_model": "demo"}
     assert (await cp.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
-                      json={"lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo"})
+                      json={"lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo",
+                            "replicas": {"min": 3, "max": "all"}})
     assert r.status_code == 207, r.text
     outcomes = {e["engine"]: e for e in r.json()["engines"]}
     assert {n: e["outcome"] for n, e in outcomes.items()} == {"down": "failed", "ea": "loaded", "eb": "loaded"}
@@ -138,7 +136,8 @@ async def test_reconcile_restores_what_an_engine_lost_and_removes_what_it_should
     keep, drop = unique(request, "keep"), unique(request, "drop")
     for name, path in ((keep, demo["demo-pirate"]), (drop, demo["demo-short"])):
         r = await cp.post("/v1/load_lora_adapter", headers=admin(),
-                          json={"lora_name": name, "lora_path": str(path), "base_model": "demo"})
+                          json={"lora_name": name, "lora_path": str(path), "base_model": "demo",
+                                "replicas": {"min": 2}})
         assert r.status_code == 200, r.text
     # engine a loses `keep` (as after a restart); engine b missed the unload of `drop` (it was down)
     auth = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
@@ -179,7 +178,8 @@ async def test_lora_stats_combine_the_engines(cp: httpx.AsyncClient, engines: li
                                               request: pytest.FixtureRequest) -> None:
     name = unique(request, "stats")
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
-                      json={"lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo"})
+                      json={"lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo",
+                            "replicas": {"min": 2}})
     assert r.status_code == 200, r.text
     for server, n in ((engines[0], 2), (engines[1], 1)):
         for _ in range(n):
@@ -206,7 +206,8 @@ async def test_files_edited_after_registration_do_not_change_the_version(
     name = unique(request, "integrity")
     v1_dir = Path(shutil.copytree(demo["demo-short"], demo["root"] / "integrity" / name))
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
-                      json={"lora_name": name, "lora_path": str(v1_dir), "base_model": "demo"})
+                      json={"lora_name": name, "lora_path": str(v1_dir), "base_model": "demo",
+                            "replicas": {"min": 2}})
     assert r.status_code == 200, r.text
     v1_sha = r.json()["sha256"]
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),

@@ -1,0 +1,210 @@
+"""FleetPass: once per reconcile interval (and after an engine registers), every adapter brought back to
+its replica rules, in one transaction that only desires; the reconciler's engine rounds that follow
+carry it out (load, unload) and record what the engines answer.
+
+In order, per adapter (ascending id), from the rows as they are:
+
+1. demand scaling (scaling.decide) may move its target by one; the decision is audited (actor
+   `control-plane`, action `scale_lora_adapter`, the reason and figures in the event's detail) and kept
+   in scale_state.last_decision;
+2. fill: engines added until `desired` healthy engines hold it (an engine that went stale, drains or was
+   deleted no longer counts, so its adapters are re-placed within one pass of it going);
+3. release: its placements on unhealthy engines and those leaving (a move's source), once `desired`
+   replicas are observed loaded; after a scale-down one replica more; anything above `max`;
+4. then, over all adapters, at most `--rebalance-max-moves` moves onto engines that hold much less
+   (rebalance.plan_moves), counting moves still under way.
+
+One replica decides at a time: on PostgreSQL the pass starts with `pg_try_advisory_xact_lock` and a
+replica that does not get it skips the pass (the lock ends with the transaction); SQLite runs one
+replica, under the write gate. Lock order (see planner.py): the pass first reads without locks to find
+the adapters it changes, then locks those adapter rows (ascending id), the healthy engine rows it may
+add placements on (FOR KEY SHARE, ascending id) and those adapters' placements (ascending id), reads
+their placements again and decides for them on what it read under the locks.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane import audit
+from control_plane.db.models import Adapter, AdapterVersion
+from control_plane.domain.placements import view
+from control_plane.domain.placements.demand import AdapterDemand, current_demand
+from control_plane.domain.placements.planner import PlacementPlanner, lock_placements
+from control_plane.domain.placements.rebalance import Move, plan_moves
+from control_plane.domain.placements.replicas import AdapterPlacement, EngineLoad, fill, releasable
+from control_plane.domain.placements.scaling import Decision, ScaleFigures, ScalePolicy, ScaleState, decide
+from control_plane.settings import ControlPlaneSettings
+
+logger = logging.getLogger(__name__)
+ACTOR = "control-plane"  # the audit actor of the control plane's own decisions
+SCALE_ACTION = "scale_lora_adapter"
+LEADER_LOCK = 0x6C6F7261_706C616E & 0x7FFFFFFFFFFFFFFF  # "loraplan": the advisory lock key of the pass
+
+
+@dataclass
+class FleetReport:
+    """What one pass did (for tests and logs)."""
+
+    skipped: bool = False  # another replica holds the pass
+    added: list[tuple[str, str]] = field(default_factory=list)  # (adapter, engine)
+    released: list[tuple[str, str]] = field(default_factory=list)
+    moves: list[tuple[str, str, str]] = field(default_factory=list)  # (adapter, from engine, to engine)
+    decisions: list[tuple[str, Decision]] = field(default_factory=list)
+
+
+@dataclass
+class _Outcome:
+    """What the pass decides for one adapter."""
+
+    add: list[int] = field(default_factory=list)  # engine ids
+    release: list[int] = field(default_factory=list)  # placement ids
+    decision: Decision | None = None
+    state: ScaleState | None = None  # the new bookkeeping, when it changed
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.add or self.release or self.decision or self.state)
+
+
+class FleetPass:
+    def __init__(self, settings: ControlPlaneSettings, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.planner = PlacementPlanner.of(settings)
+        self.policy = ScalePolicy.of(settings)
+        self.clock = clock
+        # demand older than this is no demand: a router or engine that stopped reporting has no queue
+        self.demand_age_s = 2 * settings.reconcile_interval_s + 1.0
+
+    async def run(self, session: AsyncSession) -> FleetReport:
+        """The pass, inside the caller's transaction."""
+        if not await self._lead(session):
+            return FleetReport(skipped=True)
+        now = self.clock()
+        rows = await view.active_adapters(session)
+        gone = await view.withdrawn(session)
+        rows = [(a, v) for a, v in rows if a.id not in gone]
+        leaving = set().union(*(view.leaving_ids(a.scale_state) for a, _ in rows))
+        loads = await view.engine_loads(session, self.settings.engine_stale_after_s, leaving)
+        matching = await view.matching_engines(session, {a.base_model for a, _ in rows})
+        held = await view.holders(session)
+        demand = await current_demand(session, self.demand_age_s)
+        defaults = self.planner.defaults
+
+        def plans(holders: dict[int, list]) -> dict[int, AdapterPlacement]:
+            return {a.id: view.placement_of(a, v, matching[a.base_model], holders.get(a.id, []), defaults)
+                    for a, v in rows}
+
+        # 1. unlocked: which adapters change (and the moves), on a copy of the loads
+        probe_loads = copy.deepcopy(loads)
+        probe = plans(held)
+        outcomes = {a.id: self._decide(a, probe[a.id], probe_loads, demand.get(a.id), now) for a, _ in rows}
+        busy = {i for i, o in outcomes.items() if o.add or o.release} | {
+            a.id for a, _ in rows if view.leaving_ids(a.scale_state)}
+        budget = self.settings.rebalance_max_moves - len(leaving)
+        moves = plan_moves(probe.values(), probe_loads, budget, busy)
+        touched = sorted({i for i, o in outcomes.items() if o.changes} | {m.adapter_id for m in moves})
+        if not touched:
+            return FleetReport()
+
+        # 2. locked: the same decisions again on what the rows say now
+        await self._lock(session, touched)
+        fresh = await view.holders(session, touched)
+        by_id = {a.id: (a, v) for a, v in rows}
+        for i in touched:
+            await session.refresh(by_id[i][0])
+        rows = [by_id[i] for i in touched]
+        current = plans({**held, **{i: fresh.get(i, []) for i in touched}})
+        report = FleetReport()
+        for adapter, version in rows:
+            outcome = self._decide(adapter, current[adapter.id], loads, demand.get(adapter.id), now)
+            await self._apply(session, adapter, version, current[adapter.id], outcome, loads, report)
+            outcomes[adapter.id] = outcome
+        for move in moves:
+            await self._move(session, by_id[move.adapter_id], current[move.adapter_id], move, outcomes, loads, report)
+        return report
+
+    def _decide(self, adapter: Adapter, plan: AdapterPlacement, loads: dict[int, EngineLoad],
+                demand: AdapterDemand | None, now: float) -> _Outcome:
+        """Scaling, fill and release for one adapter (loads updated as if done)."""
+        out = _Outcome()
+        able = plan.able(loads)
+        serving = plan.serving(loads)
+        room = sum(1 for e in able if e.id in serving or e.free > 0)  # engines with capacity for one more
+        rule = plan.rule
+        state = ScaleState.load(adapter.scale_state)
+        figures = ScaleFigures(waiting=demand.waiting if demand else 0, running=demand.running if demand else 0,
+                               replicas=len(serving), target=rule.wanted(), min=rule.min,
+                               ceiling=rule.ceiling(room))
+        new_state, out.decision = decide(self.policy, state, figures, now)
+        if out.decision is not None:
+            plan.rule = rule = dataclasses.replace(rule, target=out.decision.target)
+        desired = rule.desired(len(able))
+        out.add = fill(plan, loads, desired)
+        scaled_down = out.decision is not None and out.decision.target < out.decision.source
+        out.release = releasable(plan, loads, desired, keep=desired if scaled_down else rule.ceiling(len(able)))
+        kept_leaving = sorted(h.placement_id for h in plan.holders if h.leaving and h.placement_id not in out.release)
+        new_state.extra = {k: v for k, v in new_state.extra.items() if k != view.LEAVING}
+        if kept_leaving:
+            new_state.extra[view.LEAVING] = kept_leaving
+        if new_state.dump() != (adapter.scale_state or {}):
+            out.state = new_state
+        return out
+
+    async def _apply(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, plan: AdapterPlacement,
+                     outcome: _Outcome, loads: dict[int, EngineLoad], report: FleetReport) -> None:
+        if outcome.decision is not None:
+            d = outcome.decision
+            adapter.target_replicas = d.target
+            session.add(audit.event(ACTOR, SCALE_ACTION, adapter.name, f"ok {d.source}->{d.target}", d.dump()))
+            report.decisions.append((adapter.name, d))
+            logger.info("adapter %s: replicas %d -> %d: %s", adapter.name, d.source, d.target, d.reason)
+        if outcome.state is not None:
+            adapter.scale_state = outcome.state.dump() or None
+        await self.planner.add(session, adapter, version, plan, outcome.add)
+        report.added.extend((adapter.name, loads[engine_id].name) for engine_id in outcome.add)
+        if outcome.release:
+            names = {h.placement_id: h.engine_id for h in plan.holders}
+            await self.planner.release(session, adapter, outcome.release)
+            report.released.extend((adapter.name, _name(loads, names[i])) for i in outcome.release)
+
+    async def _move(self, session: AsyncSession, row: tuple[Adapter, AdapterVersion], plan: AdapterPlacement,
+                    move: Move, outcomes: dict[int, _Outcome], loads: dict[int, EngineLoad], report: FleetReport) -> None:
+        """A planned move, if it still holds under the locks: the target desired, the source leaving."""
+        adapter, version = row
+        outcome = outcomes[adapter.id]
+        sources = [h for h in plan.holders if h.engine_id == move.source and not h.leaving]
+        target = loads.get(move.target)
+        if (outcome.add or outcome.release or not sources or target is None or not target.healthy
+                or any(h.engine_id == move.target for h in plan.holders)):
+            return
+        await self.planner.add(session, adapter, version, plan, [move.target])
+        state = ScaleState.load(adapter.scale_state)
+        state.extra[view.LEAVING] = sorted(view.leaving_ids(adapter.scale_state) | {h.placement_id for h in sources})
+        adapter.scale_state = state.dump()
+        report.moves.append((adapter.name, _name(loads, move.source), target.name))
+
+    async def _lead(self, session: AsyncSession) -> bool:
+        if self.settings.is_sqlite:
+            return True
+        return bool(await session.scalar(select(func.pg_try_advisory_xact_lock(LEADER_LOCK))))
+
+    async def _lock(self, session: AsyncSession, adapter_ids: list[int]) -> None:
+        await session.execute(select(Adapter.id).where(Adapter.id.in_(adapter_ids)).order_by(Adapter.id)
+                              .with_for_update())
+        if not self.settings.is_sqlite:  # the rows new placements reference (key share: as an insert takes)
+            await session.execute(text("SELECT id FROM engines ORDER BY id FOR KEY SHARE"))
+        await lock_placements(session, view.of_adapters(adapter_ids))
+
+
+def _name(loads: dict[int, EngineLoad], engine_id: int) -> str:
+    engine = loads.get(engine_id)
+    return engine.name if engine is not None else f"engine #{engine_id}"
