@@ -1,4 +1,5 @@
-# `make run`: set up .venv, generate the demo model once, start the control plane and an engine on it.
+# `make run`: set up .venv, generate the demo model once, start the control plane, ENGINES engines on it and
+# the router in front of them (the OpenAI API on PORT).
 # `make test`: set up .venv, lint, run the tests.
 # Both install the engine extra (torch, the engine) and the test tools: `pip install -e ".[engine,test]"`.
 PY ?= python3.11
@@ -24,11 +25,15 @@ $(DEMO_DIR)/config.json: $(STAMP)
 	$(BIN)/loraplane demo-model $(DEMO_DIR)
 
 CONTROL_PORT ?= 8080
+ENGINE_PORT ?= 8100
+ENGINES ?= 1
 
-# the whole stack: the control plane (SQLite under .loraplane/) on CONTROL_PORT, one engine on PORT
-# registered with it, the demo model and its 3 adapters (written on first run) loaded through it
+# the whole stack: the router (the OpenAI API) on PORT, the control plane (SQLite under .loraplane/) on
+# CONTROL_PORT, ENGINES engines on ENGINE_PORT and up registered with it, the demo model and its 3
+# adapters (written on first run) loaded through it
 run: $(STAMP)
-	$(BIN)/loraplane up --demo-dir $(DEMO_DIR) --host $(HOST) --port $(CONTROL_PORT) --engine-port $(PORT)
+	$(BIN)/loraplane up --demo-dir $(DEMO_DIR) --host $(HOST) --router-port $(PORT) --port $(CONTROL_PORT) \
+		--engine-port $(ENGINE_PORT) --engines $(ENGINES)
 
 # just the engine, serving the demo model and its adapters without a control plane
 run-engine: $(STAMP) $(DEMO_DIR)/config.json

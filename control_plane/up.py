@@ -1,24 +1,33 @@
-"""`loraplane up`: the whole stack on one machine — the control plane on a SQLite file, one engine on the
-demo model registered with it, and the demo adapters loaded through the control plane.
+"""`loraplane up`: the whole stack on one machine — the control plane on a SQLite file, `--engines N` engines
+(default 1) registered with it, the router in front of them, and (on the demo model) the demo adapters
+loaded through the control plane. Clients use the OpenAI API of the router.
 
-    loraplane up [--demo-dir .demo/model] [--port 8080] [--engine-port 8000] [--database-url URL]
-                 [--log-format text|json]
+    loraplane up [--engines N] [--demo-dir .demo/model | --model DIR [--served-model-name NAME]]
+                 [--router-port 8000] [--port 8080] [--engine-port 8100] [--database-url URL]
+                 [--lora-roots DIR ...] [--log-format text|json]
 
-Both children log in the one format (shared/logging_setup.py) on stderr; what `up` itself reports (each
-load, where the stack is) goes to stdout.
+Engine i listens on --engine-port + i. Every child logs in the one format (shared/logging_setup.py) on
+stderr; what `up` itself reports (each load, where the stack is) goes to stdout.
 
 Tokens (see ../shared/DESIGN.md § Credentials), each from the environment when set, otherwise made at
 random and written (mode 0600) under .loraplane/ — never printed, and passed to the children only
 through their environment, never on their command lines (visible to every user in `ps`):
 - the control plane's admin token: LORAPLANE_ADMIN_TOKENS, else .loraplane/admin-token;
-- the engine's admin token, which the control plane pushes with: LORAPLANE_ENGINE_ADMIN_TOKEN
+- the engines' admin token, which the control plane pushes with: LORAPLANE_ENGINE_ADMIN_TOKEN
   (or its old name LORAPLANE_ENGINE_TOKEN), else .loraplane/engine-token;
-- the engine's own token at the control plane (LORAPLANE_ENGINE_CREDENTIALS `local=…` there,
-  LORAPLANE_CONTROL_PLANE_TOKEN on the engine): .loraplane/engine-cp-token.
+- each engine's own token at the control plane (LORAPLANE_ENGINE_CREDENTIALS `name=…` there,
+  LORAPLANE_CONTROL_PLANE_TOKEN on the engine): .loraplane/engine-cp-token[-NAME];
+- the router's token at the control plane (LORAPLANE_ROUTER_TOKENS there, LORAPLANE_ROUTER_TOKEN on the
+  router): LORAPLANE_ROUTER_TOKEN, else .loraplane/router-token;
+- the engines' inference key, which only the router sends (--api-key on the engines, LORAPLANE_ENGINE_API_KEY
+  on the router): LORAPLANE_ENGINE_API_KEY, else .loraplane/engine-api-key;
+- client keys of the router: LORAPLANE_API_KEYS when set (else the router is open, as an engine without
+  --api-key).
 Each child gets only the tokens it uses.
 
-Ctrl-C, SIGTERM or SIGHUP (as a process manager sends) stops the engine, then the control plane: each is
-sent SIGTERM, waited for, and killed if it has not exited within STOP_TIMEOUT_S; none is left running.
+Ctrl-C, SIGTERM or SIGHUP (as a process manager sends) stops the router, then the engines (together: each
+drains), then the control plane: each is sent SIGTERM, waited for, and killed if it has not exited within
+STOP_TIMEOUT_S; none is left running.
 """
 
 from __future__ import annotations
@@ -41,12 +50,13 @@ from shared.logging_setup import add_log_format_argument, configure_logging
 
 STATE_DIR = Path(".loraplane")
 DEMO_ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
-ENGINE_NAME = "local"
+ENGINE_NAME = "local"  # the engine's name when there is one; local-1, local-2, … when there are more
 STOP_TIMEOUT_S = 45.0  # above the engine's default --shutdown-timeout-s (30): a drain is let finish
-# Secrets of one role are not handed to the other child (nor inherited from the caller's environment).
+# Secrets of one role are not handed to another child (nor inherited from the caller's environment).
 _SECRETS = ("LORAPLANE_ADMIN_TOKENS", "LORAPLANE_READ_TOKENS", "LORAPLANE_ENGINE_TOKEN", "LORAPLANE_ENGINE_ADMIN_TOKEN",
             "LORAPLANE_ENGINE_CREDENTIALS", "LORAPLANE_ADMIN_TOKEN", "LORAPLANE_CONTROL_PLANE_TOKEN",
-            "LORAPLANE_API_KEY", "LORAPLANE_ENGINE_API_KEY")
+            "LORAPLANE_API_KEY", "LORAPLANE_ENGINE_API_KEY", "LORAPLANE_ROUTER_TOKEN", "LORAPLANE_ROUTER_TOKENS",
+            "LORAPLANE_API_KEYS")
 
 
 class _Stopped(Exception):
@@ -55,10 +65,17 @@ class _Stopped(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loraplane up", description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", type=int, default=1, help="how many engines to start (default 1)")
     p.add_argument("--demo-dir", type=Path, default=Path(".demo/model"), help="demo model (written if missing)")
+    p.add_argument("--model", type=Path, help="serve this checkpoint instead of the demo model (no demo adapters)")
+    p.add_argument("--served-model-name", help="the name clients pass as `model` (default: demo, or --model's "
+                   "folder name)")
+    p.add_argument("--lora-roots", nargs="+", action="extend", default=[], metavar="DIR",
+                   help="folders adapters may be loaded from by path (default: the demo adapters' folder)")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--router-port", type=int, default=8000, help="the OpenAI API (the router)")
     p.add_argument("--port", type=int, default=8080, help="control plane port")
-    p.add_argument("--engine-port", type=int, default=8000)
+    p.add_argument("--engine-port", type=int, default=8100, help="the first engine's port; engine i: this + i")
     p.add_argument("--database-url", help=f"default: sqlite under {STATE_DIR}/")
     p.add_argument("--device", default="auto", help="engine device (auto | cpu | cuda | npu)")
     add_log_format_argument(p)  # of every process of the stack
@@ -78,11 +95,12 @@ def _token(env_names: tuple[str, ...], file_name: str) -> tuple[str, Path | None
 
 
 def _wait(url: str, headers: dict[str, str], ok: Callable[[httpx.Response], bool], what: str,
-          process: subprocess.Popen, timeout_s: float = 180) -> None:
+          processes: list[subprocess.Popen], timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"loraplane up: the {what} exited with {process.returncode}")
+        for process in processes:
+            if process.poll() is not None:
+                raise SystemExit(f"loraplane up: the {what} exited with {process.returncode}")
         with contextlib.suppress(httpx.HTTPError, ValueError):
             r = httpx.get(url, headers=headers, timeout=2)
             if r.status_code == 200 and ok(r):
@@ -91,41 +109,98 @@ def _wait(url: str, headers: dict[str, str], ok: Callable[[httpx.Response], bool
     raise SystemExit(f"loraplane up: the {what} was not ready within {timeout_s:.0f}s")
 
 
+@dataclass(frozen=True)
+class _Child:
+    what: str  # for messages: "control plane", "engine local-1", "router"
+    cmd: list[str]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class _Launch:
+    control: _Child
+    engines: list[_Child]
+    router: _Child
+    engine_names: list[str]
+    cp_url: str
+    router_url: str
+    engine_urls: list[str]
+    admin: str
+    admin_file: Path | None
+    client_key: str | None  # one of LORAPLANE_API_KEYS, to check the router's model list with
+    served: str
+    adapters: dict[str, Path]  # demo adapters to load: name -> folder (none with --model)
+
+
+def _launch(args: argparse.Namespace) -> _Launch:
+    """The children's command lines and environments, and the tokens they share."""
+    demo = args.demo_dir
+    model = args.model if args.model is not None else demo
+    served = args.served_model_name or ("demo" if args.model is None else args.model.resolve().name)
+    roots = [str(Path(r)) for r in args.lora_roots] or ([str(demo / "adapters")] if args.model is None else [])
+    adapters = {} if args.model is not None else {n: (demo / "adapters" / n).resolve() for n in DEMO_ADAPTERS}
+    names = [ENGINE_NAME] if args.engines == 1 else [f"{ENGINE_NAME}-{i + 1}" for i in range(args.engines)]
+    admin, admin_file = _token(("LORAPLANE_ADMIN_TOKENS",), "admin-token")
+    engine_admin, _ = _token(("LORAPLANE_ENGINE_ADMIN_TOKEN", "LORAPLANE_ENGINE_TOKEN"), "engine-token")
+    engine_cp = {n: _token((), "engine-cp-token" if n == ENGINE_NAME else f"engine-cp-token-{n}")[0] for n in names}
+    router_token, _ = _token(("LORAPLANE_ROUTER_TOKEN",), "router-token")
+    engine_key, _ = _token(("LORAPLANE_ENGINE_API_KEY",), "engine-api-key")
+    client_keys = os.environ.get("LORAPLANE_API_KEYS", "")
+    host, log = args.host, ["--log-format", args.log_format]
+    cp_url = f"http://{host}:{args.port}"
+    base_env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
+    control_env = {**base_env, "LORAPLANE_ADMIN_TOKENS": os.environ.get("LORAPLANE_ADMIN_TOKENS") or admin,
+                   "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ROUTER_TOKENS": router_token,
+                   "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in engine_cp.items())}
+    if os.environ.get("LORAPLANE_READ_TOKENS"):
+        control_env["LORAPLANE_READ_TOKENS"] = os.environ["LORAPLANE_READ_TOKENS"]
+    launcher = [sys.executable, "-m", "shared.cli"]
+    control_cmd = [*launcher, "control", "--host", host, "--port", str(args.port), *log]
+    if roots:
+        control_cmd += ["--lora-roots", *roots]
+    if args.database_url:
+        control_cmd += ["--database-url", args.database_url]
+    engines, urls = [], []
+    for i, name in enumerate(names):
+        port = args.engine_port + i
+        urls.append(f"http://{host}:{port}")
+        # the engine reads --admin-token from LORAPLANE_ADMIN_TOKEN, --api-key from LORAPLANE_API_KEY,
+        # --control-plane-token from LORAPLANE_CONTROL_PLANE_TOKEN
+        env = {**base_env, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_API_KEY": engine_key,
+               "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp[name]}
+        cmd = [*launcher, "engine", "--model", str(model), "--served-model-name", served, "--host", host,
+               "--port", str(port), "--device", args.device, "--enable-lora", "--control-plane", cp_url,
+               "--engine-name", name, *log,
+               # its own cache of fetched versions, kept across restarts (nothing is fetched twice)
+               "--lora-cache-dir", str(STATE_DIR / "lora-cache" / name)]
+        if roots:
+            cmd += ["--lora-roots", *roots]
+        engines.append(_Child(f"engine {name}", cmd, env))
+    router_env = {**base_env, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_ENGINE_API_KEY": engine_key}
+    if client_keys:
+        router_env["LORAPLANE_API_KEYS"] = client_keys
+    router_cmd = [*launcher, "router", "--control-plane", cp_url, "--host", host, "--port", str(args.router_port),
+                  *log]
+    return _Launch(_Child("control plane", control_cmd, control_env), engines,
+                   _Child("router", router_cmd, router_env), names, cp_url, f"http://{host}:{args.router_port}",
+                   urls, admin, admin_file, next((k for k in client_keys.split(",") if k), None), served, adapters)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     configure_logging("info", args.log_format)
-    demo = args.demo_dir
-    if not (demo / "adapters" / "demo-short" / "adapter_config.json").exists():
+    if args.engines < 1:
+        print("loraplane up: --engines must be at least 1", file=sys.stderr)
+        return 2
+    if args.model is None and not (args.demo_dir / "adapters" / "demo-short" / "adapter_config.json").exists():
         # a child process: the control plane never imports the engine (it needs the engine extra anyway)
-        written = subprocess.run([sys.executable, "-m", "shared.cli", "demo-model", str(demo)], check=False)
+        written = subprocess.run([sys.executable, "-m", "shared.cli", "demo-model", str(args.demo_dir)], check=False)
         if written.returncode != 0:
             return written.returncode
-    admin, admin_file = _token(("LORAPLANE_ADMIN_TOKENS",), "admin-token")
-    engine_admin, _ = _token(("LORAPLANE_ENGINE_ADMIN_TOKEN", "LORAPLANE_ENGINE_TOKEN"), "engine-token")
-    engine_cp, _ = _token((), "engine-cp-token")
-    cp_url = f"http://{args.host}:{args.port}"
-    base_env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
-    control_env = {**base_env, "LORAPLANE_ADMIN_TOKENS": os.environ.get("LORAPLANE_ADMIN_TOKENS") or admin,
-                   "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin,
-                   "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE_NAME}={engine_cp}"}
-    if os.environ.get("LORAPLANE_READ_TOKENS"):
-        control_env["LORAPLANE_READ_TOKENS"] = os.environ["LORAPLANE_READ_TOKENS"]
-    # the engine reads --admin-token from LORAPLANE_ADMIN_TOKEN, --control-plane-token from LORAPLANE_CONTROL_PLANE_TOKEN
-    engine_env = {**base_env, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
-    control_cmd = [sys.executable, "-m", "shared.cli", "control", "--host", args.host, "--port", str(args.port),
-                   "--lora-roots", str(demo / "adapters"), "--log-format", args.log_format]
-    if args.database_url:
-        control_cmd += ["--database-url", args.database_url]
-    engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(demo), "--served-model-name", "demo",
-                  "--host", args.host, "--port", str(args.engine_port), "--device", args.device, "--enable-lora",
-                  "--lora-roots", str(demo / "adapters"), "--control-plane", cp_url, "--engine-name", ENGINE_NAME,
-                  # its own cache of fetched versions, kept across restarts (nothing is fetched twice)
-                  "--lora-cache-dir", str(Path(".loraplane") / "lora-cache" / ENGINE_NAME),
-                  "--log-format", args.log_format]
-    launch = _Launch(control_cmd, control_env, engine_cmd, engine_env, cp_url, admin, admin_file)
+    launch = _launch(args)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _run(args, demo, launch)
+        return _run(launch)
     except (_Stopped, KeyboardInterrupt):
         return 0
     finally:
@@ -137,61 +212,62 @@ def _raise_stopped(signum: int, _frame: object) -> None:
     raise _Stopped(signal.Signals(signum).name)
 
 
-@dataclass(frozen=True)
-class _Launch:
-    control_cmd: list[str]
-    control_env: dict[str, str]
-    engine_cmd: list[str]
-    engine_env: dict[str, str]
-    cp_url: str
-    admin: str
-    admin_file: Path | None
-
-
-def _run(args: argparse.Namespace, demo: Path, launch: _Launch) -> int:
+def _run(launch: _Launch) -> int:
     cp_url, admin_file = launch.cp_url, launch.admin_file
     auth = {"Authorization": f"Bearer {launch.admin}"}
-    with contextlib.ExitStack() as stack:  # unwinds on any exit, _Stopped included: engine first, then control
-        control = stack.enter_context(subprocess.Popen(launch.control_cmd, env=launch.control_env))
+    with contextlib.ExitStack() as stack:  # unwinds on any exit, _Stopped included: router, engines, control
+        control = stack.enter_context(subprocess.Popen(launch.control.cmd, env=launch.control.env))
         stack.callback(_stop, control)
-        _wait(cp_url + "/health", {}, lambda r: True, "control plane", control)
-        engine = stack.enter_context(subprocess.Popen(launch.engine_cmd, env=launch.engine_env))
-        stack.callback(_stop, engine)
+        _wait(cp_url + "/health", {}, lambda r: True, "control plane", [control])
+        engines = [stack.enter_context(subprocess.Popen(e.cmd, env=e.env)) for e in launch.engines]
+        stack.callback(_stop, *engines)
 
         def registered(r: httpx.Response) -> bool:
-            return any(e["name"] == ENGINE_NAME and e["state"] == "healthy" for e in r.json().get("data", []))
+            healthy = {e["name"] for e in r.json().get("data", []) if e["state"] == "healthy"}
+            return healthy >= set(launch.engine_names)
 
-        _wait(cp_url + "/v1/engines", auth, registered, "engine (registering with the control plane)", engine)
-        for name in DEMO_ADAPTERS:
+        _wait(cp_url + "/v1/engines", auth, registered, "engines (registering with the control plane)", engines)
+        router = stack.enter_context(subprocess.Popen(launch.router.cmd, env=launch.router.env))
+        stack.callback(_stop, router)
+        for name, folder in launch.adapters.items():
             r = httpx.post(cp_url + "/v1/load_lora_adapter", headers=auth, timeout=120, json={
-                "lora_name": name, "lora_path": str((demo / "adapters" / name).resolve()), "base_model": "demo"})
+                "lora_name": name, "lora_path": str(folder), "base_model": launch.served})
             print(f"loraplane up: load {name}: {r.status_code} "
                   f"{[(e['engine'], e['outcome']) for e in r.json().get('engines', [])]}", flush=True)
+        wanted = {launch.served, *launch.adapters}
+        key = {"Authorization": f"Bearer {launch.client_key}"} if launch.client_key else {}
+        _wait(launch.router_url + "/v1/models", key, lambda r: wanted <= {m["id"] for m in r.json()["data"]},
+              "router (its routing table)", [router, control, *engines])
         where = f"the admin token is in {admin_file}" if admin_file else "admin token: $LORAPLANE_ADMIN_TOKENS"
-        print(f"loraplane up: control plane {cp_url}, engine http://{args.host}:{args.engine_port} ({where})\n"
+        print(f"loraplane up: OpenAI API at {launch.router_url}/v1 (the router), serving {sorted(wanted)}\n"
+              f"  control plane {cp_url} ({where}), engines {', '.join(launch.engine_urls)}\n"
               f"  curl -H \"Authorization: Bearer $(cat {admin_file or '<token>'})\" {cp_url}/v1/lora_adapters",
               flush=True)
+        children = [control, router, *engines]
         try:
-            while control.poll() is None and engine.poll() is None:
+            while all(p.poll() is None for p in children):
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
     return 0
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM, wait, SIGKILL after STOP_TIMEOUT_S; always reaped. A second stop signal meanwhile does not
-    interrupt this (it would leave the child running)."""
+def _stop(*processes: subprocess.Popen) -> None:
+    """SIGTERM to all, wait, SIGKILL whoever is left after STOP_TIMEOUT_S; all reaped. A second stop signal
+    meanwhile does not interrupt this (it would leave a child running)."""
     signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in signals}
     try:
-        if process.poll() is None:
-            process.terminate()
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for process in processes:
             try:
-                process.wait(timeout=STOP_TIMEOUT_S)
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
-        process.wait()
+            process.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("data_plane.api.server", "run a data-plane engine (OpenAI-compatible API)"),
     "control": ("control_plane.cli", "run the control plane or call its admin API"),
     "router": ("data_plane.router.cli", "run the router: one OpenAI endpoint in front of the engines"),
-    "up": ("control_plane.up", "start the control plane and one engine on the demo model, adapters loaded"),
+    "up": ("control_plane.up", "start the control plane, engines and the router on the demo model, adapters loaded"),
     "demo-model": ("data_plane.demo.cli", "write a small random Qwen2 checkpoint for demos and tests"),
 }
 # Commands that run the engine (or write a torch checkpoint): they need `pip install 'loraplane[engine]'`.

@@ -31,7 +31,8 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _TRACE = 5  # uvicorn's TRACE level, below DEBUG
 LOG_FORMAT_ENV = "LORAPLANE_LOG_FORMAT"
 
-ROUTINE_PATHS = frozenset({"/health", "/metrics"})
+# probes, scrapes, and a router's revalidation of its routing table and its demand report (each every second)
+ROUTINE_PATHS = frozenset({"/health", "/metrics", "/v1/routes", "/v1/routes/demand"})
 ROUTINE_SUFFIXES = ("/heartbeat",)  # /v1/engines/{name}/heartbeat
 
 

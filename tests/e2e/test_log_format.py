@@ -1,5 +1,5 @@
-"""One log format for the whole stack: `loraplane up --log-format json` starts the control plane and an
-engine whose every stderr line (ours, uvicorn's, alembic's, httpx's) is one JSON object with time, level,
+"""One log format for the whole stack: `loraplane up --log-format json` starts the control plane, an
+engine and the router, whose every stderr line (ours, uvicorn's, alembic's, httpx's) is one JSON object with time, level,
 logger and message; the routine traffic — heartbeats every 3 s (sent and received), /metrics scrapes,
 /health probes — is not logged at INFO, so an idle stack prints nothing."""
 
@@ -15,7 +15,7 @@ import httpx
 from tests.e2e.test_control_plane_engines import _free_port
 from tests.e2e.test_up import start_up, wait_until_up
 
-ROUTINE = ("/heartbeat", "/metrics", "/health")
+ROUTINE = ("/heartbeat", "/metrics", "/health", "/v1/routes")
 
 
 def test_up_logs_one_json_object_per_line_and_routine_traffic_at_debug(tmp_path: Path) -> None:
@@ -53,7 +53,8 @@ def test_up_logs_one_json_object_per_line_and_routine_traffic_at_debug(tmp_path:
     # control plane's migrations), httpx (the pushes of the demo adapters), and our own loggers
     assert {"uvicorn.error", "alembic.runtime.migration", "httpx"} <= loggers, loggers
     assert any(name.startswith(("loraplane", "data_plane", "control_plane")) for name in loggers), loggers
-    assert sum(line["message"].startswith("Started server process") for line in lines) == 2
+    # the control plane, the engine and the router
+    assert sum(line["message"].startswith("Started server process") for line in lines) == 3
     assert not any(line["logger"] == "alembic.runtime.plugins" for line in lines)  # start-up chatter: DEBUG
     noisy = [line for line in lines if line["level"] != "DEBUG" and any(r in line["message"] for r in ROUTINE)]
     assert noisy == [], noisy

@@ -1,5 +1,6 @@
-"""`loraplane up` (control_plane.up): control plane + one engine + the demo adapters, from nothing; no
-secret on any child's command line; a SIGTERM (as a process manager sends) stops and reaps the children."""
+"""`loraplane up` (control_plane.up): control plane + engines + router + the demo adapters, from nothing,
+the OpenAI API served through the router (engines answer only the router's key); no secret on any child's
+command line; a SIGTERM (as a process manager sends) stops and reaps the children."""
 
 from __future__ import annotations
 
@@ -39,29 +40,44 @@ def alive(pid: int) -> bool:
 
 
 def start_up(tmp_path: Path, cp_port: int, engine_port: int, *flags: str, stdout: IO[str],
-             stderr: IO[str] | int) -> subprocess.Popen:
+             stderr: IO[str] | int, router_port: int | None = None,
+             env: dict[str, str] | None = None) -> subprocess.Popen:
     """`loraplane up` in tmp_path (its state under tmp_path/.loraplane, the demo model in tmp_path/demo),
-    with no LORAPLANE_* variable of the caller's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}
+    with no LORAPLANE_* variable of the caller's (but those of `env`); the router on `router_port` (a free
+    one if None)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}
     cmd = [sys.executable, "-c", "import sys; from control_plane.up import main; sys.exit(main(sys.argv[1:]))",
            "--demo-dir", str(tmp_path / "demo"), "--port", str(cp_port), "--engine-port", str(engine_port),
-           "--device", "cpu", *flags]
-    return subprocess.Popen(cmd, cwd=tmp_path, stdout=stdout, stderr=stderr, env={**env, "PYTHONUNBUFFERED": "1"})
+           "--router-port", str(router_port or _free_port()), "--device", "cpu", *flags]
+    return subprocess.Popen(cmd, cwd=tmp_path, stdout=stdout, stderr=stderr,
+                            env={**clean, **(env or {}), "PYTHONUNBUFFERED": "1"})
 
 
-def wait_until_up(process: subprocess.Popen, out: Path, log: Path, timeout_s: float = 120) -> None:
+def wait_until_up(process: subprocess.Popen, out: Path, log: Path, timeout_s: float = 180) -> None:
     """Until `up` says where the stack is (on stdout, in `out`); `log` is shown if it exits first."""
     deadline = time.monotonic() + timeout_s
-    while "loraplane up: control plane" not in out.read_text():
+    while "loraplane up: OpenAI API at" not in out.read_text():
         assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.3)
 
 
+def stop_up(process: subprocess.Popen) -> None:
+    """However a test ended: Ctrl-C to `up` (it stops its children), a kill if it does not exit."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
-    cp_port, engine_port = _free_port(), _free_port()
+    cp_port, engine_port, router_port = _free_port(), _free_port(), _free_port()
     log = tmp_path / "up.log"
     with log.open("w") as out:
-        process = start_up(tmp_path, cp_port, engine_port, stdout=out, stderr=subprocess.STDOUT)
+        process = start_up(tmp_path, cp_port, engine_port, stdout=out, stderr=subprocess.STDOUT,
+                           router_port=router_port)
     try:
         wait_until_up(process, log, log)
         token_file = tmp_path / ".loraplane" / "admin-token"
@@ -71,22 +87,36 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         auth = {"Authorization": f"Bearer {token}"}
         page = httpx.get(f"http://127.0.0.1:{cp_port}/v1/lora_adapters", headers=auth, timeout=10).json()
         assert [a["name"] for a in page["data"]] == ["demo-pirate", "demo-poet", "demo-short"]
-        r = httpx.post(f"http://127.0.0.1:{engine_port}/v1/completions", timeout=60,
-                       json={"model": "demo-poet", "prompt": "hi", "max_tokens": 3, "temperature": 0})
-        assert r.status_code == 200, r.text
+        # the OpenAI API is the router's: it lists the fleet's models and serves them from the engine
+        router = f"http://127.0.0.1:{router_port}/v1"
+        models = httpx.get(router + "/models", timeout=10).json()["data"]
+        assert {m["id"] for m in models} == {"demo", "demo-pirate", "demo-poet", "demo-short"}
+        request = {"model": "demo-poet", "prompt": "hi", "max_tokens": 3, "temperature": 0}
+        r = httpx.post(router + "/completions", timeout=60, json=request)
+        assert r.status_code == 200 and r.headers["x-loraplane-engine"] == "local", r.text
+        # the engine answers the router's key only
+        direct = httpx.post(f"http://127.0.0.1:{engine_port}/v1/completions", timeout=60, json=request)
+        assert direct.status_code == 401, direct.text
 
         # every secret travels in the environment: none is on a command line (readable by all in `ps`)
-        secrets = [(tmp_path / ".loraplane" / f).read_text().strip() for f in ("admin-token", "engine-token",
-                                                                              "engine-cp-token")]
+        names = ("admin-token", "engine-token", "engine-cp-token", "router-token", "engine-api-key")
+        secrets = dict(zip(names, ((tmp_path / ".loraplane" / f).read_text().strip() for f in names), strict=True))
         children = descendants(process.pid)
-        assert len(children) >= 2
+        assert len(children) >= 3
         for pid in children:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            assert not any(s in cmdline for s in secrets), cmdline
-        # the engine registered with its own engine token: the admin token is not in its environment
-        engine_pid = next(p for p in children if "engine" in Path(f"/proc/{p}/cmdline").read_bytes().decode())
-        environ = Path(f"/proc/{engine_pid}/environ").read_bytes().decode(errors="replace")
-        assert secrets[0] not in environ and secrets[2] in environ
+            assert not any(s in cmdline for s in secrets.values()), cmdline
+
+        def environ(role: str) -> str:
+            pid = next(p for p in children if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[3:4] == [role.encode()])
+            return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+
+        # each child holds the tokens of its role only
+        engine_env, router_env = environ("engine"), environ("router")
+        assert secrets["admin-token"] not in engine_env and secrets["engine-cp-token"] in engine_env
+        assert secrets["router-token"] not in engine_env
+        assert secrets["router-token"] in router_env and secrets["engine-api-key"] in router_env
+        assert not any(secrets[n] in router_env for n in ("admin-token", "engine-token", "engine-cp-token"))
 
         # SIGTERM, as a process manager sends: the children are stopped and reaped, none left as an orphan
         process.send_signal(signal.SIGTERM)
@@ -96,9 +126,35 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert [pid for pid in children if alive(pid)] == []
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_up(process)
+
+
+def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path: Path) -> None:
+    from data_plane.demo.model_builder import write_demo_model
+
+    model = tmp_path / "checkpoints" / "mine"
+    write_demo_model(model, seed=1)
+    cp_port, engine_port, router_port = _free_port(), _free_port(), _free_port()
+    log = tmp_path / "up.log"
+    with log.open("w") as out:
+        process = start_up(tmp_path, cp_port, engine_port, "--engines", "2", "--model", str(model),
+                           "--served-model-name", "my-model", stdout=out, stderr=subprocess.STDOUT,
+                           router_port=router_port, env={"LORAPLANE_API_KEYS": "my-client-key"})
+    try:
+        wait_until_up(process, log, log)
+        assert "load demo-" not in log.read_text()  # no demo adapters on a user's checkpoint
+        router = f"http://127.0.0.1:{router_port}/v1"
+        key = {"Authorization": "Bearer my-client-key"}
+        assert httpx.get(router + "/models", timeout=10).status_code == 401  # LORAPLANE_API_KEYS reached it
+        assert [m["id"] for m in httpx.get(router + "/models", headers=key, timeout=10).json()["data"]] == ["my-model"]
+        served = set()
+        for i in range(12):  # distinct prompts: no prefix affinity, so both engines get some
+            r = httpx.post(router + "/completions", headers=key, timeout=60,
+                           json={"model": "my-model", "prompt": f"{i} hello", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            served.add(r.headers["x-loraplane-engine"])
+        assert served == {"local-1", "local-2"}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=90) == 0
+    finally:
+        stop_up(process)

@@ -1,0 +1,160 @@
+"""End to end over loopback: `loraplane control` (SQLite), two `loraplane engine`s registered with it and
+`loraplane router` in front, each a process of its own, every credential in the environment.
+
+Adapters with one replica are served through the router by their holder only (the engines' own request
+counters say so) with the tokens of a direct request; streams equal the engine's chunk for chunk; an
+adapter placed nowhere is placed by the router's request; unknown names are 404; the engines answer the
+router's inference key only; a killed holder's adapter is served again once the control plane has placed
+it elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.lora.demo_adapters import write_demo_adapters
+from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine, scrape_metric
+from tests.e2e.test_control_plane_engines import (
+    ADMIN,
+    CP_TOKENS,
+    ENGINE_TOKEN,
+    READ,
+    _free_port,
+    control_plane,
+    started,
+)
+
+openai = pytest.importorskip("openai")
+
+ROUTER_TOKEN, ENGINE_KEY, CLIENT_KEY = "e2e-router-token", "e2e-engine-api-key", "e2e-client-key"
+PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
+
+
+def adapter_counts(engine_url: str) -> dict[str, int]:
+    """The engine's finished requests per adapter (GET /v1/lora_stats)."""
+    body = httpx.get(engine_url + "/v1/lora_stats", timeout=10).json()
+    return {a["name"]: sum(a["requests"].values()) for a in body["adapters"]}
+
+
+def holders(cp: str, model: str) -> set[str]:
+    """The engines that hold `model` in the control plane's routing table (any residency)."""
+    table = httpx.get(cp + "/v1/routes", headers={"Authorization": f"Bearer {READ}"}, timeout=10).json()
+    route = next((m for m in table["models"] if m["model"] == model), None)
+    return {h["engine"] for h in route["holders"]} if route else set()
+
+
+def events(text: str) -> list[dict]:
+    out = []
+    for block in text.split("\n\n"):
+        if block.startswith("data: {"):
+            event = json.loads(block.removeprefix("data: "))
+            out.append({k: v for k, v in event.items() if k not in ("id", "created")})
+    return out
+
+
+def wait_for(predicate, what: str, timeout_s: float = 60) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) -> None:
+    base = tmp_path / "models" / "demo"
+    write_demo_model(base, seed=0)
+    root = tmp_path / "adapters"
+    paths = write_demo_adapters(base, root)
+    admin = httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120)
+    key = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    engine_key = {"Authorization": f"Bearer {ENGINE_KEY}"}
+    with contextlib.ExitStack() as stack:
+        cp = stack.enter_context(control_plane(
+            tmp_path, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN, LORAPLANE_ENGINE_STALE_AFTER_S="3",
+            LORAPLANE_RECONCILE_INTERVAL_S="1"))
+        engines = {}
+        for name in ("e1", "e2"):
+            engines[name] = stack.enter_context(run_engine(
+                base, tmp_path / f"{name}.log", "--enable-lora", "--lora-roots", str(root), "--admin-token",
+                ENGINE_TOKEN, "--control-plane", cp, "--engine-name", name, *SHARED_FLAGS,
+                env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS[name], "LORAPLANE_API_KEY": ENGINE_KEY}))
+        port = _free_port()
+        router = f"http://127.0.0.1:{port}"
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
+               "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_ENGINE_API_KEY": ENGINE_KEY,
+               "LORAPLANE_API_KEYS": CLIENT_KEY}
+        stack.enter_context(started([sys.executable, "-m", "shared.cli", "router", "--control-plane", cp, "--port",
+                                     str(port)], tmp_path / "router.log", env,
+                                    lambda: httpx.get(router + "/health", timeout=2).json()["routing_table"]["engines"]
+                                    == 2, "router"))
+
+        for name in ("demo-pirate", "demo-poet"):
+            r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(paths[name]),
+                                                               "base_model": "demo", "replicas": {"min": 1, "max": 1}})
+            assert r.status_code == 200 and len(r.json()["engines"]) == 1, r.text
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "demo-short", "lora_path": str(
+            paths["demo-short"]), "base_model": "demo", "replicas": {"min": 0, "max": 1}})
+        assert r.status_code == 200 and r.json()["engines"] == [], r.text  # placed nowhere yet
+        client = openai.OpenAI(base_url=router + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=60)
+        wait_for(lambda: {m.id for m in client.models.list()} >= {"demo", "demo-pirate", "demo-poet", "demo-short"},
+                 "the router's table to list the adapters")
+
+        # each one-replica adapter is served by its holder only, with the tokens of a direct request
+        for name in ("demo-pirate", "demo-poet"):
+            wait_for(lambda n=name: len(holders(cp, n)) == 1, f"{name} held by one engine")
+            (holder,) = holders(cp, name)
+            before = {e: adapter_counts(s.url).get(name, 0) for e, s in engines.items()}
+            direct = httpx.post(engines[holder].api + "/completions", json={"model": name, **PROMPT},
+                                headers=engine_key, timeout=60).json()["choices"][0]["text"]
+            for _ in range(4):
+                r = httpx.post(router + "/v1/completions", json={"model": name, **PROMPT}, headers=key, timeout=60)
+                assert r.status_code == 200 and r.headers["x-loraplane-engine"] == holder, r.text
+                assert r.json()["choices"][0]["text"] == direct
+            after = {e: adapter_counts(s.url).get(name, 0) for e, s in engines.items()}
+            assert {e: after[e] - before[e] for e in engines} == {e: 5 if e == holder else 0 for e in engines}
+        assert scrape_metric(router, "loraplane_router_affinity_total") == 8  # hits (device) and misses (host)
+
+        # streaming through the router equals streaming from the engine, chunk for chunk
+        stream = {"model": "demo-poet", **PROMPT, "stream": True}
+        (holder,) = holders(cp, "demo-poet")
+        direct = httpx.post(engines[holder].api + "/completions", json=stream, headers=engine_key, timeout=60)
+        via = httpx.post(router + "/v1/completions", json=stream, headers=key, timeout=60)
+        assert events(via.text) == events(direct.text) and len(events(via.text)) > 2
+        chat = client.chat.completions.create(model="demo-pirate", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=4, temperature=0)
+        assert chat.choices[0].message.content is not None
+
+        # the adapter nobody held: the router's request places it, then it is served
+        r = httpx.post(router + "/v1/completions", json={"model": "demo-short", **PROMPT}, headers=key, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-loraplane-engine"] in engines
+        assert scrape_metric(router, "loraplane_router_placements_total", 'outcome="placed"') == 1
+        # unknown names: 404 in the engines' shape; the keys: the client's at the router, the router's at engines
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)
+        assert httpx.post(router + "/v1/completions", json={"model": "demo", **PROMPT}).status_code == 401
+        assert httpx.post(engines["e1"].api + "/completions", json={"model": "demo", **PROMPT}).status_code == 401
+
+        # the holder of demo-pirate is killed: once the control plane has placed it elsewhere (stale after 3 s,
+        # reconcile every 1 s), requests through the router succeed again
+        (holder,) = holders(cp, "demo-pirate")
+        engines[holder].process.send_signal(signal.SIGKILL)
+        engines[holder].process.wait()
+        other = next(e for e in engines if e != holder)
+
+        def served_elsewhere() -> bool:
+            r = httpx.post(router + "/v1/completions", json={"model": "demo-pirate", **PROMPT}, headers=key, timeout=60)
+            return r.status_code == 200 and r.headers["x-loraplane-engine"] == other
+
+        wait_for(served_elsewhere, "demo-pirate served by the other engine", timeout_s=60)
+        for _ in range(3):
+            assert served_elsewhere()
