@@ -2,9 +2,12 @@
 
 `attach_control_plane(app, …)` (called by server.py when --control-plane is given) starts a background
 task on the app's startup that registers the engine (retrying until the control plane answers) and then
-heartbeats every HEARTBEAT_S seconds, registering again if the control plane forgot it (404). Each
-heartbeat says whether the engine is `healthy` (its step loop alive) and `draining` (after `drain()`,
-called on SIGTERM), so the control plane stops placing adapters on it at once.
+heartbeats every HEARTBEAT_S seconds, registering again if the control plane forgot it (404). The
+registration says what the engine serves and can hold (data_plane.served_model). Each heartbeat says
+whether the engine is `healthy` (its step loop alive) and `draining` (after `drain()`, called on
+SIGTERM), and how much room its artifact cache has. A change of health or draining is not left for the
+next interval: the client watches both (two attributes, read every WATCH_S) and beats at once, so the
+control plane takes a dead or draining engine out of placement and routing within one heartbeat.
 
 With --resolve-adapters (the default with --control-plane) the ModelResolver gets a `remote`:
 GET /v1/resolve/{name}?base_model=… → the folder to load, or None. Anyone can send any `model`, so a
@@ -21,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from urllib.parse import quote
 
 import httpx
@@ -32,12 +37,14 @@ from litestar import Litestar
 
 from data_plane.config import EngineConfig
 from data_plane.engine.protocol import EngineHealth
+from data_plane.served_model import ServedModel, served_model
 from shared.engine_admin import EngineHeartbeat, EngineRegistration, ResolvedAdapter
 from shared.names import name_problem
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 3.0
+WATCH_S = 0.1  # how often health and draining are looked at between heartbeats
 TIMEOUT_S = 5.0
 NEGATIVE_TTL_S = 10.0  # an unknown name is asked about again after this long
 NEGATIVE_CACHE_SIZE = 4096  # names remembered as unknown (least recently added dropped first)
@@ -48,12 +55,16 @@ MAX_REASON = 500
 class ControlPlaneClient:
     def __init__(self, url: str, token: str | None, *, name: str, engine_url: str, base_model: str,
                  slots_total: int, engine: EngineHealth | None = None, heartbeat_s: float = HEARTBEAT_S,
-                 negative_ttl_s: float = NEGATIVE_TTL_S) -> None:
+                 negative_ttl_s: float = NEGATIVE_TTL_S, served: ServedModel | None = None,
+                 cache_bytes_free: Callable[[], int | None] | None = None) -> None:
         self.url = url.rstrip("/")
         self.name = name
         self.engine_url = engine_url
         self.base_model = base_model
         self.slots_total = slots_total
+        self.served = served  # None: only the served name is registered (a resolver alone, tests)
+        self._cache_bytes_free = cache_bytes_free
+        self._reported: tuple[bool, bool] | None = None  # (healthy, draining) of the last heartbeat sent
         self.heartbeat_s = heartbeat_s
         self.negative_ttl_s = negative_ttl_s
         self.draining = False
@@ -134,7 +145,7 @@ class ControlPlaneClient:
     async def drain(self) -> bool:
         """Tell the control plane this engine is going away (no new placements); later heartbeats say
         so too. True when the control plane acknowledged it."""
-        self.draining = True
+        self.draining = True  # the heartbeat loop notices it too (a heartbeat says so at once)
         if self._http is None:
             return False
         try:
@@ -155,12 +166,25 @@ class ControlPlaneClient:
                 registered = await self._heartbeat() if registered else await self._register()
             except httpx.HTTPError as exc:
                 logger.warning("control plane %s unreachable: %s", self.url, type(exc).__name__)
-            await asyncio.sleep(self.heartbeat_s)
+            await self._until_next_beat()
+
+    def _status(self) -> tuple[bool, bool]:
+        return (self._engine is None or self._engine.healthy, self.draining)
+
+    async def _until_next_beat(self) -> None:
+        """Sleep out the heartbeat interval, cut short when health or draining differ from what the
+        last heartbeat said (the step loop died, or a drain began)."""
+        deadline = time.monotonic() + self.heartbeat_s
+        while (left := deadline - time.monotonic()) > 0:
+            if self._reported is not None and self._status() != self._reported:
+                return
+            await asyncio.sleep(min(WATCH_S, left))
 
     async def _register(self) -> bool:
         assert self._http is not None
+        served = dataclasses.asdict(self.served) if self.served is not None else {}
         body = EngineRegistration(name=self.name, url=self.engine_url, base_model=self.base_model,
-                                  slots_total=self.slots_total)
+                                  slots_total=self.slots_total, **served)
         r = await self._http.post(f"{self.url}/v1/engines/register", content=msgspec.json.encode(body),
                                   headers={"content-type": "application/json"})
         if r.status_code != 200:
@@ -168,6 +192,7 @@ class ControlPlaneClient:
                          _error_message(r))
             return False
         logger.info("registered with the control plane %s as %s (%s)", self.url, self.name, self.engine_url)
+        self._reported = (True, False)  # what the control plane now believes: healthy, not draining
         if self.draining:  # a re-registration makes the engine healthy there: say again that it drains
             await self._heartbeat()
         return True
@@ -184,12 +209,17 @@ class ControlPlaneClient:
         return True
 
     def heartbeat_body(self) -> EngineHeartbeat:
+        """The next heartbeat; what it says about health and draining is remembered as reported."""
         engine = self._engine
+        self._reported = self._status()
+        free = self._cache_bytes_free() if self._cache_bytes_free is not None else None
         if engine is None:
-            return EngineHeartbeat(slots_used=0, healthy=True, draining=self.draining, reason=None)
-        reason = None if engine.healthy else (engine.dead_reason or "engine loop stopped")[:MAX_REASON]
-        return EngineHeartbeat(slots_used=engine.stats().lora.slots_used, healthy=engine.healthy,
-                               draining=self.draining, reason=reason)
+            return EngineHeartbeat(slots_used=0, healthy=True, draining=self.draining, reason=None,
+                                   cache_bytes_free=free)
+        healthy = self._reported[0]
+        reason = None if healthy else (engine.dead_reason or "engine loop stopped")[:MAX_REASON]
+        return EngineHeartbeat(slots_used=engine.stats().lora.slots_used, healthy=healthy,
+                               draining=self.draining, reason=reason, cache_bytes_free=free)
 
 
 def _error_message(r: httpx.Response) -> str:
@@ -204,11 +234,19 @@ def attach_control_plane(app: Litestar, engine: EngineHealth, config: EngineConf
                          default_name: str) -> ControlPlaneClient:
     """Register, heartbeat (and resolve, unless --no-resolve-adapters) through the control plane for the
     app's lifetime. The returned client's `drain()` is for the engine's shutdown."""
+    from data_plane.device import resolve_device  # torch: the engine's process has it loaded already
+
     assert config.control_plane_url is not None
+    cache = app.state.lora.artifact_cache
+
+    def cache_bytes_free() -> int | None:
+        return None if cache is None else max(0, cache.max_bytes - cache.size_bytes)
+
     client = ControlPlaneClient(
         config.control_plane_url, config.control_plane_token, name=config.engine_name or default_name,
-        engine_url=engine_url, base_model=config.served_model_name or config.model, slots_total=config.max_loras,
-        engine=engine)
+        engine_url=engine_url, base_model=config.served_model_name or config.model,
+        slots_total=config.max_loras, engine=engine,
+        served=served_model(config, resolve_device(config.device).type), cache_bytes_free=cache_bytes_free)
     if config.resolve_adapters:
         app.state.resolver.remote = client.resolve
     app.on_startup.append(client.start)  # after the engine's own start

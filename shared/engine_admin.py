@@ -128,13 +128,24 @@ class LoraStats(msgspec.Struct, kw_only=True):
 
 # ---- engine → control plane requests -----------------------------------------------------------
 class EngineRegistration(msgspec.Struct, kw_only=True):
-    """POST /v1/engines/register: idempotent by name (a re-registration updates url, base model, slots).
-    The control plane checks `url` further (scheme, host, no userinfo/query/fragment/path, networks)."""
+    """POST /v1/engines/register: idempotent by name (a re-registration updates everything below).
+    The control plane checks `url` further (scheme, host, no userinfo/query/fragment/path, networks).
+
+    What the engine serves besides its served name (`base_model`), so that an adapter naming its base
+    model by hub id, path or config digest finds it: the checkpoint's `_name_or_path` (config.json), the
+    model folder, the sha256 of config.json; and what it can hold: device slots (`slots_total`, its
+    --max-loras), the rank slots are padded to, the host cache's slots (--max-cpu-loras)."""
 
     name: Name
     url: Annotated[str, msgspec.Meta(pattern=r"^[hH][tT][tT][pP][sS]?://\S+$", max_length=1024)]
     base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     slots_total: Slots = 0
+    model_name_or_path: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
+    model_path: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    config_digest: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
+    device_kind: Annotated[str, msgspec.Meta(pattern="^[a-z][a-z0-9_]{0,31}$")] | None = None  # cpu | cuda | npu
+    max_lora_rank: Slots | None = None
+    max_cpu_loras: Slots | None = None
 
 
 class EngineHeartbeat(msgspec.Struct, kw_only=True):
@@ -146,6 +157,8 @@ class EngineHeartbeat(msgspec.Struct, kw_only=True):
     healthy: bool = True
     draining: bool = False
     reason: Reason | None = None
+    # free room of the engine's artifact cache (--lora-cache-dir) under --lora-cache-max-bytes; None: no cache
+    cache_bytes_free: Count | None = None
 
 
 class ResolvedAdapter(msgspec.Struct, kw_only=True):

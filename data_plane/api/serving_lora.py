@@ -10,6 +10,7 @@ import msgspec
 
 from data_plane.api.protocol import decode_request
 from data_plane.engine.protocol import EngineProtocol
+from data_plane.lora.artifact_cache import ArtifactCache
 from data_plane.lora.artifact_source import ArtifactSource
 from data_plane.lora.entry import AdapterEntry, Residency
 from data_plane.lora.registry import LoRARegistry
@@ -79,6 +80,11 @@ class LoRAService:
         self._engine = engine
         self._request_stats = request_stats
         self._base_name = base_name
+
+    @property
+    def artifact_cache(self) -> ArtifactCache | None:
+        """The cache of versions fetched by digest (None with LoRA off): its room goes in heartbeats."""
+        return self._artifacts.cache if self._artifacts is not None else None
 
     @property
     def registry(self) -> LoRARegistry:

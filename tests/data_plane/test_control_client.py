@@ -1,10 +1,16 @@
-"""The heartbeat the engine sends the control plane, read off a real engine's typed health and stats."""
+"""The heartbeat the engine sends the control plane, read off a real engine's typed health and stats,
+and the registration naming what it serves."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
+import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from data_plane.control_client import MAX_REASON, ControlPlaneClient
@@ -13,8 +19,10 @@ from data_plane.engine.sequence import Request
 from data_plane.lora.demo_adapters import write_demo_adapters
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.model.config import ModelConfig
+from data_plane.served_model import ServedModel, served_model
+from shared.engine_admin import EngineRegistration
 from shared.errors import EngineDeadError
-from tests.data_plane.api.engines import greedy, kill_loop_on_next_step, make_engine
+from tests.data_plane.api.engines import engine_config, greedy, kill_loop_on_next_step, make_engine
 
 
 def client_for(engine: EngineHealth | None) -> ControlPlaneClient:
@@ -49,3 +57,26 @@ async def test_heartbeats_report_slots_in_use_and_a_dead_loop(demo_model_dir: Pa
 def test_a_client_without_an_engine_reports_an_idle_healthy_one():
     body = client_for(None).heartbeat_body()
     assert (body.slots_used, body.healthy, body.reason) == (0, True, None)
+
+
+def test_the_registration_names_every_name_the_base_model_goes_by(demo_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "checkpoint"
+    shutil.copytree(demo_model_dir, model)
+    config_json = model / "config.json"
+    config_json.write_text(json.dumps({**json.loads(config_json.read_text()), "_name_or_path": "org/demo-base"}))
+    config = engine_config(model, enable_lora=True, max_loras=2, max_lora_rank=16, max_cpu_loras=5)
+    served = served_model(config, "cpu")
+    assert served == ServedModel(model_name_or_path="org/demo-base", model_path=str(model.resolve()),
+                                 config_digest=hashlib.sha256(config_json.read_bytes()).hexdigest(),
+                                 device_kind="cpu", max_lora_rank=16, max_cpu_loras=5)
+    # no _name_or_path, LoRA off: only what is known
+    plain = served_model(engine_config(demo_model_dir), None)
+    assert (plain.model_name_or_path, plain.max_lora_rank, plain.max_cpu_loras) == (None, None, None)
+    # the wire body the control plane decodes
+    client = ControlPlaneClient("http://127.0.0.1:1", None, name="e1", engine_url="http://127.0.0.1:2",
+                                base_model="demo", slots_total=2, served=served, cache_bytes_free=lambda: 1234)
+    assert client.heartbeat_body().cache_bytes_free == 1234
+    assert client_for(None).heartbeat_body().cache_bytes_free is None
+    body = msgspec.json.decode(msgspec.json.encode(EngineRegistration(
+        name="e1", url="http://127.0.0.1:2", base_model="demo", **dataclasses.asdict(served))), type=EngineRegistration)
+    assert (body.model_path, body.config_digest, body.max_cpu_loras) == (str(model.resolve()), served.config_digest, 5)

@@ -50,7 +50,9 @@ class EngineController(Controller):
                            example={"name": "engine-1", "url": "http://10.0.0.7:8000", "base_model": "demo",
                                     "slots_total": 4})})
     async def register(self, service: EngineService, principal: Principal, request: Request) -> schemas.Engine:
-        """Register an engine (idempotent by name: a repeat updates its url, base model and slots); it is
+        """Register an engine (idempotent by name: a repeat updates everything it registers: url, served
+        base model, the other names its base model goes by (`model_name_or_path`, `model_path`,
+        `config_digest`: an adapter's base model matches any of them), device and capacities); it is
         healthy from now on for as long as it heartbeats. An admin token registers any name, an engine
         token only its own. The url must be `http(s)://host[:port]`: no userinfo, query, fragment or
         path, no link-local or cloud-metadata address, inside LORAPLANE_ENGINE_ALLOWED_NETWORKS when

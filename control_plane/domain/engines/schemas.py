@@ -19,8 +19,16 @@ class Engine(msgspec.Struct, kw_only=True):
     base_model: str
     state: str  # healthy | unhealthy (stored, or heartbeats missed) | draining
     last_heartbeat: dt.datetime | None
-    slots_total: int
+    slots_total: int  # device slots (its --max-loras)
     slots_used: int
+    # what it serves besides `base_model` (an adapter's base model matches any of them) and can hold
+    model_name_or_path: str | None  # config.json's _name_or_path
+    model_path: str | None
+    config_digest: str | None  # sha256 of config.json
+    device_kind: str | None  # cpu | cuda | npu
+    max_lora_rank: int  # 0: not reported
+    max_cpu_loras: int  # host-cache slots; 0: not reported
+    cache_bytes_free: int | None  # free room of its artifact cache; None: not reported
     created_at: dt.datetime
     updated_at: dt.datetime
 

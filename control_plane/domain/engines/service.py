@@ -57,6 +57,13 @@ class EngineService:
             engine.url = url
             engine.base_model = req.base_model
             engine.slots_total = req.slots_total
+            # what it serves and can hold (an older engine sends none of these: they are cleared)
+            engine.model_name_or_path = req.model_name_or_path
+            engine.model_path = req.model_path
+            engine.config_digest = req.config_digest
+            engine.device_kind = req.device_kind
+            engine.max_lora_rank = req.max_lora_rank or 0
+            engine.max_cpu_loras = req.max_cpu_loras or 0
             engine.state = EngineState.HEALTHY.value
             engine.last_heartbeat = now()
             await session.flush()  # a concurrent first registration of the name fails here; Mutation retries
@@ -86,6 +93,8 @@ class EngineService:
                 engine.slots_used = req.slots_used
             if req.slots_total is not None:
                 engine.slots_total = req.slots_total
+            if req.cache_bytes_free is not None:
+                engine.cache_bytes_free = req.cache_bytes_free
             return engine
 
         # idempotent (the latest state and time), so retried even when the connection broke in the COMMIT
@@ -137,6 +146,9 @@ class EngineService:
         return schemas.Engine(name=e.name, url=safe_url(e.url), base_model=e.base_model,
                               state=effective_state(e, self.settings.engine_stale_after_s),
                               last_heartbeat=e.last_heartbeat, slots_total=e.slots_total, slots_used=e.slots_used,
+                              model_name_or_path=e.model_name_or_path, model_path=e.model_path,
+                              config_digest=e.config_digest, device_kind=e.device_kind, max_lora_rank=e.max_lora_rank,
+                              max_cpu_loras=e.max_cpu_loras, cache_bytes_free=e.cache_bytes_free,
                               created_at=e.created_at, updated_at=e.updated_at)
 
 
