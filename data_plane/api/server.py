@@ -238,7 +238,9 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
 def _bind(host: str, port: int) -> socket.socket:
     """Bind before serving so `--port 0` can report the port it got."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only where a socket's proto says TCP; without it every
+    # small answer waited ~40 ms for the client's delayed ACK (Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)

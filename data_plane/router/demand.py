@@ -16,6 +16,7 @@ import httpx
 import msgspec
 
 from data_plane.router.balancer import Balancer
+from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
 from data_plane.router.table import RoutingTable
 from shared.routes import DEMAND_PATH, MAX_DEMAND_MODELS, DemandReport, ModelDemand
@@ -26,7 +27,8 @@ _encoder = msgspec.json.Encoder()
 
 class DemandReporter:
     def __init__(self, table: RoutingTable, balancer: Balancer, placer: Placer, client: httpx.AsyncClient,
-                 interval_s: float) -> None:
+                 interval_s: float, metrics: RouterMetrics) -> None:
+        self.metrics = metrics
         self.table = table
         self.balancer = balancer
         self.placer = placer
@@ -62,6 +64,7 @@ class DemandReporter:
             return self._fail(f"{type(exc).__name__}: {exc}")
         self._last = {f.model for f in figures if f.waiting or f.running}
         self.reports += 1
+        self.metrics.demand_reports.labels("ok").inc()
         self._failing = False
         return True
 
@@ -71,6 +74,7 @@ class DemandReporter:
             await self.report()
 
     def _fail(self, why: str) -> bool:
+        self.metrics.demand_reports.labels("failed").inc()
         if not self._failing:
             self._failing = True
             logger.warning("cannot report demand to the control plane: %s", why)

@@ -43,6 +43,8 @@ class RouterMetrics:
                                      "(changed, not_modified, failed)", ["result"], registry=r)
         self.placements = Counter("loraplane_router_placements", "Placement requests to the control plane "
                                   "by outcome (placed, unknown, failed)", ["outcome"], registry=r)
+        self.demand_reports = Counter("loraplane_router_demand_reports", "Demand reports sent to the control "
+                                      "plane by result (ok, failed)", ["result"], registry=r)
         age = Gauge("loraplane_router_routing_table_age_seconds", "Seconds since the control plane last "
                     "confirmed the routing table (-1 before the first)", registry=r)
         age.set_function(lambda: -1.0 if (a := table_age_s()) is None else a)
@@ -52,6 +54,8 @@ class RouterMetrics:
             self.prefix_affinity.labels(result)
         for result in ("changed", "not_modified", "failed"):
             self.revalidations.labels(result)
+        for result in ("ok", "failed"):
+            self.demand_reports.labels(result)
         for reason in RETRY_REASONS:
             self.retries.labels(reason)
 

@@ -57,7 +57,7 @@ class RouterService:
                                         lambda result: self.metrics.revalidations.labels(result).inc())
         self.placer = Placer(self.table, self.control_plane, self.metrics, timeout_s=config.placement_timeout_s)
         self.reporter = DemandReporter(self.table, self.balancer, self.placer, self.control_plane,
-                                       config.demand_interval_s)
+                                       config.demand_interval_s, self.metrics)
         self.proxy = Proxy(self.engines, self.balancer, self.metrics, engine_api_key=config.engine_api_key,
                            max_attempts=config.max_attempts)
         self._tasks: list[asyncio.Task[None]] = []

@@ -133,6 +133,14 @@ def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) ->
                                               max_tokens=4, temperature=0)
         assert chat.choices[0].message.content is not None
 
+        # while a request runs, the router reports its adapter's demand, and the control plane takes it
+        long = {"model": "demo-poet", "prompt": "Once", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", router + "/v1/completions", json=long, headers=key, timeout=60) as running:
+            next(running.iter_lines())
+            wait_for(lambda: scrape_metric(router, "loraplane_router_demand_reports_total", 'result="ok"') >= 1,
+                     "an accepted demand report", timeout_s=10)
+        assert scrape_metric(router, "loraplane_router_demand_reports_total", 'result="failed"') == 0
+
         # the adapter nobody held: the router's request places it, then it is served
         r = httpx.post(router + "/v1/completions", json={"model": "demo-short", **PROMPT}, headers=key, timeout=120)
         assert r.status_code == 200, r.text

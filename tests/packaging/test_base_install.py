@@ -112,3 +112,17 @@ def test_the_control_plane_records_a_peft_folder_without_torch(base_venv: Path, 
         listed = httpx.get(cp + "/v1/lora_adapters", headers={"Authorization": f"Bearer {READ}"}, timeout=30)
         assert listed.status_code == 200, listed.text
         assert [(a["name"], a["active_version"]) for a in listed.json()["data"]] == [("poet", 1)]
+
+
+def test_the_router_runs_in_the_base_install(base_venv: Path) -> None:
+    """`loraplane router` is in the base install: its app imports no torch and nothing of the engine."""
+    r = run(base_venv, "loraplane", "router", "--help")
+    assert r.returncode == 0 and "--control-plane" in r.stdout, r.stdout + r.stderr
+    script = ("import json, sys, data_plane.router.app, data_plane.router.cli; "
+              "print(json.dumps(sorted(sys.modules)))")
+    r = run(base_venv, "python", "-c", script)
+    assert r.returncode == 0, r.stderr
+    loaded = set(json.loads(r.stdout))
+    engine_parts = {m for m in loaded if m.startswith("data_plane.") and not m.startswith("data_plane.router")}
+    assert engine_parts == set(), sorted(engine_parts)
+    assert (ENGINE_ONLY - {"data_plane"}).isdisjoint({m.split(".")[0] for m in loaded})
