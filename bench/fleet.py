@@ -1,0 +1,284 @@
+"""The fleet behind the router (issue 11 §5): adapter affinity vs spreading requests blindly. One JSON object.
+
+    .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 24]
+
+Real processes on loopback, all on this machine (CPU): stack A is `loraplane control` (SQLite) with three
+`loraplane engine --control-plane … --max-loras 4` and `loraplane router`; the 48 adapters are loaded
+through the control plane with the default replicas {min 1, max 3}: each starts on one engine and demand
+scaling (its window shortened to SCALE_WINDOW_S for these short runs) adds replicas to the hot ones. Stack B is three
+plain engines with the same flags that each load all 48 adapters at start (`--lora-modules`): what a
+fleet without a LoRA-aware router does. Both serve the same demo base model.
+
+One request list (Zipf(1.0) over the 48 adapters, streamed completions of --max-tokens tokens) is sent
+(a) through the router (stack A), (b) round-robin over stack B's engines, (c) to a random engine of
+stack B, at the same concurrency, in rotated order each repeat, after one uncounted warm-up run of each. Reported per mode: output tokens/s,
+TTFT p50/p99 and the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas).
+Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
+1-token non-streaming completion, and streaming throughput of --streams concurrent long streams.
+Figures are medians over the repeats with [min, max].
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from stack import free_port, process  # bench/stack.py: run as `python bench/fleet.py`
+from tqdm import tqdm
+
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.weights import TARGET_MODULES
+
+ADAPTERS, ENGINES = 48, 3
+SCALE_WINDOW_S = 5
+PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
+ENGINE_FLAGS = ("--device", "cpu", "--enable-lora", "--max-loras", "4", "--max-cpu-loras", str(ADAPTERS),
+                "--max-lora-rank", "8", "--max-model-len", "256", "--num-kv-blocks", "256", "--log-level", "warning")
+
+
+def spread(values: list[float], digits: int = 1) -> dict:
+    return {"median": round(statistics.median(values), digits),
+            "range": [round(min(values), digits), round(max(values), digits)]}
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shared.cli", *args]
+
+
+@contextlib.contextmanager
+def fleet(tmp: Path, base: Path, adapters: dict[str, Path]) -> Iterator[dict]:
+    """Both stacks running; yields their URLs and tokens."""
+    admin, router_token, engine_admin = (secrets.token_urlsafe(16) for _ in range(3))
+    names = [f"fleet-{i}" for i in range(ENGINES)]
+    creds = {n: secrets.token_urlsafe(16) for n in names}
+    cp = f"http://127.0.0.1:{free_port()}"
+    cp_env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": admin, "LORAPLANE_ROUTER_TOKENS": router_token,
+              "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_DATABASE_URL": f"sqlite:///{tmp / 'cp.db'}",
+              "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in creds.items()),
+              "LORAPLANE_RECONCILE_INTERVAL_S": "2", "LORAPLANE_LOG_LEVEL": "warning",
+              # demand scaling decides within seconds here (the default window is 30 s): the runs are short
+              "LORAPLANE_SCALE_WINDOW_S": str(SCALE_WINDOW_S)}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(process(cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)),
+                                    cp_env, tmp / "control.log", cp))
+        routed, plain = [], []
+        for n in names:
+            url = f"http://127.0.0.1:{free_port()}"
+            env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": creds[n]}
+            stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
+                                            url.rsplit(":", 1)[1], "--control-plane", cp, "--engine-name", n,
+                                            "--lora-cache-dir", str(tmp / f"cache-{n}"), *ENGINE_FLAGS),
+                                        env, tmp / f"{n}.log", url))
+            routed.append(url)
+        modules = [f"{name}={path}" for name, path in adapters.items()]
+        for i in range(ENGINES):
+            url = f"http://127.0.0.1:{free_port()}"
+            env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin}
+            stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
+                                            url.rsplit(":", 1)[1], "--lora-modules", *modules, *ENGINE_FLAGS),
+                                        env, tmp / f"plain-{i}.log", url))
+            plain.append(url)
+        router = f"http://127.0.0.1:{free_port()}"
+        stack.enter_context(process(cli("router", "--control-plane", cp, "--port", router.rsplit(":", 1)[1],
+                                        "--log-level", "warning"),
+                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router))
+        yield {"cp": cp, "admin": admin, "engine_admin": engine_admin, "routed": routed, "plain": plain,
+               "router": router}
+
+
+def load_adapters(f: dict, adapters: dict[str, Path]) -> dict[str, str]:
+    """Load every adapter through the control plane (default replicas: min 1, max 3, by demand); answers
+    adapter -> the URL of an engine that holds it."""
+    with httpx.Client(base_url=f["cp"], headers={"Authorization": f"Bearer {f['admin']}"}, timeout=120) as cp:
+        deadline = time.monotonic() + 60
+        while len([e for e in cp.get("/v1/engines").json()["data"] if e["state"] == "healthy"]) < ENGINES:
+            if time.monotonic() > deadline:
+                raise SystemExit("the engines did not all register with the control plane")
+            time.sleep(0.3)
+        for name, path in adapters.items():
+            r = cp.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path), "base_model": "demo"})
+            if r.status_code != 200:
+                raise SystemExit(f"load of {name} answered {r.status_code}: {r.text[:300]}")
+        deadline = time.monotonic() + 120
+        while True:  # every adapter held (device or host) by an engine
+            routes = cp.get("/v1/routes").json()
+            urls = {e["name"]: e["url"] for e in routes["engines"]}
+            held = {m["model"]: [h for h in m["holders"] if h["residency"] != "loading"]
+                    for m in routes["models"] if m["kind"] == "adapter"}
+            if len(held) == ADAPTERS and all(held.values()):
+                return {name: urls[h[0]["engine"]] for name, h in held.items()}
+            if time.monotonic() > deadline:
+                raise SystemExit(f"adapters not all placed: {held}")
+            time.sleep(0.5)
+
+
+def request_list(n: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    weights = [1 / (k + 1) for k in range(ADAPTERS)]  # Zipf(1.0)
+    models = rng.choices([f"a{k:02d}" for k in range(ADAPTERS)], weights=weights, k=n)
+    return [(m, " ".join(rng.choices(PROMPT_WORDS, k=12))) for m in models]
+
+
+async def stream_one(http: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, int]:
+    """(TTFT seconds, tokens) of one streamed completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "temperature": 0}
+    started, first, tokens = time.perf_counter(), None, 0
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"{url} answered {r.status_code} for {model}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                first = first or time.perf_counter()
+                tokens += 1
+    return (first or time.perf_counter()) - started, tokens
+
+
+async def run_mode(urls: list[str], pick: str, requests: list[tuple[str, str]], concurrency: int,
+                   max_tokens: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    targets = [urls[0] if pick == "router" else urls[i % len(urls)] if pick == "round_robin" else rng.choice(urls)
+               for i in range(len(requests))]
+    queue = list(zip(requests, targets, strict=True))
+    ttfts: list[float] = []
+    tokens = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        async def worker() -> None:
+            nonlocal tokens
+            while queue:
+                (model, prompt), url = queue.pop(0)
+                ttft, n = await stream_one(http, url, model, prompt, max_tokens)
+                ttfts.append(ttft)
+                tokens += n
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return {"tokens_per_s": tokens / seconds, "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
+
+
+def slot_counters(urls: list[str], token: str) -> tuple[int, int]:
+    loads = evictions = 0
+    for url in urls:
+        stats = httpx.get(f"{url}/v1/lora_stats", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+        loads += sum(a["loads"] for a in stats["adapters"])
+        evictions += sum(a["evictions"] for a in stats["adapters"])
+    return loads, evictions
+
+
+async def overhead(router: str, holder: str, model: str, n: int) -> tuple[float, float]:
+    """p50 seconds of a 1-token non-streaming completion via the router and direct, alternated."""
+    via, direct = [], []
+    body = {"model": model, "prompt": "hello", "max_tokens": 1, "temperature": 0}
+    async with httpx.AsyncClient(timeout=60) as http:
+        for i in range(2 * n):
+            url = router if i % 2 == 0 else holder
+            started = time.perf_counter()
+            r = await http.post(f"{url}/v1/completions", json=body)
+            (via if url == router else direct).append(time.perf_counter() - started)
+            if r.status_code != 200:
+                raise SystemExit(f"{url} answered {r.status_code}: {r.text[:300]}")
+    return statistics.median(via), statistics.median(direct)
+
+
+async def streaming(url: str, model: str, streams: int, max_tokens: int) -> float:
+    async with httpx.AsyncClient(timeout=600) as http:
+        started = time.perf_counter()
+        done = await asyncio.gather(*(stream_one(http, url, model, "once upon a time", max_tokens)
+                                      for _ in range(streams)))
+        return sum(n for _, n in done) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=240)
+    parser.add_argument("--concurrency", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--overhead-requests", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=8)
+    args = parser.parse_args()
+    modes = ("router", "round_robin", "random")
+    progress = tqdm(total=2 + args.repeats * (len(modes) + 2), desc="fleet benchmark", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        base = tmp / "base"
+        write_demo_model(base, seed=0)
+        spec = DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES)
+        adapters = {f"a{k:02d}": write_lora_adapter(base, tmp / "adapters" / f"a{k:02d}", spec, seed=100 + k)
+                    for k in range(ADAPTERS)}
+        progress.update()
+        with fleet(tmp, base, adapters) as f:
+            holders = load_adapters(f, adapters)
+            progress.update()
+            urls = {"router": [f["router"]], "round_robin": f["plain"], "random": f["plain"]}
+            counted = {"router": f["routed"], "round_robin": f["plain"], "random": f["plain"]}
+            out: dict[str, list[dict]] = {m: [] for m in modes}
+            via_p50, direct_p50, stream_ratio = [], [], []
+            for mode in modes:  # warm-up, not counted: slots filled, demand scaling settled
+                asyncio.run(run_mode(urls[mode], mode, request_list(args.requests, 99), args.concurrency,
+                                     args.max_tokens, 99))
+            for rep in range(args.repeats):
+                requests = request_list(args.requests, seed=rep)
+                for mode in modes[rep % 3:] + modes[:rep % 3]:
+                    before = slot_counters(counted[mode], f["engine_admin"])
+                    figures = asyncio.run(run_mode(urls[mode], mode, requests, args.concurrency, args.max_tokens, rep))
+                    after = slot_counters(counted[mode], f["engine_admin"])
+                    out[mode].append(figures | {"slot_loads": after[0] - before[0],
+                                                "evictions": after[1] - before[1]})
+                    progress.update()
+                via, direct = asyncio.run(overhead(f["router"], holders["a00"], "a00", args.overhead_requests))
+                via_p50.append(via)
+                direct_p50.append(direct)
+                progress.update()
+                pair = [asyncio.run(streaming(u, "a00", args.streams, 128)) for u in (f["router"], holders["a00"])]
+                stream_ratio.append(pair[0] / pair[1])
+                progress.update()
+    progress.close()
+
+    def summary(mode: str) -> dict:
+        rows = out[mode]
+        return {k: spread([r[k] for r in rows], 0 if k in ("slot_loads", "evictions") else 1) for k in rows[0]}
+
+    tps = {m: [r["tokens_per_s"] for r in out[m]] for m in modes}
+    loads = {m: [r["slot_loads"] for r in out[m]] for m in modes}
+    ratios = [a / b for a, b in zip(tps["router"], tps["round_robin"], strict=True)]
+    load_ratios = [a / max(b, 1) for a, b in zip(loads["router"], loads["round_robin"], strict=True)]
+    overhead_ms = [1e3 * (v - d) for v, d in zip(via_p50, direct_p50, strict=True)]
+    print(json.dumps({
+        "benchmark": "fleet",
+        "machine": f"CPU only, {os.cpu_count()} cores shared by 6 engines, the control plane, the router and the client",
+        "setup": {"engines": ENGINES, "max_loras": 4, "adapters": ADAPTERS, "traffic": "Zipf(1.0) over adapters",
+                  "requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                  "repeats": args.repeats, "model": "demo (Qwen2-style, 4 layers, hidden 256)", "adapter_rank": 8},
+        "modes": {m: summary(m) for m in modes},
+        "router_vs_round_robin": {
+            "tokens_per_s_ratio": spread(ratios, 3) | {"target": ">= 1.3"},
+            "slot_loads_ratio": spread(load_ratios, 3) | {"target": "<= 0.25"}},
+        "router_overhead_1_token_p50_ms": spread(overhead_ms, 2) | {
+            "via_router_ms": spread([1e3 * v for v in via_p50], 2), "direct_ms": spread([1e3 * d for d in direct_p50], 2),
+            "target": "<= 2"},
+        "routed_streaming_throughput_ratio": spread(stream_ratio, 3) | {"streams": args.streams, "target": ">= 0.95"},
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
