@@ -1,6 +1,7 @@
 """`loraplane control`: run the control plane, or manage its database schema.
 
     loraplane control [--host H] [--port P] [--database-url URL] [--lora-roots DIR ...] [--log-format text|json]
+                      [--default-min-replicas N] [--default-max-replicas N|all]
     loraplane control db upgrade [REVISION] | downgrade REVISION | current
 
 Tokens come only from the environment (a flag would leave them in the process list and shell history):
@@ -10,6 +11,11 @@ LORAPLANE_ENGINE_ADMIN_TOKEN (old name LORAPLANE_ENGINE_TOKEN: the engines' --ad
 pushes). LORAPLANE_ENGINE_ALLOWED_NETWORKS (CIDR, comma-separated): engine URLs must lie in them.
 LORAPLANE_ENGINE_TIMEOUT_S (10): total deadline of one engine call. LORAPLANE_ENGINE_STALE_AFTER_S (30):
 heartbeats missed for this long make an engine unhealthy.
+
+Replicas: each adapter is held by --default-min-replicas (1) to --default-max-replicas (3, or `all`)
+engines unless it sets its own `replicas`; demand scaling moves between them
+(LORAPLANE_SCALE_UP_LOAD_PER_REPLICA 8, LORAPLANE_SCALE_WINDOW_S 30, LORAPLANE_SCALE_DOWN_IDLE_S 300), and
+rebalancing moves at most LORAPLANE_REBALANCE_MAX_MOVES (4) placements per reconcile interval.
 
 Adapter roots are spelled as on the engine: --lora-roots DIR… (LORAPLANE_LORA_ROOTS); the old
 --adapter-root DIR (LORAPLANE_ADAPTER_ROOTS) still works and warns that it is deprecated.
@@ -23,7 +29,7 @@ import logging
 import sys
 import warnings
 
-from control_plane.settings import ControlPlaneSettings
+from control_plane.settings import ControlPlaneSettings, parse_max_replicas
 from shared.logging_setup import add_log_format_argument, configure_logging
 
 logger = logging.getLogger("loraplane.control")
@@ -50,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--public-url", metavar="URL",
                    help="how engines reach this control plane, for absolute artifact URLs (LORAPLANE_PUBLIC_URL); "
                    "unset, engines resolve artifact paths against their own --control-plane")
+    p.add_argument("--default-min-replicas", type=int, metavar="N",
+                   help="engines holding an adapter that sets no replicas.min (LORAPLANE_DEFAULT_MIN_REPLICAS; default 1)")
+    p.add_argument("--default-max-replicas", type=_max_replicas, metavar="N|all",
+                   help="the most engines demand scaling gives an adapter that sets no replicas.max "
+                   "(LORAPLANE_DEFAULT_MAX_REPLICAS; default 3)")
     p.add_argument("--log-level", help="LORAPLANE_LOG_LEVEL (default info)")
     add_log_format_argument(p, env_default=False)  # the settings read LORAPLANE_LOG_FORMAT
     sub = p.add_subparsers(dest="command")
@@ -91,10 +102,18 @@ def settings_from_args(args: argparse.Namespace) -> tuple[ControlPlaneSettings, 
             adapter_roots=tuple(roots) if roots else None,
             reconcile_interval_s=args.reconcile_interval_s, log_level=args.log_level,
             artifact_store=args.artifact_store, max_artifact_bytes=args.max_artifact_bytes,
-            public_url=args.public_url,
+            public_url=args.public_url, default_min_replicas=args.default_min_replicas,
+            default_max_replicas=args.default_max_replicas,
             log_format=args.log_format, migrate_on_start=False if args.command == "db" else None,
         )
     return settings, [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def _max_replicas(raw: str) -> int:
+    try:
+        return parse_max_replicas(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count or 'all', not {raw!r}") from None
 
 
 async def _db(settings: ControlPlaneSettings, command: str, revision: str | None) -> int:

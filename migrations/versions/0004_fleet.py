@@ -10,7 +10,8 @@ Create Date: 2026-12-03
   already there), host-cache slots, free host-cache bytes.
 - adapters: `replicas {min, max}` (NULL: the control plane's defaults; max 0 means "all"), the replica
   count demand scaling chose (`target_replicas`, NULL: min) and its bookkeeping (`scale_state`: when
-  demand went high or idle, the last decision and the figures behind it).
+  demand went high or idle, the last decision and the figures behind it; `unloaded`: set by an unload,
+  cleared by a load — adapters unloaded before this revision, placements and none held, get it here).
 - demand_reports: the latest waiting/running figures per (source, adapter), a source being an engine's
   stats or a router's report; scaling sums the fresh ones.
 - placements.residency: where the engine last said it keeps the version (device | host), for routing.
@@ -51,6 +52,10 @@ def upgrade() -> None:
         batch.add_column(sa.Column("max_replicas", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("target_replicas", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("scale_state", _JSON, nullable=True))
+    flag = """'{"unloaded": true}'""" + ("::jsonb" if op.get_bind().dialect.name == "postgresql" else "")
+    op.execute(f"UPDATE adapters SET scale_state = {flag} WHERE id IN (SELECT v.adapter_id FROM adapter_versions v "
+               "JOIN placements p ON p.adapter_version_id = v.id GROUP BY v.adapter_id "
+               "HAVING SUM(CASE WHEN p.desired IN ('loaded', 'pinned') THEN 1 ELSE 0 END) = 0)")
     with op.batch_alter_table("placements") as batch:
         batch.add_column(sa.Column("residency", sa.String(16), nullable=True))
     with op.batch_alter_table("audit_events") as batch:

@@ -32,6 +32,19 @@ def test_lora_roots_like_the_engine(tmp_path: Path) -> None:
     assert s.adapter_roots == (a, b, c) and deprecations == []
 
 
+def test_default_replicas_flags_and_environment(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    s, _ = settings("--default-min-replicas", "2", "--default-max-replicas", "all")
+    assert (s.default_min_replicas, s.default_max_replicas) == (2, 0)  # 0: every engine
+    monkeypatch.setenv("LORAPLANE_DEFAULT_MAX_REPLICAS", "5")
+    assert settings()[0].default_max_replicas == 5
+    assert settings("--default-max-replicas", "2")[0].default_max_replicas == 2  # the flag wins
+    with pytest.raises(SystemExit):
+        settings("--default-max-replicas", "some")
+    assert "expected a count or 'all'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="below default_min_replicas"):
+        settings("--default-min-replicas", "3", "--default-max-replicas", "2")
+
+
 def test_adapter_root_still_works_and_says_it_is_deprecated(tmp_path: Path) -> None:
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     s, deprecations = settings("--adapter-root", a, "--lora-roots", b)

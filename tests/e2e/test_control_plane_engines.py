@@ -119,9 +119,9 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
             "e1": e1.url, "e2": e2.url}
         base_text = {n: complete(s.api, "demo") for n, s in engines.items()}
 
-        # load through the control plane → both engines hold it and serve it
+        # load through the control plane with two replicas → both engines hold it and serve it
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(paths["demo-pirate"]),
-                                                            "base_model": "demo"})
+                                                            "base_model": "demo", "replicas": {"min": 2}})
         assert r.status_code == 200, r.text
         assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [("e1", "loaded"), ("e2", "loaded")]
         v1_text = {}
@@ -150,9 +150,11 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
             with pytest.raises(openai.NotFoundError):
                 complete(s.api, "pirate")
 
-        # pull: registered but placed on no engine → an engine loads it on its first request
+        # pull: registered but placed on no engine (min 0 replicas, so the reconciler places it nowhere
+        # either) → an engine loads it on its first request
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "poet", "lora_path": str(paths["demo-poet"]),
-                                                            "base_model": "demo", "engines": []})
+                                                            "base_model": "demo", "engines": [],
+                                                            "replicas": {"min": 0}})
         assert r.status_code == 200 and r.json()["engines"] == [], r.text
         assert complete(e1.api, "poet") == v2_text["e1"]  # the same files as pirate v2
         assert "poet" in [a["name"] for a in httpx.get(e1.api + "/lora_adapters", timeout=10).json()["adapters"]]
@@ -170,7 +172,7 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
         e2.process.kill()
         e2.process.wait(timeout=30)
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "short", "lora_path": str(paths["demo-short"]),
-                                                            "base_model": "demo"})
+                                                            "base_model": "demo", "replicas": {"min": 2}})
         assert r.status_code == 207, r.text
         outcomes = {e["engine"]: e for e in r.json()["engines"]}
         assert outcomes["e1"]["outcome"] == "loaded" and outcomes["e2"]["outcome"] == "failed"

@@ -122,6 +122,9 @@ class Fleet:
             "LORAPLANE_DATABASE_URL": db_url, "LORAPLANE_RECONCILE_INTERVAL_S": str(RECONCILE_S),
             "LORAPLANE_ENGINE_STALE_AFTER_S": str(STALE_AFTER_S), "LORAPLANE_ENGINE_TIMEOUT_S": str(ENGINE_TIMEOUT_S),
             "LORAPLANE_LOG_LEVEL": "warning",
+            # every adapter on every engine (the faults and their invariants are about each engine
+            # converging, not about which engines replica placement would choose)
+            "LORAPLANE_DEFAULT_MIN_REPLICAS": str(engines), "LORAPLANE_DEFAULT_MAX_REPLICAS": "all",
             # one artifact store for both replicas, as they share one database
             "LORAPLANE_ARTIFACT_STORE": (tmp / "artifacts").as_uri(),
             # each engine calls the control plane with its own token, valid for its name only

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
+from control_plane.db.models import HOLDING, Adapter, AdapterVersion, Engine, Placement
 from control_plane.domain.adapters import schemas
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.engines.matching import serves_base_model
 from control_plane.domain.placements.planner import PlacementPlanner
 from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
+from control_plane.domain.placements.view import unloaded
 from shared.errors import InvalidRequestError, NotFoundError
 
 MAX_PAGE = 500
@@ -116,8 +117,7 @@ def _adapter(adapter: Adapter, active: int | None) -> schemas.Adapter:
 async def active_version(session: AsyncSession, name: str, base_model: str | None) -> tuple[Adapter, AdapterVersion]:
     """The adapter `name` (for `base_model`, when given: its own base model, or an engine's served name when
     that engine serves its base model by any name it registered) and its active version; NotFoundError
-    otherwise, and also for an adapter that was unloaded (placements exist, none holding it): engines must
-    not pull it back."""
+    otherwise, and also for an adapter that was unloaded: engines must not pull it back."""
     stmt = (select(Adapter, AdapterVersion).join(AdapterVersion, AdapterVersion.id == Adapter.active_version_id)
             .where(Adapter.name == name))
     row = (await session.execute(stmt)).first()
@@ -125,10 +125,7 @@ async def active_version(session: AsyncSession, name: str, base_model: str | Non
         raise NotFoundError(f"no active adapter named {name!r}" + (f" for base model {base_model!r}" if base_model
                                                                    else ""), param="name")
     adapter, version = row
-    placed = select(Placement.desired).join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id).where(
-        AdapterVersion.adapter_id == adapter.id)
-    desired = set((await session.scalars(placed)).all())
-    if desired and not desired & {DesiredState.LOADED.value, DesiredState.PINNED.value}:
+    if unloaded(adapter):
         raise NotFoundError(f"adapter {name!r} was unloaded; load it again to serve it", param="name")
     return adapter, version
 

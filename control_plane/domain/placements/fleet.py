@@ -89,9 +89,7 @@ class FleetPass:
         if not await self._lead(session):
             return FleetReport(skipped=True)
         now = self.clock()
-        rows = await view.active_adapters(session)
-        gone = await view.withdrawn(session)
-        rows = [(a, v) for a, v in rows if a.id not in gone]
+        rows = [(a, v) for a, v in await view.active_adapters(session) if not view.unloaded(a)]
         leaving = set().union(*(view.leaving_ids(a.scale_state) for a, _ in rows))
         loads = await view.engine_loads(session, self.settings.engine_stale_after_s, leaving)
         matching = await view.matching_engines(session, {a.base_model for a, _ in rows})

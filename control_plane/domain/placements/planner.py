@@ -12,8 +12,8 @@ adapter where it is held (switching those engines to the new version) and adds e
 weighted rendezvous hashing over free capacity (domain/placements/rendezvous.py), until `desired`
 healthy ones hold it; with `engines` it goes exactly there. A router asking for an adapter nobody
 holds (`ensure_placed`) gets at least one replica; a PATCH of `replicas` (`resize`) adds or lets go of
-replicas at once. An adapter that was unloaded (placements, none held) is never placed again by these
-rules: only a load does that.
+replicas at once. An adapter that was unloaded (view.unloaded) is never placed again by these rules:
+only a load does that.
 
 Lock order (PostgreSQL): every writer of placement rows takes them in one order, ascending id, before it
 changes any (`lock_placements`): the planner's callers all the adapter's rows, the pusher the rows it
@@ -113,7 +113,8 @@ class PlacementPlanner:
         """Desire `version` on the named engines, or else where the replica rules put it: the engines
         holding the adapter now (healthy or not: one that returns must not serve the old version) and as
         many more as make `desired` healthy replicas. Orders go to the healthy ones; the adapter's other
-        versions on those engines are desired absent (the switch)."""
+        versions on those engines are desired absent (the switch). An unloaded adapter is placed again."""
+        view.mark_unloaded(adapter, False)
         await lock_placements(session, of_adapter(adapter.id))
         if engine_names is not None:
             engines = await self._named(session, adapter.base_model, engine_names)
@@ -160,7 +161,7 @@ class PlacementPlanner:
         if adapter.active_version_id is None:
             return None
         await lock_placements(session, of_adapter(adapter.id))
-        if adapter.id in await view.withdrawn(session, [adapter.id]):
+        if view.unloaded(adapter):
             return None
         version = await session.get_one(AdapterVersion, adapter.active_version_id)
         plan = await view.adapter_placement(session, adapter, version, self.defaults)
@@ -217,7 +218,9 @@ class PlacementPlanner:
                 for engine, desired in best.values()]
 
     async def withdraw(self, session: AsyncSession, adapter: Adapter) -> list[PushOrder]:
-        """Desire every version of the adapter absent everywhere (unload); one order per engine."""
+        """Desire every version of the adapter absent everywhere (unload); one order per engine. The
+        adapter is marked unloaded: the replica rules leave it be until a load."""
+        view.mark_unloaded(adapter, True)
         await lock_placements(session, of_adapter(adapter.id))
         rows = (await session.execute(
             select(Placement, Engine).join(Engine, Engine.id == Placement.engine_id)

@@ -1,6 +1,7 @@
 """Reading the rows placement decides on into the pure shapes of replicas.py (no writes, no locks).
 
-The planner reads one adapter (`adapter_placement`); the fleet pass reads them all (`fleet_adapters`).
+The planner reads one adapter (`adapter_placement`); the fleet pass reads them all (`active_adapters`,
+`holders`, `engine_loads`).
 Engine loads count the placements desired held on each engine; `leaving` placements (rebalancing moves'
 sources, listed in their adapter's scale_state) are left out of the counts, as they are about to go.
 """
@@ -32,6 +33,7 @@ from control_plane.domain.placements.replicas import (
 )
 
 LEAVING = "leaving"  # scale_state key: ids of placements that are a move's source
+UNLOADED = "unloaded"  # scale_state key: true after an unload, until a load
 
 
 def of_adapters(adapter_ids: Collection[int]) -> ColumnElement[bool]:
@@ -102,15 +104,18 @@ async def adapter_placement(session: AsyncSession, adapter: Adapter, version: Ad
     return placement_of(adapter, version, matching, held, defaults)
 
 
-async def withdrawn(session: AsyncSession, adapter_ids: Collection[int] | None = None) -> set[int]:
-    """Adapters that were unloaded: they have placements and none desired held (engines must not pull
-    them back, and placement leaves them be)."""
-    held = func.sum(case((Placement.desired.in_(HOLDING), 1), else_=0))
-    stmt = (select(AdapterVersion.adapter_id).join(Placement, Placement.adapter_version_id == AdapterVersion.id)
-            .group_by(AdapterVersion.adapter_id).having(held == 0))
-    if adapter_ids is not None:
-        stmt = stmt.where(AdapterVersion.adapter_id.in_(list(adapter_ids)))
-    return set((await session.scalars(stmt)).all())
+def unloaded(adapter: Adapter) -> bool:
+    """The adapter was unloaded (planner.withdraw): placement leaves it be and engines may not pull it,
+    until a load places it again. A flag, not "has placements and none held": an adapter whose
+    engines were all replaced and then deleted is in that state too, and must be placed again."""
+    return bool((adapter.scale_state or {}).get(UNLOADED))
+
+
+def mark_unloaded(adapter: Adapter, value: bool) -> None:
+    state = {k: v for k, v in (adapter.scale_state or {}).items() if k != UNLOADED}
+    if value:
+        state[UNLOADED] = True
+    adapter.scale_state = state or None
 
 
 async def active_adapters(session: AsyncSession) -> list[tuple[Adapter, AdapterVersion]]:

@@ -14,7 +14,7 @@ from advanced_alchemy.base import orm_registry
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 import control_plane.db.models  # noqa: F401
 from control_plane import cli
@@ -96,6 +96,12 @@ def _legacy_and_manifest(folder: Path) -> tuple[str, str]:
     return legacy(files), files_digest(files)
 
 
+async def _insert_adapter(conn: AsyncConnection, name: str, now: dt.datetime) -> int:
+    return (await conn.execute(text(
+        "INSERT INTO adapters (name, base_model, description, labels, created_at, updated_at) "
+        "VALUES (:name, 'demo', '', '{}', :now, :now) RETURNING id"), {"name": name, "now": now})).scalar_one()
+
+
 async def test_0002_recomputes_digests_of_intact_versions_and_keeps_the_rest(empty_db: str, demo: dict,
                                                                              tmp_path: Path) -> None:
     intact, edited = tmp_path / "intact", tmp_path / "edited"
@@ -109,9 +115,7 @@ async def test_0002_recomputes_digests_of_intact_versions_and_keeps_the_rest(emp
         await migrate.upgrade(engine, "0001")
         now = dt.datetime.now(dt.UTC)
         async with engine.begin() as conn:
-            adapter_id = (await conn.execute(text(
-                "INSERT INTO adapters (name, base_model, description, labels, created_at, updated_at) "
-                "VALUES ('a', 'demo', '', '{}', :now, :now) RETURNING id"), {"now": now})).scalar_one()
+            adapter_id = await _insert_adapter(conn, "a", now)
             for number, uri, sha in ((1, intact, intact_old), (2, edited, edited_old),
                                      (3, tmp_path / "gone", "f" * 64)):
                 await conn.execute(text(
@@ -128,5 +132,35 @@ async def test_0002_recomputes_digests_of_intact_versions_and_keeps_the_rest(emp
         assert await digests() == {1: intact_new, 2: edited_old, 3: "f" * 64}
         await migrate.downgrade(engine, "0001")
         assert await digests() == {1: intact_old, 2: edited_old, 3: "f" * 64}
+    finally:
+        await engine.dispose()
+
+
+async def test_0004_marks_adapters_unloaded_before_it_as_unloaded(empty_db: str) -> None:
+    engine = create_async_engine(empty_db)
+    try:
+        await migrate.upgrade(engine, "0003_artifact_store")
+        now = dt.datetime.now(dt.UTC)
+        async with engine.begin() as conn:
+            engine_id = (await conn.execute(text(
+                "INSERT INTO engines (name, url, base_model, state, slots_total, slots_used, created_at, updated_at) "
+                "VALUES ('e', 'http://10.0.0.1:1', 'demo', 'healthy', 4, 0, :now, :now) RETURNING id"),
+                {"now": now})).scalar_one()
+            for name, desired in (("gone", "absent"), ("held", "loaded"), ("never", None)):
+                adapter_id = await _insert_adapter(conn, name, now)
+                version_id = (await conn.execute(text(
+                    "INSERT INTO adapter_versions (adapter_id, number, uri, sha256, rank, alpha, target_modules, "
+                    "size_bytes, created_at) VALUES (:a, 1, 'x', :sha, 4, 8, '[]', 1, :now) RETURNING id"),
+                    {"a": adapter_id, "sha": "a" * 64, "now": now})).scalar_one()
+                if desired is not None:
+                    await conn.execute(text(
+                        "INSERT INTO placements (engine_id, adapter_version_id, desired, observed, created_at, "
+                        "updated_at) VALUES (:e, :v, :d, 'absent', :now, :now)"),
+                        {"e": engine_id, "v": version_id, "d": desired, "now": now})
+        await migrate.upgrade(engine)
+        async with engine.connect() as conn:
+            rows = dict((await conn.execute(text("SELECT name, scale_state FROM adapters"))).all())
+        parsed = {n: json.loads(v) if isinstance(v, str) else v for n, v in rows.items()}
+        assert parsed == {"gone": {"unloaded": True}, "held": None, "never": None}
     finally:
         await engine.dispose()
