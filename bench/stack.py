@@ -31,10 +31,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def process(cmd: list[str], env: dict[str, str], log: Path, url: str) -> Iterator[subprocess.Popen]:
+def process(cmd: list[str], env: dict[str, str], log: Path, url: str, niceness: int = 0) -> Iterator[subprocess.Popen]:
     """Start `cmd`, wait until `url`/health answers 200, and terminate (then kill) it on exit."""
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -68,7 +69,10 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_flags: str) -> Iterator[Stack]:
+def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_flags: str,
+          control_plane_niceness: int = 0) -> Iterator[Stack]:
+    """`control_plane_niceness`: run the control plane at a lower priority, standing in for a control plane on
+    another host (on one small machine it otherwise takes cores from the engine it serves)."""
     admin, read, engine_admin, engine_cp = (secrets.token_urlsafe(16) for _ in range(4))
     cp_port, engine_port = free_port(), free_port()
     cp, engine = f"http://127.0.0.1:{cp_port}", f"http://127.0.0.1:{engine_port}"
@@ -82,7 +86,7 @@ def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_
                   "--port", str(engine_port), "--device", "cpu", "--enable-lora", "--lora-roots", str(adapter_root),
                   "--control-plane", cp, "--engine-name", ENGINE_NAME, "--max-model-len", "256",
                   "--num-kv-blocks", "128", "--log-level", "warning", *engine_flags]
-    with process(cp_cmd, cp_env, tmp / "control.log", cp) as cp_proc, \
+    with process(cp_cmd, cp_env, tmp / "control.log", cp, control_plane_niceness) as cp_proc, \
             process(engine_cmd, engine_env, tmp / "engine.log", engine) as engine_proc:
         running = Stack(cp, engine, cp_proc, engine_proc, admin, engine_admin, database_url)
         with running.admin() as client:

@@ -67,6 +67,9 @@ class EngineConfig:
     control_plane_url: str | None = None
     control_plane_token: str | None = None  # this engine's token there (its LORAPLANE_ENGINE_CREDENTIALS entry)
     engine_name: str | None = None  # the name registered there; defaults to host:port
+    # seconds between heartbeats: keep it well under the control plane's LORAPLANE_ENGINE_STALE_AFTER_S
+    # (30 by default), or the engine reads as unhealthy between two of them
+    heartbeat_interval_s: float = 3.0
     # resolve unknown `model` names through the control plane (and load them) on demand; None: on exactly
     # when a control plane is given
     resolve_adapters: bool | None = None
@@ -115,6 +118,8 @@ class EngineConfig:
         if self.lora_artifact_endpoint is not None and not self.lora_artifact_endpoint.startswith(
                 ("http://", "https://")):
             raise ConfigError(f"--lora-artifact-endpoint {self.lora_artifact_endpoint!r}: expected an http(s):// URL")
+        if not 0 < self.heartbeat_interval_s <= 3600:
+            raise ConfigError(f"--heartbeat-interval-s must be in (0, 3600], got {self.heartbeat_interval_s}")
         if self.control_plane_url is not None:
             if not self.control_plane_url.startswith(("http://", "https://")):
                 raise ConfigError(f"--control-plane {self.control_plane_url!r}: expected an http(s):// URL")

@@ -2,7 +2,7 @@
 
 `attach_control_plane(app, …)` (called by server.py when --control-plane is given) starts a background
 task on the app's startup that registers the engine (retrying until the control plane answers) and then
-heartbeats every HEARTBEAT_S seconds, registering again if the control plane forgot it (404). The
+heartbeats every --heartbeat-interval-s (HEARTBEAT_S by default), registering again if the control plane forgot it (404). The
 registration says what the engine serves and can hold (data_plane.served_model). Each heartbeat says
 whether the engine is `healthy` (its step loop alive) and `draining` (after `drain()`, called on
 SIGTERM), and how much room its artifact cache has. A change of health or draining is not left for the
@@ -245,7 +245,7 @@ def attach_control_plane(app: Litestar, engine: EngineHealth, config: EngineConf
     client = ControlPlaneClient(
         config.control_plane_url, config.control_plane_token, name=config.engine_name or default_name,
         engine_url=engine_url, base_model=config.served_model_name or config.model,
-        slots_total=config.max_loras, engine=engine,
+        slots_total=config.max_loras, engine=engine, heartbeat_s=config.heartbeat_interval_s,
         served=served_model(config, resolve_device(config.device).type), cache_bytes_free=cache_bytes_free)
     if config.resolve_adapters:
         app.state.resolver.remote = client.resolve

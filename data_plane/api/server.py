@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(LORAPLANE_ENGINE_CREDENTIALS); default: $LORAPLANE_CONTROL_PLANE_TOKEN, the way to pass it",
     )
     cp.add_argument("--engine-name", help="name to register under (default: host:port)")
+    cp.add_argument("--heartbeat-interval-s", type=float, default=3.0,
+                    help="seconds between heartbeats; keep it well under the control plane's "
+                    "LORAPLANE_ENGINE_STALE_AFTER_S (default 30)")
     cp.add_argument(
         "--resolve-adapters", action=argparse.BooleanOptionalAction, default=None,
         help="load an unknown `model` on demand when the control plane knows it (default: on with --control-plane)",
@@ -194,6 +197,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         control_plane_url=args.control_plane,
         control_plane_token=args.control_plane_token,
         engine_name=args.engine_name,
+        heartbeat_interval_s=args.heartbeat_interval_s,
         resolve_adapters=args.resolve_adapters,
     )
 

@@ -25,7 +25,7 @@ _JSON = "application/json"
 async def provide_routes_service(db_session: AsyncSession, state: State) -> RoutesService:
     gate = state.write_gate
     return RoutesService(db_session, state.settings, Mutation(db_session, gate, state.metrics), gate,
-                         PlacementPlanner(state.settings.engine_stale_after_s),
+                         PlacementPlanner.of(state.settings),
                          Pusher(state.version_loader, db_session, gate), state.routes_cache)
 
 

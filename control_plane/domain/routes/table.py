@@ -24,12 +24,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 
-from sqlalchemy import ColumnElement, and_, not_, select
+from sqlalchemy import ColumnElement, and_, false, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import HOLDING, Adapter, AdapterVersion, Engine, ObservedState, Placement
+from control_plane.db.models import HOLDING, Adapter, Engine, ObservedState, Placement
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.engines.matching import engine_serves
+from control_plane.domain.placements.view import UNLOADED
 from control_plane.engine_client import safe_url
 from shared.routes import Holder, ModelRoute, Residency, RouteEngine
 
@@ -39,10 +40,8 @@ _RESIDENT: dict[str | None, Residency] = {"device": "device", "host": "host"}  #
 
 
 def servable() -> ColumnElement[bool]:
-    """Adapters with an active version that were not unloaded (some placement, none desired held)."""
-    placed = (select(Placement.id).join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
-              .where(AdapterVersion.adapter_id == Adapter.id))
-    unloaded = and_(placed.exists(), not_(placed.where(Placement.desired.in_(HOLDING)).exists()))
+    """Adapters with an active version that were not unloaded (the flag placements.view.unloaded reads)."""
+    unloaded = func.coalesce(Adapter.scale_state[UNLOADED].as_boolean(), false())
     return and_(Adapter.active_version_id.is_not(None), not_(unloaded))
 
 

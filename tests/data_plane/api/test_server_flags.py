@@ -91,3 +91,10 @@ def test_log_format_flag_and_environment(monkeypatch):
     monkeypatch.setenv("LORAPLANE_LOG_FORMAT", "xml")
     with pytest.raises(SystemExit):  # a bad default from the environment is refused like a bad flag
         parse("m")
+
+
+def test_heartbeat_interval_flag(model_dir):
+    assert config(model_dir).heartbeat_interval_s == 3.0
+    assert config(model_dir, "--heartbeat-interval-s", "0.5").heartbeat_interval_s == 0.5
+    with pytest.raises(ConfigError, match="--heartbeat-interval-s"):
+        config(model_dir, "--heartbeat-interval-s", "0")

@@ -35,8 +35,9 @@ async def session(db_url: str) -> AsyncIterator[AsyncSession]:
     await db.dispose()
 
 
-async def adapter(s: AsyncSession, name: str, base: str, versions: int = 1, active: int | None = 1) -> list[int]:
-    row = Adapter(name=name, base_model=base)
+async def adapter(s: AsyncSession, name: str, base: str, versions: int = 1, active: int | None = 1,
+                  scale_state: dict | None = None) -> list[int]:
+    row = Adapter(name=name, base_model=base, scale_state=scale_state)
     s.add(row)
     await s.flush()
     ids = []
@@ -74,8 +75,10 @@ async def test_the_table_lists_healthy_engines_and_the_holders_of_active_version
     s.add_all([placed(b, "e1", "loaded", "loading"), placed(b, "e2", "pinned", "failed"),
                placed(b, "e6", "absent", "loaded")])  # failed and undesired: no holders
     await adapter(s, "c-never-placed", "/m/demo/")  # matches e2's model path: served as demo
-    (d,) = await adapter(s, "d-unloaded", "demo")
+    (d,) = await adapter(s, "d-unloaded", "demo", scale_state={"unloaded": True})  # as an unload leaves it
     s.add(placed(d, "e1", "absent", "absent"))
+    (h,) = await adapter(s, "h-all-replaced", "demo")  # none held, not unloaded: placed again, so listed
+    s.add(placed(h, "e1", "absent", "absent"))
     await adapter(s, "e-inactive", "demo", active=None)
     (f,) = await adapter(s, "f-absent-observed", "demo")
     s.add(placed(f, "e2", "loaded", "absent"))  # desired, not there yet: on its way
@@ -96,6 +99,7 @@ async def test_the_table_lists_healthy_engines_and_the_holders_of_active_version
         ModelRoute(model="f-absent-observed", kind="adapter", base_model="demo",
                    holders=[Holder(engine="e2", residency="loading")]),
         ModelRoute(model="g-unserved", kind="adapter", base_model="mistral", holders=[]),
+        ModelRoute(model="h-all-replaced", kind="adapter", base_model="demo", holders=[]),
     ]
     # the routes of some adapters only (a demand answer): no base routes
     assert [r.model for r in await build_routes(s, healthy, ["b-mixed", "d-unloaded", "nope"])] == ["b-mixed"]
