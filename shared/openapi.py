@@ -28,7 +28,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
 
 from shared.errors import InvalidRequestError
-from shared.http_errors import readable
+from shared.http_errors import error_body, readable
 
 _REF = "#/components/schemas/{name}"
 
@@ -268,6 +268,19 @@ def options_response(request: Request) -> Response[None]:
     Litestar's own would list every method of the route."""
     allow = ", ".join(["OPTIONS", *documented_methods(request.app, request.url.path)])
     return Response(None, status_code=204, headers={"Allow": allow})
+
+
+async def refuse_undocumented_method(request: Request) -> Response[Any] | None:
+    """A controller's `before_request`: 405 with `Allow` for a method the document does not list for the
+    path asked (one `{name:path}` route serves several documented paths: PATCH is documented for
+    `…/{name}` only, not for `…/{name}/activate`, which that route would otherwise parse as a name)."""
+    if request.method in ("OPTIONS", "HEAD"):
+        return None
+    allowed = documented_methods(request.app, request.url.path)
+    if request.method in allowed:
+        return None
+    return error_body(405, f"{request.method} is not allowed on {request.url.path[:200]}; this path takes "
+                           f"{', '.join(allowed) or 'no method'}", headers={"Allow": ", ".join(["OPTIONS", *allowed])})
 
 
 def documented_methods(app: Litestar, path: str) -> list[str]:

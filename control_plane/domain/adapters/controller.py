@@ -25,7 +25,7 @@ from control_plane.domain.placements.push import Pusher
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.names import name_problem
-from shared.openapi import decode_body, options_response, route_doc, route_docs
+from shared.openapi import decode_body, options_response, refuse_undocumented_method, route_doc, route_docs
 
 _ACTIVATE = "/activate"
 _VERSIONS = "/versions"
@@ -66,6 +66,7 @@ class AdapterController(Controller):
     tags = ["adapters"]
     guards = [read_guard]
     dependencies = {"service": Provide(provide_adapter_service), "principal": Provide(provide_principal)}
+    before_request = refuse_undocumented_method
 
     @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
           opt={"audit_action": "load_lora_adapter",

@@ -48,7 +48,11 @@ async def test_activate_rolls_back_and_forward(client: AsyncTestClient, demo: di
     r = await client.post(f"{ADAPTERS}/org/a/activate", json={"version": 3}, headers=admin())
     assert r.status_code == 404 and r.json()["error"]["param"] == "version"
     assert (await client.post(f"{ADAPTERS}/org/a/activate", json={"version": 0}, headers=admin())).status_code == 400
-    assert (await client.post(f"{ADAPTERS}/org/a", json={"version": 1}, headers=admin())).status_code == 404
+    r = await client.post(f"{ADAPTERS}/org/a", json={"version": 1}, headers=admin())  # not …/activate
+    assert r.status_code == 405 and r.headers["allow"] == "OPTIONS, GET, DELETE, PATCH"
+    assert "POST is not allowed" in r.json()["error"]["message"]
+    r = await client.patch(f"{ADAPTERS}/org/a/activate", json={"replicas": {"min": 1}}, headers=admin())
+    assert r.status_code == 405 and r.headers["allow"] == "OPTIONS, POST"  # not an adapter named org/a/activate
     assert (await client.post(f"{ADAPTERS}/nope/activate", json={"version": 1}, headers=admin())).status_code == 404
     assert (await client.get(f"{ADAPTERS}/org/a", headers=reader())).json()["active_version"] == 1
     assert ("activate_lora_adapter", "org/a@3", "404 not_found_error") in await audit(settings.database_url)
