@@ -1,14 +1,18 @@
 """RouterService: one request's way through the router, and the parts it is made of.
 
-    body → parse_head (model, stream, prompt prefix) → Placer.route_for (table, or a placement)
-         → Balancer.order (residency, outstanding, prefix affinity) → Proxy.forward (retries, streaming)
+    client key → body (at most max_request_body_bytes) → parse_head (model, stream, prompt prefix)
+         → Placer.route_for (table, or a placement) → Balancer.order (residency, outstanding, prefix
+         affinity) → Proxy.forward (retries, then the engine's answer relayed to the client)
 
-The whole way runs under `until_disconnect`: a client that goes away while its request waits for a
-placement or for an engine's (non-streamed) answer cancels it, and the engine's request is aborted by
-the closing of its connection. Streams watch for this themselves (Litestar's Stream) once they start.
+`complete` is called with the raw ASGI triple (app.py's fast path: Litestar's request and response
+machinery cost more than the whole proxying did). Errors before the answer starts are raised as
+LoraplaneError (or Litestar's 413) for the app's exception handlers to answer in OpenAI's shape. After
+the body is read the rest runs under `until_disconnect`: a client that goes away while its request waits
+for a placement or for an engine's answer, streamed or not, cancels it, and the engine's request is
+aborted by the closing of its connection.
 
-`start()` launches the routing-table revalidation and the demand reports; `stop()` ends them and closes
-the connection pools.
+`start()` opens the engines' connection pool and launches the routing-table revalidation and the demand
+reports; `stop()` ends them and closes the connection pools.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
-from litestar import Request, Response
 from litestar.exceptions import HTTPException
+from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
 from data_plane.router.balancer import Balancer
 from data_plane.router.config import RouterConfig
@@ -28,14 +33,14 @@ from data_plane.router.demand import DemandReporter
 from data_plane.router.errors import ClientDisconnected, NoEngineError
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
-from data_plane.router.proxy import Proxy
-from data_plane.router.request import parse_head, prefix_key
+from data_plane.router.proxy import Proxy, Send, engine_session
+from data_plane.router.request import check_client_key, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
 from shared.disconnect import until_disconnect
 from shared.errors import LoraplaneError
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
+Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class RouterService:
@@ -44,11 +49,6 @@ class RouterService:
         headers = {"Authorization": f"Bearer {config.router_token}"} if config.router_token else {}
         self.control_plane = httpx.AsyncClient(base_url=config.control_plane_url, headers=headers,
                                                timeout=config.control_plane_timeout_s)
-        self.engines = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=config.max_connections,
-                                max_keepalive_connections=config.max_connections),
-        )
         self.table = RoutingTable()
         self.balancer = Balancer(prefix_cache_size=config.prefix_cache_size, affinity_slack=config.affinity_slack,
                                  engine_down_s=config.engine_down_s, rng=rng)
@@ -58,11 +58,15 @@ class RouterService:
         self.placer = Placer(self.table, self.control_plane, self.metrics, timeout_s=config.placement_timeout_s)
         self.reporter = DemandReporter(self.table, self.balancer, self.placer, self.control_plane,
                                        config.demand_interval_s, self.metrics)
-        self.proxy = Proxy(self.engines, self.balancer, self.metrics, engine_api_key=config.engine_api_key,
+        self.proxy = Proxy(self.balancer, self.metrics, engine_api_key=config.engine_api_key,
                            max_attempts=config.max_attempts)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        config = self.config
+        self.proxy.session = engine_session(connect_timeout_s=config.connect_timeout_s,
+                                            read_timeout_s=config.read_timeout_s,
+                                            max_connections=config.max_connections)
         await self.refresher.refresh()  # a table before the first request, if the control plane answers
         self._tasks = [asyncio.create_task(self.refresher.run(), name="router:routes"),
                        asyncio.create_task(self.reporter.run(), name="router:demand")]
@@ -71,25 +75,30 @@ class RouterService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.engines.aclose()
+        if self.proxy.session is not None:
+            await self.proxy.session.close()
         await self.control_plane.aclose()
 
-    async def complete(self, request: Request, path: str) -> Response[Any]:
-        """POST `path` (/v1/chat/completions or /v1/completions) for `request`, through an engine."""
+    async def complete(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """POST scope["path"] (/v1/chat/completions or /v1/completions) through an engine, answering on `send`."""
         model = ""
         try:
-            body = await request.body()  # Litestar answers 413 past request_max_body_size
+            authorization, length = _headers(scope)
+            check_client_key(authorization, self.config.api_keys)
+            body = await _body(receive, length, self.config.max_request_body_bytes)
             head = parse_head(body)
             model = head.model
-            work = self._route(path, body, head.model, prefix_key(head, self.config.prefix_chars))
-            return await until_disconnect(request.receive, work, _gone)
+            work = self._route(scope["path"], body, head.model, prefix_key(head, self.config.prefix_chars), send)
+            await until_disconnect(receive, work, _gone)
+        except ClientDisconnected:
+            return  # nobody reads an answer now; the engine's request (if any) was aborted and counted
         except (LoraplaneError, HTTPException) as exc:
             status = exc.status_code
-            if not isinstance(exc, NoEngineError | ClientDisconnected):  # those are counted where they happen
+            if not isinstance(exc, NoEngineError):  # counted where it happens
                 self.metrics.request(model if status != 404 else "", "", "not_found" if status == 404 else "rejected")
             raise
 
-    async def _route(self, path: str, body: bytes, model: str, prefix: int | None) -> Response[Any]:
+    async def _route(self, path: str, body: bytes, model: str, prefix: int | None, send: Send) -> None:
         route = await self.placer.route_for(model)
         if route.kind != "base":
             prefix = None  # an adapter's holders are few; residency decides, not prompt affinity
@@ -97,7 +106,7 @@ class RouterService:
         if not candidates:
             self.metrics.request(model, "", "unavailable")
             raise NoEngineError(f"No engine holding `{model}` is available now; retry later.")
-        return await self.proxy.forward(candidates, path, body, model, kind=route.kind, prefix=prefix)
+        await self.proxy.forward(candidates, path, body, model, send, kind=route.kind, prefix=prefix)
 
     def cards(self) -> list[dict[str, Any]]:
         """GET /v1/models: the fleet's base models and active adapters, as the table lists them."""
@@ -122,3 +131,33 @@ class RouterService:
 
 def _gone() -> ClientDisconnected:
     return ClientDisconnected("The client closed the connection.")
+
+
+def _headers(scope: dict[str, Any]) -> tuple[str | None, int | None]:
+    """The request's Authorization and Content-Length, from the ASGI scope's raw header list."""
+    authorization = length = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"content-length" and value.isdigit():
+            length = int(value)
+    return authorization, length
+
+
+async def _body(receive: Receive, length: int | None, limit: int) -> bytes:
+    """The whole request body; Litestar's own 413 (answered by the app's handlers) past `limit` bytes."""
+    if length is not None and length > limit:
+        raise HTTPException(status_code=HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _gone()
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            raise HTTPException(status_code=HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        parts.append(part)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -1,7 +1,8 @@
 """The router in front of a real engine: answers equal the engine's (JSON, and SSE chunk for chunk), the
 openai client works unchanged, x-loraplane-engine names the engine, unknown models are 404 after one
 placement call, a refused connection is retried on the next holder, client keys are checked and never
-forwarded, bad bodies are 4xx, and a client that leaves aborts the engine's request."""
+forwarded, bad bodies are 4xx, an engine that dies mid-stream ends the stream with an error event, and a
+client that leaves aborts the engine's request."""
 
 from __future__ import annotations
 
@@ -190,6 +191,7 @@ def test_client_keys_are_required_and_never_forwarded(start_lora_engine) -> None
         wrong = httpx.post(router.api + "/completions", json=request, headers={"Authorization": "Bearer x"})
         assert wrong.status_code == 401
         assert httpx.get(router.api + "/models").status_code == 401
+        assert scrape_metric(router.url, "loraplane_router_requests_total", 'outcome="rejected"') == 2
         ok = httpx.post(router.api + "/completions", json=request, headers={"Authorization": "Bearer client-key"},
                         timeout=60)
         assert ok.status_code == 200, ok.text  # the router sent the engine's key, not the client's
@@ -207,6 +209,10 @@ def test_bad_bodies_are_clear_4xx(router: RouterUnderTest) -> None:
         assert r.status_code == status and r.json()["error"]["param"] == param, r.text
     big = b'{"model": "demo", "prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'
     r = httpx.post(url, content=big, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "exceeds the limit of 8388608 bytes" in r.json()["error"]["message"]
+    chunked = (big[i:i + 1024 * 1024] for i in range(0, len(big), 1024 * 1024))  # no Content-Length: counted
+    r = httpx.post(url, content=chunked, headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
     # the engine's own 400 passes through, with the engine named
     r = httpx.post(url, json={"model": "demo", "messages": "not a list"})
@@ -230,13 +236,30 @@ def test_client_disconnect_aborts_the_engines_request(start_lora_engine) -> None
         assert scrape_metric(router.url, "loraplane_router_requests_total", 'outcome="abort"') == 2
 
 
+def test_an_engine_that_dies_mid_stream_ends_it_with_an_error_event(start_lora_engine) -> None:  # noqa: ANN001
+    engine = start_lora_engine("--num-kv-blocks", "256", "--max-model-len", "2048")
+    with routed(fleet(("e1", engine))) as router:
+        with httpx.Client(timeout=60) as client, client.stream("POST", router.api + "/completions", json={
+                "model": "demo-poet", "prompt": "Once", "max_tokens": 1500, "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert sum(next(lines).startswith("data: {") for _ in range(6)) >= 2
+            engine.process.kill()
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        error = json.loads(rest[-2].removeprefix("data: "))["error"]
+        assert error["type"] == "bad_gateway" and "e1" in error["message"]
+        assert scrape_metric(router.url, "loraplane_router_requests_total", 'engine="e1",outcome="error"') == 1
+        wait_until(lambda: router.service.balancer.outstanding.get("e1") == 0, "nothing outstanding")
+
+
 def test_demand_is_reported_while_requests_run(start_lora_engine) -> None:  # noqa: ANN001
     engine = start_lora_engine("--num-kv-blocks", "256", "--max-model-len", "2048")
     routes = fleet(("e1", engine))
     with routed(routes, demand_interval_s=0.1) as router:
         with httpx.Client(timeout=60) as client, client.stream("POST", router.api + "/completions", json={
                 "model": "demo-poet", "prompt": "Once", "max_tokens": 1500, "ignore_eos": True, "stream": True}) as r:
-            next(r.iter_lines())
+            lines = r.iter_lines()  # held: a line iterator dropped at once closes the connection (an abort)
+            next(lines)
             wait_until(lambda: any(d.model == "demo-poet" and d.running == 1 for rep in routes.demand
                                    for d in rep.demand), "a report of the running request")
         wait_until(lambda: any(d.model == "demo-poet" and d.running == 0 for d in routes.demand[-1].demand),

@@ -1,0 +1,179 @@
+"""The router's own cost in front of a real engine (issue 11 §5): 1-token latency and streaming throughput.
+
+    .venv/bin/python bench/router_overhead.py [--repeats 3] [--requests 200] [--streams 8] [--stream-tokens 128]
+
+Real processes on loopback, all on this machine (CPU): `loraplane control` (SQLite), one `loraplane engine
+--control-plane …` on the demo model with one adapter loaded through the control plane, and `loraplane
+router` pointed at the control plane. Each repeat measures, alternating the router and the engine itself
+request by request (1-token) or run by run (streams), so that both see the same machine:
+
+- p50 of a 1-token non-streaming completion of the adapter, via the router and direct; the overhead is
+  their difference (target ≤ 2 ms);
+- output tokens/s of --streams concurrent streams of --stream-tokens tokens, via the router over direct
+  (target ≥ 0.95).
+
+Prints one JSON object; figures are medians over the repeats with [min, max].
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+from stack import free_port, process  # bench/stack.py: run as `python bench/router_overhead.py`
+
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.weights import TARGET_MODULES
+
+ENGINE = "bench-engine"
+ADAPTER = "a00"
+ENGINE_FLAGS = ("--device", "cpu", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--max-model-len",
+                "512", "--num-kv-blocks", "512", "--log-level", "warning")
+
+
+def spread(values: list[float], digits: int) -> dict:
+    return {"median": round(statistics.median(values), digits),
+            "range": [round(min(values), digits), round(max(values), digits)]}
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "shared.cli", *args]
+
+
+@contextlib.contextmanager
+def running(tmp: Path) -> Iterator[tuple[str, str]]:
+    """Control plane, engine (the adapter loaded through the control plane) and router; yields (router, engine)."""
+    base = tmp / "base"
+    write_demo_model(base, seed=0)
+    adapter = write_lora_adapter(base, tmp / "adapters" / ADAPTER,
+                                 DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES), seed=100)
+    admin, router_token, engine_admin, engine_cp = (secrets.token_urlsafe(16) for _ in range(4))
+    cp, engine, router = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
+    cp_env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": admin, "LORAPLANE_ROUTER_TOKENS": router_token,
+              "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE}={engine_cp}",
+              "LORAPLANE_DATABASE_URL": f"sqlite:///{tmp / 'cp.db'}", "LORAPLANE_LOG_LEVEL": "warning"}
+    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(process(cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)),
+                                    cp_env, tmp / "control.log", cp))
+        stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
+                                        engine.rsplit(":", 1)[1], "--control-plane", cp, "--engine-name", ENGINE,
+                                        "--lora-cache-dir", str(tmp / "cache"), *ENGINE_FLAGS),
+                                    engine_env, tmp / "engine.log", engine))
+        with httpx.Client(base_url=cp, headers={"Authorization": f"Bearer {admin}"}, timeout=120) as client:
+            deadline = time.monotonic() + 60
+            while not any(e["name"] == ENGINE and e["state"] == "healthy" for e in client.get("/v1/engines").json()["data"]):
+                if time.monotonic() > deadline:
+                    raise SystemExit("the engine did not register with the control plane")
+                time.sleep(0.2)
+            r = client.post("/v1/load_lora_adapter", json={"lora_name": ADAPTER, "lora_path": str(adapter),
+                                                           "base_model": "demo"})
+            if r.status_code != 200:
+                raise SystemExit(f"loading {ADAPTER} answered {r.status_code}: {r.text[:300]}")
+        stack.enter_context(process(cli("router", "--control-plane", cp, "--port", router.rsplit(":", 1)[1],
+                                        "--log-level", "warning"),
+                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router))
+        deadline = time.monotonic() + 60
+        while httpx.post(f"{router}/v1/completions", timeout=60, json={"model": ADAPTER, "prompt": "hi",
+                                                                       "max_tokens": 1}).status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the router does not serve {ADAPTER}; see {tmp / 'router.log'}")
+            time.sleep(0.5)
+        yield router, engine
+
+
+async def one_token(http: httpx.AsyncClient, url: str) -> float:
+    body = {"model": ADAPTER, "prompt": "hello", "max_tokens": 1, "temperature": 0}
+    started = time.perf_counter()
+    r = await http.post(f"{url}/v1/completions", json=body)
+    if r.status_code != 200:
+        raise SystemExit(f"{url} answered {r.status_code}: {r.text[:300]}")
+    return time.perf_counter() - started
+
+
+async def overhead(router: str, engine: str, n: int) -> tuple[float, float]:
+    """p50 seconds of a 1-token completion via the router and direct, alternated request by request."""
+    via, direct = [], []
+    async with httpx.AsyncClient(timeout=60) as http:
+        for _ in range(10):  # warm: connections open on both paths
+            await one_token(http, router)
+            await one_token(http, engine)
+        for _ in range(n):
+            via.append(await one_token(http, router))
+            direct.append(await one_token(http, engine))
+    return statistics.median(via), statistics.median(direct)
+
+
+async def stream_one(http: httpx.AsyncClient, url: str, tokens: int) -> int:
+    body = {"model": ADAPTER, "prompt": "once upon a time", "max_tokens": tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    seen = 0
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"{url} answered {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                seen += 1
+    return seen
+
+
+async def streaming(url: str, streams: int, tokens: int) -> float:
+    """Output tokens/s of `streams` concurrent streams."""
+    async with httpx.AsyncClient(timeout=600) as http:
+        started = time.perf_counter()
+        counts = await asyncio.gather(*(stream_one(http, url, tokens) for _ in range(streams)))
+        return sum(counts) / (time.perf_counter() - started)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=200, help="1-token requests per path and repeat")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--stream-tokens", type=int, default=128)
+    parser.add_argument("--stream-runs", type=int, default=2, help="router/direct stream run pairs per repeat")
+    args = parser.parse_args()
+    via_p50, direct_p50, ratios, via_tps, direct_tps = [], [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp_name, running(Path(tmp_name)) as (router, engine):
+        asyncio.run(streaming(router, args.streams, 16))  # warm-up, not counted
+        asyncio.run(streaming(engine, args.streams, 16))
+        for rep in range(args.repeats):
+            via, direct = asyncio.run(overhead(router, engine, args.requests))
+            via_p50.append(1e3 * via)
+            direct_p50.append(1e3 * direct)
+            pairs = []
+            for run in range(args.stream_runs):  # which path goes first alternates
+                order = (router, engine) if (rep + run) % 2 == 0 else (engine, router)
+                tps = {url: asyncio.run(streaming(url, args.streams, args.stream_tokens)) for url in order}
+                pairs.append((tps[router], tps[engine]))
+            via_tps.append(statistics.mean(p[0] for p in pairs))
+            direct_tps.append(statistics.mean(p[1] for p in pairs))
+            ratios.append(via_tps[-1] / direct_tps[-1])
+    print(json.dumps({
+        "benchmark": "router_overhead",
+        "machine": f"CPU only, {os.cpu_count()} cores shared by the control plane, the engine, the router and the client",
+        "setup": {"engine": "demo model (Qwen2-style, 4 layers, hidden 256), one rank-8 adapter", "repeats": args.repeats,
+                  "requests": args.requests, "streams": args.streams, "stream_tokens": args.stream_tokens},
+        "overhead_1_token_p50_ms": spread([v - d for v, d in zip(via_p50, direct_p50, strict=True)], 2) | {
+            "via_router_ms": spread(via_p50, 2), "direct_ms": spread(direct_p50, 2), "target": "<= 2"},
+        "streaming_throughput_ratio": spread(ratios, 3) | {
+            "via_router_tokens_per_s": spread(via_tps, 1), "direct_tokens_per_s": spread(direct_tps, 1),
+            "target": ">= 0.95"},
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
