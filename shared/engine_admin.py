@@ -24,6 +24,8 @@ from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
 Name = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Slots = Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
+# A byte count the control plane stores in a 64-bit column (a larger one was a 500).
+ByteCount = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 Sha256 = Annotated[str, msgspec.Meta(max_length=64)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
 # A reason for an unhealthy engine: short, shown in listings and logs.
@@ -158,7 +160,7 @@ class EngineHeartbeat(msgspec.Struct, kw_only=True):
     draining: bool = False
     reason: Reason | None = None
     # free room of the engine's artifact cache (--lora-cache-dir) under --lora-cache-max-bytes; None: no cache
-    cache_bytes_free: Count | None = None
+    cache_bytes_free: ByteCount | None = None
 
 
 class ResolvedAdapter(msgspec.Struct, kw_only=True):

@@ -271,30 +271,39 @@ def options_response(request: Request) -> Response[None]:
 
 
 async def refuse_undocumented_method(request: Request) -> Response[Any] | None:
-    """A controller's `before_request`: 405 with `Allow` for a method the document does not list for the
-    path asked (one `{name:path}` route serves several documented paths: PATCH is documented for
-    `…/{name}` only, not for `…/{name}/activate`, which that route would otherwise parse as a name)."""
+    """A controller's `before_request`: 405 with `Allow` for a method that no documented path matching
+    the path asked lists (one `{name:path}` route serves several documented paths; where two of them
+    match, as `…/x/versions/versions` does, the handler tells them apart)."""
     if request.method in ("OPTIONS", "HEAD"):
         return None
-    allowed = documented_methods(request.app, request.url.path)
-    if request.method in allowed:
+    if request.method in documented_methods(request.app, request.url.path, every_match=True):
         return None
+    return method_not_allowed(request)
+
+
+def method_not_allowed(request: Request) -> Response[Any]:
+    """405 naming the methods the path's most literal documented template takes (also in `Allow`)."""
+    allowed = documented_methods(request.app, request.url.path)
     return error_body(405, f"{request.method} is not allowed on {request.url.path[:200]}; this path takes "
                            f"{', '.join(allowed) or 'no method'}", headers={"Allow": ", ".join(["OPTIONS", *allowed])})
 
 
-def documented_methods(app: Litestar, path: str) -> list[str]:
+def documented_methods(app: Litestar, path: str, *, every_match: bool = False) -> list[str]:
     """The methods `app`'s document lists for `path` (its most literal matching path template): the
-    `Allow` of an OPTIONS answer where one `{name:path}` route serves several documented paths."""
+    `Allow` of an OPTIONS answer where one `{name:path}` route serves several documented paths.
+    `every_match`: the methods of every template the path matches (`…/x/versions/versions` is both an
+    upload for the name `x/versions` and a version named `versions` of `x`)."""
     document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
-    best: tuple[int, dict[str, Any]] | None = None
+    matches: list[tuple[int, dict[str, Any]]] = []
     for template, item in document.get("paths", {}).items():
         parts = re.split(r"(\{\w+\})", template)
-        pattern = "".join(".+" if part.startswith("{") else re.escape(part) for part in parts)
-        literal = sum(len(part) for part in parts if not part.startswith("{"))
-        if re.fullmatch(pattern, path) and (best is None or literal > best[0]):
-            best = (literal, item)
-    return [m.upper() for m in _METHODS if best is not None and m in best[1]]
+        # a parameter is anything, newlines too (a name the handler refuses must reach the handler)
+        pattern = "".join("[\\s\\S]+" if part.startswith("{") else re.escape(part) for part in parts)
+        if re.fullmatch(pattern, path):
+            matches.append((sum(len(part) for part in parts if not part.startswith("{")), item))
+    if not every_match:
+        matches = [max(matches, key=lambda m: m[0])] if matches else []
+    return [m.upper() for m in _METHODS if any(m in item for _, item in matches)]
 
 
 T = TypeVar("T")

@@ -63,7 +63,9 @@ def requests_at(cp: str, route: str) -> float:
 
 def upload(cp: str, name: str, folder: Path) -> httpx.Response:
     files = {n: (n, (folder / n).read_bytes(), "application/octet-stream") for n in (CONFIG_NAME, WEIGHTS_NAME)}
-    return httpx.post(f"{cp}/v1/lora_adapters/{name}/versions", files=files, data={"base_model": "demo"},
+    return httpx.post(f"{cp}/v1/lora_adapters/{name}/versions", files=files,
+                      # both engines hold it (a load goes to `min` engines)
+                      data={"base_model": "demo", "replicas": '{"min": 2, "max": 2}'},
                       headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
 
 

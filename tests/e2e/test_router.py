@@ -86,6 +86,8 @@ def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) ->
             engines[name] = stack.enter_context(run_engine(
                 base, tmp_path / f"{name}.log", "--enable-lora", "--lora-roots", str(root), "--admin-token",
                 ENGINE_TOKEN, "--control-plane", cp, "--engine-name", name, *SHARED_FLAGS,
+                # beats well inside the 3 s stale-after, or a busy machine reads them stale between two
+                "--heartbeat-interval-s", "0.5",
                 env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS[name], "LORAPLANE_API_KEY": ENGINE_KEY}))
         port = _free_port()
         router = f"http://127.0.0.1:{port}"

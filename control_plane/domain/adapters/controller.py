@@ -7,7 +7,7 @@ Adapter names may contain `/` (e.g. `org/adapter`), so per-adapter routes take t
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, route
@@ -25,7 +25,14 @@ from control_plane.domain.placements.push import Pusher
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
 from shared.names import name_problem
-from shared.openapi import decode_body, options_response, refuse_undocumented_method, route_doc, route_docs
+from shared.openapi import (
+    decode_body,
+    method_not_allowed,
+    options_response,
+    refuse_undocumented_method,
+    route_doc,
+    route_docs,
+)
 
 _ACTIVATE = "/activate"
 _VERSIONS = "/versions"
@@ -132,14 +139,17 @@ class AdapterController(Controller):
                             errors=(400, 404), path="/v1/lora_adapters/{name}", path_params=_NAME,
                             example={"replicas": {"min": 1, "max": 2}})})
     async def update_adapter(self, service: AdapterService, principal: Principal, name: str,
-                             request: Request) -> Response[schemas.AdapterUpdated]:
+                             request: Request) -> Response[Any]:
         """Set the adapter's `replicas {min, max}` (`max` may be "all"; a field left out or null is the
         control plane's default; 400 when min is above max). Replicas are added or let go at once to meet
         the new counts (never a loaded one that would leave fewer than desired loaded), and demand
         scaling moves between them from now on. Status as for loads: 200, 207 (some engines failed),
         502 (all)."""
+        target = name.lstrip("/")
+        if target.endswith((_ACTIVATE, _VERSIONS)) or _VERSION_PATH.match(target):
+            return method_not_allowed(request)  # …/activate, …/versions[/n]: no adapter has such a name
         data = decode_body(await request.body(), schemas.AdapterUpdate)
-        updated = await service.update(name.lstrip("/"), data, principal)
+        updated = await service.update(target, data, principal)
         return Response(updated, status_code=schemas.push_status(updated.engines))
 
     @get("/resolve/{name:path}", operation_id="resolveLoraAdapter",

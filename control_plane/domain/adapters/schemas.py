@@ -28,7 +28,9 @@ LABELS_RULE = msgspec.Meta(description=f"at most {MAX_LABELS} labels; keys 1–{
 MAX_OFFSET = 1 << 31
 MAX_VERSION = (1 << 31) - 1  # a version number the database's integer column holds (larger was a 500)
 # A listing's label filter: `key` (present) or `key=value` (equal).
-LabelFilter = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY + 1 + MAX_LABEL_VALUE)]
+# no NUL: SQLite's JSON path cannot hold one (a filter with one was a 500)
+LabelFilter = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY + 1 + MAX_LABEL_VALUE,
+                                          pattern="^[^\\x00]*$")]
 MAX_NAMED_ENGINES = 1024  # engine names follow the adapter name rule (shared.names)
 # A folder path: no NUL (the OS cannot take one; it used to be a 500) and bounded in length.
 AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern="^[^\\x00]*$",
