@@ -15,7 +15,9 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -60,6 +62,27 @@ def events(text: str) -> list[dict]:
             event = json.loads(block.removeprefix("data: "))
             out.append({k: v for k, v in event.items() if k not in ("id", "created")})
     return out
+
+
+@contextlib.contextmanager
+def keep_running(url: str, body: dict, headers: dict) -> Iterator[None]:
+    """Streams `body` to `url` one after another, in a thread, for as long as the block runs."""
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.is_set():
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+                for _ in response.iter_lines():
+                    if done.is_set():
+                        break
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=60)
 
 
 def wait_for(predicate, what: str, timeout_s: float = 60) -> None:  # noqa: ANN001
@@ -136,11 +159,11 @@ def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) ->
         assert chat.choices[0].message.content is not None
 
         # while a request runs, the router reports its adapter's demand, and the control plane takes it
+        # (one after another until a report is taken: a single one may end between two reports)
         long = {"model": "demo-poet", "prompt": "Once", "max_tokens": 200, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", router + "/v1/completions", json=long, headers=key, timeout=60) as running:
-            next(running.iter_lines())
+        with keep_running(router + "/v1/completions", long, key):
             wait_for(lambda: scrape_metric(router, "loraplane_router_demand_reports_total", 'result="ok"') >= 1,
-                     "an accepted demand report", timeout_s=10)
+                     "an accepted demand report", timeout_s=30)
         assert scrape_metric(router, "loraplane_router_demand_reports_total", 'result="failed"') == 0
 
         # the adapter nobody held: the router's request places it, then it is served
