@@ -1,19 +1,58 @@
 """Continuous batching: every step decodes all running sequences and admits waiting prompts.
 
-Admission is first come, first served within the token budget (`max_num_batched_tokens`) and the
+Admission stays within the free KV blocks, the token budget (`max_num_batched_tokens`) and the
 sequence cap (`max_num_seqs`). When a running sequence needs a KV block and none is free, the most
 recently admitted running sequence is preempted: its blocks are freed and it goes back to the front
 of the waiting queue, to be recomputed (its prefix blocks are often still cached).
+
+With LoRA, an adapter's sequence can run only while the adapter holds one of the few device slots.
+So that one load serves every waiting request of an adapter, admission goes in two passes over the
+waiting queue, each in arrival order:
+
+    pass 1: sequences of the base model and of adapters in a slot now
+    pass 2: the others, up to where pass 1 stopped; the first of an adapter loads it into a free slot
+            or one whose adapter is not busy (the coldest: slots.py), and its later arrivals join it
+
+An adapter with a sequence admitted this step is busy, so pass 2 never evicts an adapter that pass 1
+just gave work. A sequence refused room (blocks, budget, cap) ends its pass and pass 2 stops where pass
+1 did: no sequence takes room that one before it was refused in the step.
+
+Bounded waiting: in pass 1 later sequences pass a head of the queue whose adapter has no slot. Once the
+head has waited `max_slot_wait_steps` steps it is admitted first, before both passes. Refused room, it
+stops all admission (first come, first served, as without LoRA). Refused a slot (every one is pinned
+or busy), the busy unpinned adapter with the fewest running sequences is drained: none of its
+sequences is admitted until the head has started, so its slot frees once those end (within
+max_model_len steps each) and the head, tried first, takes it.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import enum
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.sequence import Sequence, SequenceStatus
 from data_plane.lora.slots import LoRASlotManager
+
+MAX_SLOT_WAIT_STEPS = 16  # steps the head of the queue may be passed before it is admitted first
+
+
+class _Verdict(enum.Enum):
+    ADMITTED = "admitted"
+    NO_ROOM = "no_room"  # KV blocks, token budget or sequence cap
+    NO_SLOT = "no_slot"  # every LoRA slot holds a pinned or busy adapter
+    NOT_RESIDENT = "not_resident"  # its adapter has no slot and this pass loads none
+
+
+@dataclass
+class _Admission:
+    """One step's admission, shared by its passes."""
+
+    token_budget: int
+    busy: set[int]  # adapters of running and admitted sequences: their slots are not evicted
+    held_back: int | None = None  # the adapter drained for an overdue head
+    admitted: set[int] = field(default_factory=set)  # seq ids
 
 
 @dataclass
@@ -39,14 +78,19 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         lora_slots: LoRASlotManager | None = None,
+        max_slot_wait_steps: int = MAX_SLOT_WAIT_STEPS,
     ) -> None:
         self.block_manager = block_manager
         self.lora_slots = lora_slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_slot_wait_steps = max_slot_wait_steps
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # steps each head of the queue waited (kept when a preempted sequence goes in front of it)
+        self._waited: dict[int, int] = {}
+        self._drained: tuple[int, int] | None = None  # (overdue head's seq id, adapter held back for it)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -77,24 +121,68 @@ class Scheduler:
         self.running = running
 
     def _admit_waiting(self, out: SchedulerOutput, token_budget: int) -> None:
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            num_new = self.block_manager.plan_allocation(seq)
-            if num_new is None or num_new > token_budget or not self._adapter_resident(seq):
-                break  # first come, first served: later arrivals wait behind the head, so none starves
-            self.block_manager.allocate(seq)
-            token_budget -= num_new
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.prefills.append(ScheduledPrefill(seq, num_new))
+        if not self.waiting:
+            return
+        step = _Admission(token_budget, {s.adapter_id for s in self.running})
+        head = self.waiting[0]
+        load = True
+        if self._waited.get(head.seq_id, 0) >= self.max_slot_wait_steps:
+            verdict = self._admit(out, step, head, load=True)
+            if verdict is _Verdict.NO_ROOM:
+                return
+            if verdict is _Verdict.NO_SLOT:
+                step.held_back = self._held_back(head)
+                load = False  # no slot frees within the step: a later load would find none either
+        queue = [s for s in self.waiting if s.seq_id not in step.admitted]
+        stop = self._admission_pass(out, step, queue, load=False)
+        if load:
+            self._admission_pass(out, step, queue[:stop], load=True)
+        if step.admitted:
+            self.waiting = deque(s for s in self.waiting if s.seq_id not in step.admitted)
+        if self.waiting and self.waiting[0] is head:
+            self._waited[head.seq_id] = self._waited.get(head.seq_id, 0) + 1
 
-    def _adapter_resident(self, seq: Sequence) -> bool:
-        """Base sequences need nothing; an adapter's needs a device slot (loaded now if one can be freed)."""
-        if seq.adapter_id == 0:
-            return True
-        busy = {s.adapter_id for s in self.running}
-        return self.lora_slots.ensure_resident(seq.adapter_id, seq.request.lora, busy)
+    def _admission_pass(self, out: SchedulerOutput, step: _Admission, queue: list[Sequence], load: bool) -> int:
+        """Admit what this pass may of `queue`; answers where a sequence refused room stopped it."""
+        for index, seq in enumerate(queue):
+            if seq.seq_id in step.admitted or seq.adapter_id == step.held_back:
+                continue
+            verdict = self._admit(out, step, seq, load)
+            if verdict is _Verdict.NO_ROOM:
+                return index
+            if verdict is _Verdict.NO_SLOT:
+                load = False  # every slot is pinned or busy until the step ends
+        return len(queue)
+
+    def _admit(self, out: SchedulerOutput, step: _Admission, seq: Sequence, load: bool) -> _Verdict:
+        adapter = seq.adapter_id
+        resident = adapter == 0 or self.lora_slots.is_resident(adapter)
+        if not resident and not load:
+            return _Verdict.NOT_RESIDENT
+        num_new = self.block_manager.plan_allocation(seq)
+        if len(self.running) >= self.max_num_seqs or num_new is None or num_new > step.token_budget:
+            return _Verdict.NO_ROOM
+        if not resident and not self.lora_slots.ensure_resident(adapter, seq.request.lora, step.busy):
+            return _Verdict.NO_SLOT
+        if adapter:
+            step.busy.add(adapter)
+            self.lora_slots.use(adapter)
+        self.block_manager.allocate(seq)
+        step.token_budget -= num_new
+        step.admitted.add(seq.seq_id)
+        self._waited.pop(seq.seq_id, None)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        out.prefills.append(ScheduledPrefill(seq, num_new))
+        return _Verdict.ADMITTED
+
+    def _held_back(self, head: Sequence) -> int | None:
+        """The adapter drained for an overdue head: the busy unpinned one with the fewest running
+        sequences, kept while the head is the same and it still holds a slot that could free."""
+        running = Counter(s.adapter_id for s in self.running if s.adapter_id and not self.lora_slots.is_pinned(s.adapter_id))
+        if self._drained is None or self._drained[0] != head.seq_id or self._drained[1] not in running:
+            self._drained = (head.seq_id, min(running, key=lambda a: (running[a], a))) if running else None
+        return self._drained[1] if self._drained else None
 
     def adapter_counts(self) -> tuple[dict[int, int], dict[int, int]]:
         """Running and waiting sequences per adapter id."""
@@ -118,4 +206,5 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self._waited.pop(seq.seq_id, None)
         self.block_manager.free_seq(seq)

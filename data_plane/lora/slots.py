@@ -1,9 +1,20 @@
 """Device slots: which adapters are resident for compute, loading into and evicting from them.
 
 Runs on the engine thread only. An adapter gets a slot when the scheduler admits one of its
-sequences; the least recently used slot whose adapter is neither pinned nor in use by a running
-sequence is evicted to make room. Copying into a slot is the only LoRA work on the engine loop:
-reading and validating files happened before (see peft_loader.py).
+sequences. To make room, the slot evicted is one whose adapter is neither pinned nor busy (used by a
+running sequence or one admitted this step), and of those the coldest: every admitted sequence is a
+use (`use`), and uses are counted with a half-life of HEAT_HALF_LIFE uses of any adapter, so
+
+    heat(a) = sum over a's uses u of 2 ** -((uses now - uses at u) / HEAT_HALF_LIFE)
+    victim  = min over evictable a of (heat(a), uses at a's last use)
+
+A hot adapter that is idle for a moment keeps its slot against one that came once (plain LRU would
+evict it and load it back a few steps later); one that stops being used cools down within a few
+half-lives, and ties (a slot loaded but never used) go to the least recently used. Heat outlives an
+eviction (an adapter that comes back is as hot as its uses say) and ends with `remove`.
+
+Copying into a slot is the only LoRA work on the engine loop: reading and validating files happened
+before (see peft_loader.py).
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ import torch
 from data_plane.lora.errors import LoRAConflictError
 from data_plane.lora.layers import LinearWithLoRA
 from data_plane.lora.weights import LoRAAdapterWeights
+
+HEAT_HALF_LIFE = 32.0  # uses (admitted sequences of any adapter)
 
 
 @dataclass
@@ -47,17 +60,33 @@ class LoRASlotManager:
         self.slot_owner: list[int | None] = [None] * max_loras  # slot -> adapter id
         self.slot_rank: list[int] = [0] * max_loras  # rank of the adapter in each slot (0 = empty)
         self.slot_of: dict[int, int] = {}  # adapter id -> slot
-        self.last_used: dict[int, float] = {}
+        self.uses = 0  # sequences admitted with any adapter: the clock heat decays by
+        self.heat: dict[int, tuple[float, int]] = {}  # adapter id -> (heat, self.uses at its last use)
         self.pinned: set[int] = set()
         self.stats: dict[int, AdapterEngineStats] = {}
 
     def slot(self, adapter_id: int) -> int:
         return self.slot_of[adapter_id]
 
+    def is_resident(self, adapter_id: int) -> bool:
+        return adapter_id in self.slot_of
+
+    def use(self, adapter_id: int) -> None:
+        """A sequence of this (resident) adapter was admitted: it heats up."""
+        self.uses += 1
+        self.heat[adapter_id] = (self._heat(adapter_id)[0] + 1.0, self.uses)
+
+    def _heat(self, adapter_id: int) -> tuple[float, int]:
+        """(heat now, uses at the last use): the eviction order, coldest first."""
+        heat, at = self.heat.get(adapter_id, (0.0, 0))
+        return heat * 0.5 ** ((self.uses - at) / HEAT_HALF_LIFE), at
+
+    def is_pinned(self, adapter_id: int) -> bool:
+        return adapter_id in self.pinned
+
     def ensure_resident(self, adapter_id: int, weights: LoRAAdapterWeights, busy: set[int]) -> bool:
         """Make the adapter resident; False when every slot holds a pinned or busy adapter (wait)."""
         if adapter_id in self.slot_of:
-            self.last_used[adapter_id] = time.monotonic()
             return True
         slot = self._free_or_evictable_slot(busy)
         if slot is None:
@@ -85,7 +114,7 @@ class LoRASlotManager:
         if slot is not None:
             self.write_slot(slot, None)
             self.slot_owner[slot] = None
-        self.last_used.pop(adapter_id, None)
+        self.heat.pop(adapter_id, None)
         self.stats.pop(adapter_id, None)
 
     def snapshot(self, running: dict[int, int], waiting: dict[int, int]) -> LoRAEngineStats:
@@ -110,7 +139,7 @@ class LoRASlotManager:
         candidates = [a for a in self.slot_of if a not in self.pinned and a not in busy]
         if not candidates:
             return None
-        victim = min(candidates, key=lambda a: self.last_used.get(a, 0.0))
+        victim = min(candidates, key=self._heat)
         slot = self.slot_of.pop(victim)
         self.slot_owner[slot] = None
         self._stats(victim).evictions += 1
@@ -121,7 +150,6 @@ class LoRASlotManager:
         self.write_slot(slot, weights)
         self.slot_owner[slot] = adapter_id
         self.slot_of[adapter_id] = slot
-        self.last_used[adapter_id] = time.monotonic()
         stats = self._stats(adapter_id)
         stats.loads += 1
         stats.last_load_seconds = time.perf_counter() - start

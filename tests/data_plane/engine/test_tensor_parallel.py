@@ -39,12 +39,14 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 def _spec(model: Path, adapters: list[Path]) -> dict:
     p = _prompts(4, seed=21)
     alone = [[[f"alone{i}", p[i % 4], i]] for i in range(len(adapters) + 1)]  # base (0) and each adapter
+    # each adapter alone once more, in the same cycle: with max_loras=2 < 3 adapters, whatever the slot
+    # policy, an adapter comes back after its slot went to another, so slots are rewritten on every rank
+    again = [[[f"again{i}", p[(i + 1) % 4], i]] for i in range(1, len(adapters) + 1)]
     mixed = [[f"mixed{i}-{j}", p[j], i] for j in range(2) for i in range(len(adapters) + 1)]
-    # max_loras=2 < adapters: slots are evicted and rewritten on every rank; adapter 1 is then removed
-    # (unloaded) and must be absent from its slot while the others still serve
+    # adapter 1 is then removed (unloaded) and must be absent from its slot while the others still serve
     after = [[f"after{i}", p[3], i] for i in range(2, len(adapters) + 1)]
     return {"model": str(model), "adapters": [str(a) for a in adapters], "max_tokens": 12,
-            "phases": [*alone, mixed, after], "unload_before_last_phase": [1]}
+            "phases": [*alone, *again, mixed, after], "unload_before_last_phase": [1]}
 
 
 def _checkpoint(root: Path, name: str, family: str, **overrides) -> Path:

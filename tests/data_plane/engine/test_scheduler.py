@@ -1,0 +1,172 @@
+"""The scheduler with LoRA slots: one load serves every waiting request of an adapter, an adapter with work
+keeps its slot, the head of the queue is admitted within the bound, nothing passes a sequence refused room.
+
+The scheduler runs on a real BlockManager and a real LoRASlotManager without layers (slot writes copy
+nothing), driven as the engine drives it: schedule a step, grow or finish its sequences, repeat.
+"""
+
+from __future__ import annotations
+
+from data_plane.engine.block_manager import BlockManager
+from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.scheduler import Scheduler, SchedulerOutput
+from data_plane.engine.sequence import Request, Sequence
+from data_plane.lora.slots import LoRASlotManager
+from data_plane.lora.weights import LoRAAdapterWeights
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+
+
+def _weights(adapter_id: int) -> LoRAAdapterWeights:
+    return LoRAAdapterWeights(path=f"/adapters/{adapter_id}", sha256=f"{adapter_id:064x}", rank=4, alpha=8.0,
+                              target_modules=["q_proj"], size_bytes=0)
+
+
+class Drive:
+    """A scheduler, its sequences by name, and a check of every step it schedules."""
+
+    def __init__(self, *, max_loras: int = 2, num_blocks: int = 256, max_num_seqs: int = 64, wait: int = 4) -> None:
+        self.slots = LoRASlotManager([], max_loras)
+        self.blocks = BlockManager(num_blocks, block_size=4)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, 2048, self.slots, max_slot_wait_steps=wait)
+        self.seqs: dict[str, Sequence] = {}
+        self.steps_left: dict[str, int] = {}  # sequences that finish after running this many more steps
+
+    def add(self, name: str, adapter_id: int, prompt_len: int = 4, steps: int | None = None) -> Sequence:
+        """Queue a sequence; with `steps`, it finishes after running that many steps."""
+        request = Request(name, list(range(1, prompt_len + 1)), PARAMS, adapter_id=adapter_id,
+                          prefix_hash_seed=adapter_id, lora=_weights(adapter_id) if adapter_id else None)
+        seq = self.seqs[name] = Sequence(len(self.seqs), request, 0)
+        if steps is not None:
+            self.steps_left[name] = steps
+        self.scheduler.add(seq)
+        return seq
+
+    def step(self) -> list[str]:
+        """One step; answers the names admitted in it. Every sequence that runs has its adapter in a slot."""
+        out: SchedulerOutput = self.scheduler.schedule()
+        for seq in out.decodes + [p.seq for p in out.prefills]:
+            if seq.adapter_id:
+                assert self.slots.slot_owner[self.slots.slot(seq.adapter_id)] == seq.adapter_id
+            seq.num_computed_tokens = len(seq)
+            name = seq.request.request_id
+            if name in self.steps_left:
+                self.steps_left[name] -= 1
+                if not self.steps_left[name]:
+                    self.finish(name)
+        return [p.seq.request.request_id for p in out.prefills]
+
+    def finish(self, *names: str) -> None:
+        for name in names:
+            self.scheduler.remove(self.seqs[name])
+
+    def loads(self, adapter_id: int) -> int:
+        return self.slots.stats[adapter_id].loads
+
+
+def test_one_load_serves_every_waiting_request_of_an_adapter():
+    d = Drive(max_loras=1)
+    for name, adapter in [("a1", 1), ("b1", 2), ("base", 0), ("a2", 1), ("b2", 2), ("a3", 1), ("b3", 2)]:
+        d.add(name, adapter)
+    # a1 loads adapter 1 and a2, a3 join it; the b's wait for the one slot; the base model needs none
+    assert d.step() == ["base", "a1", "a2", "a3"]
+    assert d.step() == []
+    d.finish("a1", "a2", "a3")
+    assert d.step() == ["b1", "b2", "b3"]
+    assert d.loads(1) == d.loads(2) == 1  # first come, first served would have loaded six times
+
+
+def test_a_resident_adapter_with_waiting_work_is_not_evicted_for_an_earlier_arrival():
+    d = Drive(max_loras=2)
+    d.add("a1", 1)
+    d.add("c1", 3)
+    assert d.step() == ["a1", "c1"]
+    d.finish("a1", "c1")
+    d.add("b1", 2)  # arrives first, but adapters 1 and 3 are in the slots and have requests too
+    d.add("a2", 1)
+    assert d.step() == ["a2", "b1"]  # a2 makes adapter 1 busy; b1 takes adapter 3's slot, not 1's
+    assert d.slots.is_resident(1) and d.slots.is_resident(2) and not d.slots.is_resident(3)
+
+
+def test_the_head_waiting_for_a_slot_is_admitted_within_the_bound():
+    wait, run_steps = 4, 3
+    d = Drive(max_loras=1, wait=wait)
+    d.add("a0", 1, steps=run_steps)
+    assert d.step() == ["a0"]
+    d.add("b", 2)  # the one slot is busy with adapter 1, which gets a new request every step
+    passed = 0
+    for step in range(1, 40):
+        d.add(f"a{step}", 1, steps=run_steps)
+        admitted = d.step()
+        if "b" in admitted:
+            break
+        passed += len(admitted)
+    else:
+        raise AssertionError("the head of the queue was never admitted")
+    assert passed > 0  # later requests of the resident adapter passed it meanwhile
+    # the bound, then adapter 1 drained (none of its new requests admitted) until b has its slot
+    assert step <= wait + run_steps
+    assert d.loads(2) == 1 and d.slots.stats[1].evictions == 1
+
+
+def test_nothing_is_admitted_past_a_sequence_refused_room():
+    d = Drive(max_loras=2, num_blocks=12)  # 11 blocks usable (one is the watermark)
+    d.add("a0", 1, prompt_len=24)  # 6 blocks
+    assert d.step() == ["a0"]
+    d.add("b", 2, prompt_len=4)  # not resident, 1 block: fits
+    d.add("a_big", 1, prompt_len=24)  # resident, 6 blocks: does not fit the 5 usable
+    d.add("a_small", 1, prompt_len=4)  # resident, 1 block: would fit, but arrived after a_big
+    assert d.step() == ["b"]
+    d.finish("a0")
+    assert d.step() == ["a_big", "a_small"]
+
+
+def test_a_preempted_sequence_keeps_its_adapter_slot_while_it_waits_for_room():
+    d = Drive(max_loras=2, num_blocks=9)  # 8 blocks usable
+    d.add("a1", 1, prompt_len=16)  # 4 blocks, full
+    d.add("c1", 3, prompt_len=16)  # 4 blocks, full
+    assert d.step() == ["a1", "c1"]
+    d.add("b1", 2, prompt_len=2)  # waits: both slots busy
+    for name in ("a1", "c1"):
+        d.seqs[name].output_token_ids.append(7)  # each needs a fifth block; one is left
+    assert d.step() == []  # c1, admitted last, is preempted; it goes back to the front and does not fit
+    assert d.scheduler.num_preemptions == 1 and d.scheduler.waiting[0] is d.seqs["c1"]
+    assert d.slots.is_resident(3)  # b1 (which would fit) did not pass c1 nor take adapter 3's idle slot
+    d.finish("a1")
+    assert d.step() == ["c1", "b1"]
+
+
+def test_an_overdue_head_never_drains_a_pinned_adapter():
+    d = Drive(max_loras=2, wait=2)
+    d.slots.pin(5, _weights(5), set())
+    d.add("p0", 5)  # the pinned adapter runs one request that does not end: draining it would never free
+    d.add("a0", 1, steps=2)
+    d.add("a1", 1, steps=2)
+    assert d.step() == ["p0", "a0", "a1"]
+    d.add("b", 2)  # adapter 1 always has two running (more than the pinned one) and one waiting
+    for step in range(2, 30):
+        d.add(f"a{step}", 1, steps=2)
+        if "b" in d.step():
+            break
+    else:
+        raise AssertionError("the head of the queue was never admitted")
+    assert d.slots.is_resident(5) and d.slots.stats[1].evictions == 1 and d.loads(2) == 1
+
+
+def test_an_overdue_head_is_admitted_when_resident_adapters_fill_every_seat():
+    wait = 3
+    d = Drive(max_loras=2, max_num_seqs=4, wait=wait)
+    d.add("a0", 1, steps=3)
+    d.add("c0", 3, steps=2)
+    assert d.step() == ["a0", "c0"]
+    d.add("b", 2)  # both slots busy; adapters 1 and 3 alone would take every seat, step after step
+    for step in range(1, 40):
+        for k in range(2):
+            d.add(f"a{step}-{k}", 1, steps=3)
+        d.add(f"c{step}", 3, steps=2)
+        if "b" in d.step():
+            break
+    else:
+        raise AssertionError("the head of the queue was never admitted")
+    # overdue after `wait` steps; then a drained adapter's slot frees (3 steps at most) and a seat (3 more)
+    assert step <= wait + 2 * 3 + 1
