@@ -75,7 +75,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     gate = WriteGate(serialize=settings.is_sqlite)
     # Sessions outside a handler's own (the plugin's is per request and only handlers get it).
     sessions = async_sessionmaker(engine, expire_on_commit=False)
-    reconciler = Reconciler(sessions, gate, engine_client, settings)
+    reconciler = Reconciler(sessions, gate, engine_client, settings, app_metrics)
     artifact_store = ArtifactStore(settings.artifact_store)
 
     async def apply_migrations(_: Litestar) -> None:

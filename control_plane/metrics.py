@@ -7,9 +7,14 @@ import time
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["CONTENT_TYPE", "ControlPlaneMetrics"]
+
+ENGINE_CALL_SOURCES = ("push", "reconcile")  # an admin call's push, or a reconcile round
+# converged: the engine held what was desired; changed: the round loaded or unloaded; failed: an engine call
+# of the round failed; skipped: the engine was unreachable, locked by another replica or too slow
+RECONCILE_RESULTS = ("converged", "changed", "failed", "skipped")
 
 
 class ControlPlaneMetrics:
@@ -25,6 +30,25 @@ class ControlPlaneMetrics:
         self.artifact_bytes = Counter("loraplane_control_artifact_bytes_total",
                                       "Bytes of adapter files streamed to engines from the artifact store",
                                       registry=self.registry)
+        self.engine_calls = Counter("loraplane_control_engine_calls_total", "Load and unload calls to engines "
+                                    "by source (push, reconcile), action and outcome (ok, failed)",
+                                    ["source", "action", "outcome"], registry=self.registry)
+        self.reconcile_rounds = Counter("loraplane_control_reconcile_rounds_total", "Reconcile rounds of one "
+                                        "engine by result (converged, changed, failed, skipped)", ["result"],
+                                        registry=self.registry)
+        # a fleet that converges reads 0 between changes; non-zero round after round means rounds do not fix it
+        self.drift = Gauge("loraplane_control_reconcile_drift", "Placements the last reconcile round of each "
+                           "engine found out of step with their desired state (to load, unload, or failed)",
+                           ["engine"], registry=self.registry)
+        for source in ENGINE_CALL_SOURCES:  # zeros from the first scrape, so rate() and ratios work at once
+            for action in ("load", "unload"):
+                for outcome in ("ok", "failed"):
+                    self.engine_calls.labels(source, action, outcome)
+        for result in RECONCILE_RESULTS:
+            self.reconcile_rounds.labels(result)
+
+    def engine_call(self, source: str, action: str, ok: bool) -> None:
+        self.engine_calls.labels(source, action, "ok" if ok else "failed").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

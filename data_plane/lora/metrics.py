@@ -114,7 +114,7 @@ class LoRAMetrics:
 
 
 class _LoRAGaugeCollector:
-    """Scrape-time gauges: slot occupancy and each adapter's running / waiting sequences."""
+    """Scrape-time gauges: slot occupancy, each adapter's running / waiting sequences and its residency."""
 
     def __init__(self, metrics: LoRAMetrics) -> None:
         self._m = metrics
@@ -134,13 +134,20 @@ class _LoRAGaugeCollector:
         waiting = GaugeMetricFamily(
             "loraplane_lora_waiting_sequences", "Waiting sequences per adapter", labels=["adapter"]
         )
+        resident = GaugeMetricFamily(
+            "loraplane_lora_device_resident", "Adapters in a device slot (0: held in host memory only)",
+            labels=["adapter"],
+        )
         by_label: dict[str, list[int]] = {}
         for adapter_id, a in lora.adapters.items():
-            counts = by_label.setdefault(self._m.label_of(adapter_id), [0, 0])
+            counts = by_label.setdefault(self._m.label_of(adapter_id), [0, 0, 0])
             counts[0] += a.running
             counts[1] += a.waiting
-        for label, (r, w) in sorted(by_label.items()):
+            counts[2] += a.slot is not None
+        for label, (r, w, d) in sorted(by_label.items()):
             running.add_metric([label], r)
             waiting.add_metric([label], w)
+            resident.add_metric([label], d)
         yield running
         yield waiting
+        yield resident

@@ -64,7 +64,7 @@ _NAME = {"name": schemas.AdapterName}
 async def provide_adapter_service(db_session: AsyncSession, state: State) -> AdapterService:
     mutation = Mutation(db_session, state.write_gate, state.metrics)
     planner = PlacementPlanner.of(state.settings)
-    pusher = Pusher(state.version_loader, db_session, state.write_gate)
+    pusher = Pusher(state.version_loader, db_session, state.write_gate, state.metrics)
     return AdapterService(db_session, state.settings, mutation, planner, pusher, state.artifact_store)
 
 

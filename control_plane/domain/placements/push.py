@@ -22,14 +22,17 @@ from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from control_plane.domain.placements.loads import VersionLoader
 from control_plane.domain.placements.planner import PushOrder
 from control_plane.engine_client import EngineCallError
+from control_plane.metrics import ControlPlaneMetrics
 
 logger = logging.getLogger(__name__)
 _OBSERVED = {"loaded": ObservedState.LOADED, "unloaded": ObservedState.ABSENT, "failed": ObservedState.FAILED}
 
 
 class Pusher:
-    def __init__(self, loader: VersionLoader, session: AsyncSession, gate: WriteGate) -> None:
+    def __init__(self, loader: VersionLoader, session: AsyncSession, gate: WriteGate,
+                 metrics: ControlPlaneMetrics) -> None:
         self.loader = loader
+        self.metrics = metrics
         self.client = loader.client
         self.session = session
         self.gate = gate
@@ -38,6 +41,8 @@ class Pusher:
         if not orders:
             return []
         outcomes = list(await asyncio.gather(*(self._one(o) for o in orders)))
+        for order, outcome in zip(orders, outcomes, strict=True):
+            self.metrics.engine_call("push", order.action, outcome.outcome != "failed")
         await self._record([_answer(o, outcome) for o, outcome in zip(orders, outcomes, strict=True)])
         return outcomes
 

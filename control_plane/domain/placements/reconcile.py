@@ -62,6 +62,7 @@ from control_plane.domain.placements.fleet import FleetPass, FleetReport
 from control_plane.domain.placements.loads import RecordedVersion, VersionLoader
 from control_plane.domain.placements.planner import in_store
 from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.metrics import ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
 from shared.engine_admin import AdapterListing
 
@@ -80,11 +81,20 @@ class EngineRound:
     failed: list[str]
     skipped: bool = False  # locked by another replica, or unreachable
 
+    @property
+    def result(self) -> str:
+        """Its loraplane_control_reconcile_rounds_total result (control_plane/metrics.py)."""
+        if self.skipped:
+            return "skipped"
+        return "failed" if self.failed else "changed" if self.loaded or self.unloaded else "converged"
+
 
 class Reconciler:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], gate: WriteGate, client: EngineClient,
-                 settings: ControlPlaneSettings) -> None:
+                 settings: ControlPlaneSettings, metrics: ControlPlaneMetrics) -> None:
         self.sessions = sessions
+        self.metrics = metrics
+        self._drift_engines: set[str] = set()  # engines with a drift series, dropped once they leave the fleet
         self.gate = gate
         self.client = client
         self.loader = VersionLoader(client, settings)
@@ -147,9 +157,21 @@ class Reconciler:
                     select(Engine.name).where(healthy_clause(self.settings.engine_stale_after_s)))).all())
 
             names = await read(session, healthy, "reconcile: list engines")  # again on a fresh connection
-        return list(await asyncio.gather(*(self.reconcile_engine(n) for n in names)))
+        rounds = list(await asyncio.gather(*(self.reconcile_engine(n) for n in names)))
+        for gone in self._drift_engines - set(names):  # stale, drained away or deleted: no figure to keep
+            self.metrics.drift.remove(gone)
+        self._drift_engines &= set(names)
+        return rounds
 
     async def reconcile_engine(self, name: str) -> EngineRound:
+        done = await self._bounded_round(name)
+        self.metrics.reconcile_rounds.labels(done.result).inc()
+        if not done.skipped:  # a skipped round saw nothing: the last figure stands
+            self.metrics.drift.labels(name).set(len(done.loaded) + len(done.unloaded) + len(done.failed))
+            self._drift_engines.add(name)
+        return done
+
+    async def _bounded_round(self, name: str) -> EngineRound:
         try:
             # Every call is bounded already; this bounds an engine that answers each just in time.
             async with asyncio.timeout(ROUND_CALLS * self.settings.engine_timeout_s) as bound:
@@ -227,9 +249,11 @@ class Reconciler:
                             bound.reschedule(when + self.loader.deadline_s(recorded) - self.settings.engine_timeout_s)
                         await self.loader.load(url, adapter, recorded, pinned=pinned)
                     except EngineCallError as exc:
+                        self.metrics.engine_call("reconcile", "load", ok=False)
                         observe(placement, ObservedState.FAILED, exc.message)
                         result.failed.append(adapter)
                         continue
+                    self.metrics.engine_call("reconcile", "load", ok=True)
                     result.loaded.append(adapter)
                 kept = held.get(adapter)
                 residency = kept.residency if kept is not None and kept.sha256 == version.sha256 else None
@@ -239,9 +263,11 @@ class Reconciler:
                     try:
                         await self.client.unload(url, adapter)
                     except EngineCallError as exc:
+                        self.metrics.engine_call("reconcile", "unload", ok=False)
                         observe(placement, ObservedState.FAILED, exc.message)
                         result.failed.append(adapter)
                         continue
+                    self.metrics.engine_call("reconcile", "unload", ok=True)
                     result.unloaded.append(adapter)
                 observe(placement, ObservedState.ABSENT)
             # else: an older version of an adapter the engine should hold, replaced in place by its load

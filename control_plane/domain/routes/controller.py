@@ -26,7 +26,7 @@ async def provide_routes_service(db_session: AsyncSession, state: State) -> Rout
     gate = state.write_gate
     return RoutesService(db_session, state.settings, Mutation(db_session, gate, state.metrics), gate,
                          PlacementPlanner.of(state.settings),
-                         Pusher(state.version_loader, db_session, gate), state.routes_cache)
+                         Pusher(state.version_loader, db_session, gate, state.metrics), state.routes_cache)
 
 
 class RoutesController(Controller):

@@ -79,6 +79,7 @@ def test_engine_lora_counters_become_monotonic_prometheus_series():
     assert 'loraplane_lora_running_sequences{adapter="poet"} 2.0' in text
     assert 'loraplane_lora_waiting_sequences{adapter="poet"} 1.0' in text
     assert "loraplane_lora_slots_used 1.0" in text and "loraplane_lora_slots_total 4.0" in text
+    assert 'loraplane_lora_device_resident{adapter="poet"} 1.0' in text
     assert 'loraplane_lora_loads_total{adapter="poet"} 1.0' in text
     assert 'loraplane_lora_load_seconds_bucket{adapter="poet",le="0.025"} 1.0' in text
     a.loads, a.evictions, a.load_seconds_total = 3, 1, 0.52  # two loads of 0.25 s between scrapes
@@ -93,6 +94,7 @@ def test_engine_lora_counters_become_monotonic_prometheus_series():
     assert 'loraplane_lora_loads_total{adapter="poet"} 4.0' in text  # never goes down
     assert 'loraplane_lora_loads_total{adapter="short"} 2.0' in text
     assert 'loraplane_lora_running_sequences{adapter="poet"} 0.0' in text
+    assert 'loraplane_lora_device_resident{adapter="short"} 0.0' in text  # no slot: in host memory
 
 
 def test_request_stats_are_fed_per_resolved_name():
