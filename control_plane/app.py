@@ -23,6 +23,7 @@ from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
 from control_plane.db.transaction import database_error_handlers
 from control_plane.domain.adapters.controller import AdapterController
+from control_plane.domain.audit.controller import AuditController
 from control_plane.domain.engines.controller import EngineController
 from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.domain.routes.cache import RoutesCache
@@ -102,7 +103,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     }
     app = Litestar(
         route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController,
-                        RoutesController],
+                        RoutesController, AuditController],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],

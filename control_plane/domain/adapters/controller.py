@@ -136,15 +136,19 @@ class AdapterController(Controller):
     @patch("/lora_adapters/{name:path}", guards=[admin_guard], operation_id="updateLoraAdapter",
            opt={"audit_action": "update_lora_adapter",
                 **route_doc(request=schemas.AdapterUpdate, response=schemas.AdapterUpdated, alternates=_PUSH,
-                            errors=(400, 404), path="/v1/lora_adapters/{name}", path_params=_NAME,
-                            example={"replicas": {"min": 1, "max": 2}})})
+                            errors=(400, 404, 409), path="/v1/lora_adapters/{name}", path_params=_NAME,
+                            example={"replicas": {"min": 1, "max": 2}, "pinned": True})})
     async def update_adapter(self, service: AdapterService, principal: Principal, name: str,
                              request: Request) -> Response[Any]:
-        """Set the adapter's `replicas {min, max}` (`max` may be "all"; a field left out or null is the
-        control plane's default; 400 when min is above max). Replicas are added or let go at once to meet
-        the new counts (never a loaded one that would leave fewer than desired loaded), and demand
-        scaling moves between them from now on. Status as for loads: 200, 207 (some engines failed),
-        502 (all)."""
+        """Set the adapter's `replicas {min, max}` and/or `pinned` (at least one; one left out is kept).
+
+        `replicas` (`max` may be "all"; a field left out or null is the control plane's default; 400 when
+        min is above max): replicas are added or let go at once to meet the new counts (never a loaded
+        one that would leave fewer than desired loaded), and demand scaling moves between them from now
+        on. `pinned`: every engine holding the adapter keeps it in a device slot, never evicted (true) or
+        may evict it again (false); they are told at once, and replicas added later follow (409 when no
+        engine is to hold it). Audited as pin_lora_adapter / unpin_lora_adapter when only `pinned` is
+        given. Status as for loads: 200, 207 (some engines failed), 502 (all)."""
         target = name.lstrip("/")
         if target.endswith((_ACTIVATE, _VERSIONS)) or _VERSION_PATH.match(target):
             return method_not_allowed(request)  # …/activate, …/versions[/n]: no adapter has such a name

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import HOLDING, Adapter, AdapterVersion, Engine, Placement
+from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
 from control_plane.domain.adapters import schemas
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.engines.matching import serves_base_model
@@ -79,6 +79,7 @@ async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPla
     active = next((v.number for v in versions if v.id == adapter.active_version_id), None)
     return schemas.AdapterDetail(
         **_fields(adapter, active),
+        pinned=any(p.desired == DesiredState.PINNED.value for p, *_ in placements),
         versions=[schemas.AdapterVersion(
             number=v.number, uri=v.uri, sha256=v.sha256, rank=v.rank, alpha=v.alpha,
             target_modules=list(v.target_modules), size_bytes=v.size_bytes, created_at=v.created_at)

@@ -65,9 +65,12 @@ class AdapterCreate(msgspec.Struct, kw_only=True):
 
 
 class AdapterUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """PATCH /v1/lora_adapters/{name}: the adapter's replica counts (both fields replaced)."""
+    """PATCH /v1/lora_adapters/{name}: the adapter's replica counts (both fields replaced) and whether its
+    replicas are pinned (kept in a device slot, never evicted); at least one of the two, a field left out
+    (or null) is left as it is."""
 
-    replicas: ReplicasSpec
+    replicas: ReplicasSpec | None = None
+    pinned: bool | None = None
 
 
 class AdapterUnload(msgspec.Struct, kw_only=True):
@@ -168,6 +171,7 @@ class ScaleDecision(msgspec.Struct, kw_only=True):
 
 
 class AdapterDetail(Adapter, kw_only=True):
+    pinned: bool  # its replicas are desired pinned (PATCH `pinned`, or a load with `pinned`)
     versions: list[AdapterVersion]
     placements: list[Placement]
     replicas: Replicas

@@ -22,7 +22,7 @@ from control_plane.artifacts.store import ArtifactStore
 from control_plane.auth import Principal
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine
 from control_plane.db.transaction import read, transact
-from control_plane.domain.adapters import queries, removal, schemas
+from control_plane.domain.adapters import pinning, queries, removal, schemas
 from control_plane.domain.adapters.inspect import InspectedAdapter
 from control_plane.domain.placements.planner import (
     PlacementPlanner,
@@ -157,13 +157,26 @@ class AdapterService:
         return None
 
     async def update(self, name: str, req: schemas.AdapterUpdate, actor: Principal) -> schemas.AdapterUpdated:
-        """PATCH /v1/lora_adapters/{name}: new replica counts, and replicas added or let go at once."""
+        """PATCH /v1/lora_adapters/{name}: new replica counts (replicas added or let go at once) and/or the
+        pin (every holder told at once), in one transaction. Audited as pin/unpin_lora_adapter when only
+        `pinned` is given, else update_lora_adapter."""
+        if req.replicas is None and req.pinned is None:
+            raise InvalidRequestError("give replicas, pinned or both", param="replicas")
+
         async def work(session: AsyncSession, _: Any) -> list[PushOrder]:
             adapter = await queries.require_adapter(session, name, for_update=True)
-            set_replicas(adapter, req.replicas, self.planner.defaults)
-            return await self.planner.resize(session, adapter)
+            orders: list[PushOrder] = []
+            if req.replicas is not None:
+                set_replicas(adapter, req.replicas, self.planner.defaults)
+                orders += await self.planner.resize(session, adapter)
+            if req.pinned is not None:  # after the resize: the replicas it added are pinned too
+                orders += await pinning.set_pinned(session, self.planner, adapter, req.pinned)
+            return pinning.last_per_engine(orders)
 
-        orders = await self.mutation.run(actor, "update_lora_adapter", name, work)
+        action = "update_lora_adapter"
+        if req.replicas is None:
+            action = "pin_lora_adapter" if req.pinned else "unpin_lora_adapter"
+        orders = await self.mutation.run(actor, action, name, work)
         engines = await self.pusher.push(orders)
         detail = await self.get(name)
         return schemas.AdapterUpdated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines)

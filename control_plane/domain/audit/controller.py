@@ -1,0 +1,49 @@
+"""GET /v1/audit: one thin handler over AuditService; a read token sees the trail, nothing changes it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, get
+from litestar.di import Provide
+from litestar.params import Parameter
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.auth import read_guard
+from control_plane.domain.adapters.schemas import MAX_OFFSET
+from control_plane.domain.audit import schemas
+from control_plane.domain.audit.service import MAX_PAGE, AuditQuery, AuditService, parse_since
+from shared.openapi import route_doc
+
+_NO_NUL = "^[^\\x00]*$"  # PostgreSQL text holds no NUL (a filter with one would be a 500)
+
+
+async def provide_audit_service(db_session: AsyncSession) -> AuditService:
+    return AuditService(db_session)
+
+
+class AuditController(Controller):
+    path = "/v1"
+    tags = ["audit"]
+    guards = [read_guard]
+    dependencies = {"service": Provide(provide_audit_service)}
+
+    @get("/audit", operation_id="listAuditEvents", opt=route_doc(response=schemas.AuditPage, errors=(400,)))
+    async def list_events(
+        self, service: AuditService,
+        limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 100,
+        offset: Annotated[int, Parameter(ge=0, le=MAX_OFFSET)] = 0,
+        # not Optional: Litestar documents `X | None` as a oneOf whose constraints sit beside it
+        adapter: Annotated[str, Parameter(max_length=256, pattern=_NO_NUL, description="rows on this adapter (its name, or "
+                                          "name@version); empty: any")] = "",
+        actor: Annotated[str, Parameter(max_length=32, pattern=_NO_NUL, description="a token id as the rows name it")] = "",
+        action: Annotated[str, Parameter(max_length=64, pattern=_NO_NUL, description="e.g. load_lora_adapter")] = "",
+        since: Annotated[str, Parameter(max_length=64, description="rows at or after this time (ISO 8601; "
+                                        "no offset: UTC)", schema_extra={"format": "date-time"})] = "",
+    ) -> schemas.AuditPage:
+        """A page of the audit trail, newest first: every mutating call, done or refused, with its actor
+        (a short sha256 prefix of the token, never the token), action, target and outcome; filtered by
+        adapter, actor, action and time (400 for a time that is not ISO 8601)."""
+        query = AuditQuery(limit=limit, offset=offset, adapter=adapter or None, actor=actor or None,
+                           action=action or None, since=parse_since(since))
+        return await service.page(query)

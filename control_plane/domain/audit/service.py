@@ -1,0 +1,80 @@
+"""AuditService: pages of the audit trail, newest first, filtered by adapter, actor, action and time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, Select, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from control_plane.db.models import AuditEvent
+from control_plane.db.transaction import read
+from control_plane.domain.audit import schemas
+from shared.errors import InvalidRequestError
+
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True)
+class AuditQuery:
+    limit: int = 100
+    offset: int = 0
+    adapter: str | None = None  # rows on this adapter: target `name` or `name@version`
+    actor: str | None = None
+    action: str | None = None
+    since: dt.datetime | None = None  # aware, UTC
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_PAGE:
+            raise InvalidRequestError(f"limit must be in 1..{MAX_PAGE}", param="limit")
+        if self.offset < 0:
+            raise InvalidRequestError("offset must be ≥ 0", param="offset")
+
+
+def parse_since(raw: str) -> dt.datetime | None:
+    """An ISO 8601 / RFC 3339 time as an aware UTC datetime (no offset: UTC); empty: None; 400 otherwise."""
+    if not raw:
+        return None
+    try:
+        # RFC 3339 allows a lower-case `t` and `z`; fromisoformat takes neither
+        when = dt.datetime.fromisoformat(raw.strip().upper().replace("Z", "+00:00"))
+        return when.replace(tzinfo=when.tzinfo or dt.UTC).astimezone(dt.UTC)
+    except (ValueError, OverflowError):
+        raise InvalidRequestError(f"since must be an ISO 8601 time such as 2026-01-31T12:00:00Z, not {raw[:40]!r}",
+                                  param="since") from None
+
+
+def _conditions(query: AuditQuery) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = []
+    if query.adapter:
+        where.append(or_(AuditEvent.target == query.adapter,
+                         AuditEvent.target.startswith(query.adapter + "@", autoescape=True)))
+    if query.actor:
+        where.append(AuditEvent.actor == query.actor)
+    if query.action:
+        where.append(AuditEvent.action == query.action)
+    if query.since is not None:
+        where.append(AuditEvent.at >= query.since)
+    return where
+
+
+async def _page(session: AsyncSession, query: AuditQuery) -> schemas.AuditPage:
+    where = _conditions(query)
+    total = await session.scalar(select(func.count()).select_from(AuditEvent).where(*where))
+    stmt: Select = (select(AuditEvent).where(*where).order_by(AuditEvent.at.desc(), AuditEvent.id.desc())
+                    .limit(query.limit).offset(query.offset))
+    rows = (await session.scalars(stmt)).all()
+    return schemas.AuditPage(
+        data=[schemas.AuditEvent(id=r.id, at=r.at, actor=r.actor, action=r.action, target=r.target,
+                                 outcome=r.outcome, detail=r.detail) for r in rows],
+        total=total or 0, limit=query.limit, offset=query.offset)
+
+
+class AuditService:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+
+    async def page(self, query: AuditQuery) -> schemas.AuditPage:
+        # retried on a fresh connection when the database connection broke under it (db.transaction.read)
+        return await read(self.session, lambda: _page(self.session, query), "list audit events")
