@@ -73,7 +73,9 @@ def run(bin_dir: Path, *argv: str, timeout: float = 120) -> subprocess.Completed
 def test_the_base_install_has_no_torch_and_the_control_plane_imports_nothing_of_the_engine(base_venv: Path) -> None:
     r = run(base_venv, "python", "-c", "import torch")
     assert r.returncode != 0 and "No module named 'torch'" in r.stderr, r.stderr
-    script = ("import json, sys, control_plane.app, control_plane.cli, control_plane.db.migrate, shared.cli; "
+    script = ("import json, sys, control_plane.app, control_plane.cli, control_plane.db.migrate, shared.cli, "
+              "control_plane.admin_cli.adapters, control_plane.admin_cli.engines, control_plane.admin_cli.stats, "
+              "control_plane.admin_cli.audit; "
               "print(json.dumps([control_plane.app.__file__, sorted({m.split('.')[0] for m in sys.modules})]))")
     r = run(base_venv, "python", "-c", script)
     assert r.returncode == 0, r.stderr
@@ -85,6 +87,8 @@ def test_the_base_install_has_no_torch_and_the_control_plane_imports_nothing_of_
 def test_the_cli_serves_control_and_names_the_extra_for_the_engine(base_venv: Path) -> None:
     r = run(base_venv, "loraplane", "control", "--help")
     assert r.returncode == 0 and "--lora-roots" in r.stdout, r.stdout + r.stderr
+    r = run(base_venv, "loraplane", "adapters", "pin", "--help")  # the admin CLI (click, rich) is there too
+    assert r.returncode == 0 and "LORAPLANE_TOKEN" in r.stdout, r.stdout + r.stderr
     for command in (["engine", "--help"], ["engine", "/models/x"], ["up"]):
         r = run(base_venv, "loraplane", *command)
         assert r.returncode == 1 and "install loraplane[engine]" in r.stderr, r.stderr

@@ -1,0 +1,38 @@
+"""`loraplane audit`: the audit trail, newest first (GET /v1/audit)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from control_plane.admin_cli import render
+from control_plane.admin_cli.options import Session, connected, run
+
+HELP = "The audit trail, newest first: every mutating call, done or refused (GET /v1/audit)."
+
+
+@click.command(help=HELP)
+@click.option("--adapter", help="rows on this adapter (its name, or name@version)")
+@click.option("--actor", help="a token id, as the rows name it")
+@click.option("--action", help="e.g. load_lora_adapter, pin_lora_adapter, drain_engine")
+@click.option("--since", help="at or after this time (ISO 8601, e.g. 2026-01-31T12:00:00Z; no offset: UTC)")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--offset", type=int, default=0, show_default=True)
+@connected
+def audit(session: Session, adapter: str | None, actor: str | None, action: str | None, since: str | None,
+          limit: int, offset: int) -> int:
+    params: dict[str, Any] = {"adapter": adapter, "actor": actor, "action": action, "since": since,
+                              "limit": limit, "offset": offset}
+    reply = session.api.get("/v1/audit", {k: v for k, v in params.items() if v is not None})
+    return session.finish(reply, _page)
+
+
+def _page(body: dict) -> None:
+    rows = [(render.when(e["at"]), e["actor"], e["action"], e["target"], e["outcome"]) for e in body["data"]]
+    render.show(render.table(("AT", "ACTOR", "ACTION", "TARGET", "OUTCOME"), rows),
+                f"{len(rows)} of {body['total']} (offset {body['offset']})")
+
+
+def main(argv: list[str]) -> int:
+    return run(audit, argv, "loraplane audit")
