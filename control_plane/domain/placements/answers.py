@@ -6,6 +6,11 @@ are observed `absent` (loads are sent with `load_inplace`, so the engine replace
 keeps a loaded version (device | host: the reconciler reads it from GET /v1/lora_adapters) that is
 recorded as `residency`; a row no longer loaded has none. Rows are locked first, in the one
 order of placement writers (ascending id, see planner), and a row already saying the same is not rewritten.
+
+A reconcile round answers for every placement of its engine (hundreds at fleet scale, every interval),
+so the writes are set-based: one UPDATE per distinct answer (observed, error, residency) over all the
+rows answered so, and one per engine for the replaced versions; a row answered for itself keeps its own
+answer.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from sqlalchemy import ColumnElement, and_, or_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import DesiredState, ObservedState, Placement
-from control_plane.domain.placements.planner import lock_placements, of_adapter
+from control_plane.domain.placements.planner import lock_placements
+from control_plane.domain.placements.view import of_adapters
 
 
 @dataclass(frozen=True)
@@ -32,11 +38,20 @@ class EngineAnswer:
     residency: str | None = None  # loaded: where the engine keeps it, when it said
 
 
+def _replaced(answers: Sequence[EngineAnswer]) -> dict[int, set[int]]:
+    """Engine id -> the adapters whose other versions a successful load there replaced."""
+    out: dict[int, set[int]] = {}
+    for a in answers:
+        if a.replaced_adapter_id is not None:
+            out.setdefault(a.engine_id, set()).add(a.replaced_adapter_id)
+    return out
+
+
 def _touched(answers: Sequence[EngineAnswer]) -> ColumnElement[bool]:
     """The rows `record_answers` may update: the answers' own, and replaced versions on those engines."""
     ids = [i for answer in answers for i in answer.placement_ids]
-    replaced = [and_(Placement.engine_id == a.engine_id, of_adapter(a.replaced_adapter_id))
-                for a in answers if a.replaced_adapter_id is not None]
+    replaced = [and_(Placement.engine_id == engine_id, of_adapters(adapter_ids))
+                for engine_id, adapter_ids in _replaced(answers).items()]
     return or_(Placement.id.in_(ids), *replaced)
 
 
@@ -59,15 +74,16 @@ async def record_answers(session: AsyncSession, answers: Sequence[EngineAnswer])
     if not answers:
         return
     await lock_placements(session, _touched(answers))
+    by_values: dict[tuple[tuple[str, str | None], ...], list[int]] = {}
     for answer in answers:
-        values = _values(answer)
+        by_values.setdefault(tuple(_values(answer).items()), []).extend(answer.placement_ids)
+    for values, ids in by_values.items():
+        await session.execute(update(Placement).where(Placement.id.in_(ids), _differs(dict(values)))
+                              .values(**dict(values)))
+    answered = [i for answer in answers for i in answer.placement_ids]
+    gone = {"observed": ObservedState.ABSENT.value, "last_error": None, "residency": None}
+    for engine_id, adapter_ids in _replaced(answers).items():
         await session.execute(update(Placement).where(
-            Placement.id.in_(answer.placement_ids), _differs(values),
-        ).values(**values))
-        if answer.replaced_adapter_id is not None:
-            gone = {"observed": ObservedState.ABSENT.value, "last_error": None, "residency": None}
-            await session.execute(update(Placement).where(
-                Placement.engine_id == answer.engine_id, Placement.id.not_in(answer.placement_ids),
-                of_adapter(answer.replaced_adapter_id), Placement.desired == DesiredState.ABSENT.value,
-                _differs(gone),
-            ).values(**gone))
+            Placement.engine_id == engine_id, Placement.id.not_in(answered), of_adapters(adapter_ids),
+            Placement.desired == DesiredState.ABSENT.value, _differs(gone),
+        ).values(**gone))

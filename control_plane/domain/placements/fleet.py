@@ -196,7 +196,7 @@ class FleetPass:
         return bool(await session.scalar(select(func.pg_try_advisory_xact_lock(LEADER_LOCK))))
 
     async def _lock(self, session: AsyncSession, adapter_ids: list[int]) -> None:
-        await session.execute(select(Adapter.id).where(Adapter.id.in_(adapter_ids)).order_by(Adapter.id)
+        await session.execute(select(Adapter.id).where(view.among(Adapter.id, adapter_ids)).order_by(Adapter.id)
                               .with_for_update())
         if not self.settings.is_sqlite:  # the rows new placements reference (key share: as an insert takes)
             await session.execute(text("SELECT id FROM engines ORDER BY id FOR KEY SHARE"))

@@ -36,10 +36,20 @@ LEAVING = "leaving"  # scale_state key: ids of placements that are a move's sour
 UNLOADED = "unloaded"  # scale_state key: true after an unload, until a load
 
 
+MAX_LISTED = 10_000  # ids named in one IN (…): asyncpg sends at most 32,767 bound parameters a statement
+
+
+def among(column: ColumnElement[int], ids: Collection[int]) -> ColumnElement[bool]:
+    """`column` in `ids`; more than MAX_LISTED ids (a pass placing 100,000 new adapters) as the range they
+    span instead, a superset: callers lock or read a few rows more than they asked for, never fewer."""
+    ids = list(ids)
+    return column.in_(ids) if len(ids) <= MAX_LISTED else column.between(min(ids), max(ids))
+
+
 def of_adapters(adapter_ids: Collection[int]) -> ColumnElement[bool]:
-    """The placements of these adapters (any version)."""
+    """The placements of these adapters (any version; for very many, of every adapter in their range)."""
     return Placement.adapter_version_id.in_(
-        select(AdapterVersion.id).where(AdapterVersion.adapter_id.in_(list(adapter_ids))))
+        select(AdapterVersion.id).where(among(AdapterVersion.adapter_id, adapter_ids)))
 
 
 def leaving_ids(scale_state: dict | None) -> set[int]:
@@ -73,12 +83,13 @@ async def matching_engines(session: AsyncSession, base_models: Iterable[str]) ->
 
 
 async def holders(session: AsyncSession, adapter_ids: Collection[int] | None = None) -> dict[int, list[Holder]]:
-    """Adapter id -> its placements desired held (any version), ascending id."""
+    """Adapter id -> its placements desired held (any version), ascending id (for very many `adapter_ids`,
+    also those of the other adapters in their range: see `among`)."""
     stmt = (select(Placement.id, Placement.engine_id, Placement.desired, Placement.observed, AdapterVersion.adapter_id)
             .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
             .where(Placement.desired.in_(HOLDING)).order_by(Placement.id))
     if adapter_ids is not None:
-        stmt = stmt.where(AdapterVersion.adapter_id.in_(list(adapter_ids)))
+        stmt = stmt.where(among(AdapterVersion.adapter_id, adapter_ids))
     out: dict[int, list[Holder]] = {}
     for pid, engine_id, desired, observed, adapter_id in (await session.execute(stmt)).all():
         out.setdefault(adapter_id, []).append(Holder(pid, engine_id, desired == DesiredState.PINNED.value,
