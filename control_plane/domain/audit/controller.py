@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated
 
 from litestar import Controller, get
@@ -12,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.auth import read_guard
 from control_plane.domain.adapters.schemas import MAX_OFFSET
 from control_plane.domain.audit import schemas
-from control_plane.domain.audit.service import MAX_PAGE, AuditQuery, AuditService, parse_since
+from control_plane.domain.audit.service import MAX_PAGE, AuditQuery, AuditService, as_utc
 from shared.openapi import route_doc
 
 _NO_NUL = "^[^\\x00]*$"  # PostgreSQL text holds no NUL (a filter with one would be a 500)
@@ -38,12 +39,12 @@ class AuditController(Controller):
                                           "name@version); empty: any")] = "",
         actor: Annotated[str, Parameter(max_length=32, pattern=_NO_NUL, description="a token id as the rows name it")] = "",
         action: Annotated[str, Parameter(max_length=64, pattern=_NO_NUL, description="e.g. load_lora_adapter")] = "",
-        since: Annotated[str, Parameter(max_length=64, description="rows at or after this time (ISO 8601; "
-                                        "no offset: UTC)", schema_extra={"format": "date-time"})] = "",
+        since: Annotated[dt.datetime | None, Parameter(description="rows at or after this time (RFC 3339; no "
+                                                       "offset: UTC)")] = None,
     ) -> schemas.AuditPage:
         """A page of the audit trail, newest first: every mutating call, done or refused, with its actor
         (a short sha256 prefix of the token, never the token), action, target and outcome; filtered by
-        adapter, actor, action and time (400 for a time that is not ISO 8601)."""
+        adapter, actor, action and time (400 for a time that is not RFC 3339)."""
         query = AuditQuery(limit=limit, offset=offset, adapter=adapter or None, actor=actor or None,
-                           action=action or None, since=parse_since(since))
+                           action=action or None, since=as_utc(since))
         return await service.page(query)
