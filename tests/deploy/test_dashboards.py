@@ -120,9 +120,8 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus(tmp: Path, jobs: dict[str, str]) -> Iterator[Prometheus]:
+def prometheus(binary: str, tmp: Path, jobs: dict[str, str]) -> Iterator[Prometheus]:
     """Prometheus on loopback scraping each job's one target every second; stopped when the block ends."""
-    binary = require_tool("prometheus")
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "scrape_configs": [{"job_name": job, "scrape_interval": "1s", "scrape_timeout": "1s",
                                   "static_configs": [{"targets": [target]}]} for job, target in jobs.items()]}
@@ -167,6 +166,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     from data_plane.demo.model_builder import write_demo_model
     from data_plane.lora.demo_adapters import write_demo_adapters
 
+    binary = require_tool("prometheus")  # before anything starts: a skip starts nothing
     tmp = tmp_path_factory.mktemp("dashboards")
     base = tmp / "models" / "demo"
     write_demo_model(base, seed=0)
@@ -190,7 +190,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
             tmp / "router.log", env,
             lambda: httpx.get(router + "/health", timeout=2).json()["routing_table"]["engines"] == 1, "router"))
         g = generator()
-        prom = stack.enter_context(prometheus(tmp, {g.ENGINE_JOB: host_port(engine.url),
+        prom = stack.enter_context(prometheus(binary, tmp, {g.ENGINE_JOB: host_port(engine.url),
                                                     g.CONTROL_JOB: host_port(cp), g.ROUTER_JOB: host_port(router)}))
         admin = {"Authorization": f"Bearer {ADMIN}"}
         for name in ADAPTERS:
