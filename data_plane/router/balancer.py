@@ -7,9 +7,12 @@ For a model's holders (`ModelRoute.holders`), the order is:
     first        = power of two choices among `best`: two at random, the one with fewer outstanding
     rest         = the other holders by (key, outstanding)    # what a retry tries next
 
-Base-model requests carry a prompt-prefix key: the engine that last served that prefix goes first when it
-is among `best` and has at most `affinity_slack` more outstanding requests than the least busy of them,
-so its prefix cache keeps paying off without piling every similar prompt onto one engine.
+Requests carry an affinity key: a base-model request its prompt prefix's, an adapter request the adapter's.
+The engine that last served that key goes first when it is among `best` and has at most `affinity_slack`
+more outstanding requests than the least busy of them: a prompt prefix's KV is still in its prefix cache,
+and an adapter is still in one of its few device slots (the table's residency is seconds old, slots change
+every step), where the new request joins the running ones without a load; spreading an adapter over its
+replicas instead would take a slot on each. The slack keeps one engine from taking every such request.
 
 Outstanding counts are the router's own (requests sent and not finished), per engine and per model; the
 per-model ones are what the router reports as `running` demand.
@@ -30,7 +33,7 @@ from shared.routes import RESIDENCY_RANK, ModelRoute, RouteEngine
 class Candidate:
     engine: RouteEngine
     residency: str
-    preferred: bool = False  # the engine that last served this prompt prefix
+    preferred: bool = False  # the engine that last served this prompt prefix or adapter
 
 
 class Balancer:
@@ -40,12 +43,12 @@ class Balancer:
         self.running: dict[str, int] = {}  # model -> requests in flight for it
         self.affinity_slack = affinity_slack
         self.engine_down_s = engine_down_s
-        self._prefixes: OrderedDict[int, str] = OrderedDict()  # prefix key -> engine that last served it
+        self._last_served: OrderedDict[int, str] = OrderedDict()  # affinity key -> engine that last served it
         self._prefix_cache_size = prefix_cache_size
         self._down_until: dict[str, float] = {}
         self._rng = rng or random.Random()
 
-    def order(self, route: ModelRoute, table: RoutingTable, prefix: int | None = None) -> list[Candidate]:
+    def order(self, route: ModelRoute, table: RoutingTable, affinity: int | None = None) -> list[Candidate]:
         """The holders of `route` that the table knows, best first (see the module docstring)."""
         now = time.monotonic()
         keyed: list[tuple[tuple[bool, int], Candidate]] = []
@@ -58,7 +61,7 @@ class Balancer:
             return []
         best_key = min(key for key, _ in keyed)
         best = [c for key, c in keyed if key == best_key]
-        first = self._preferred(best, prefix) or self._two_choices(best)
+        first = self._preferred(best, affinity) or self._two_choices(best)
         rest = sorted((kc for kc in keyed if kc[1].engine.name != first.engine.name),
                       key=lambda kc: (kc[0], self.outstanding.get(kc[1].engine.name, 0)))
         return [first, *(c for _, c in rest)]
@@ -70,8 +73,8 @@ class Balancer:
         load_a, load_b = self.outstanding.get(a.engine.name, 0), self.outstanding.get(b.engine.name, 0)
         return a if load_a <= load_b else b
 
-    def _preferred(self, best: list[Candidate], prefix: int | None) -> Candidate | None:
-        if prefix is None or (name := self._prefixes.get(prefix)) is None:
+    def _preferred(self, best: list[Candidate], affinity: int | None) -> Candidate | None:
+        if affinity is None or (name := self._last_served.get(affinity)) is None:
             return None
         least = min(self.outstanding.get(c.engine.name, 0) for c in best)
         for c in best:
@@ -79,14 +82,14 @@ class Balancer:
                 return Candidate(c.engine, c.residency, preferred=True)
         return None
 
-    def served(self, prefix: int | None, engine: str) -> None:
-        """`engine` answered a request with this prefix key: the next one like it goes there too."""
-        if prefix is None:
+    def served(self, affinity: int | None, engine: str) -> None:
+        """`engine` answered a request with this affinity key: the next one like it goes there too."""
+        if affinity is None:
             return
-        self._prefixes[prefix] = engine
-        self._prefixes.move_to_end(prefix)
-        if len(self._prefixes) > self._prefix_cache_size:
-            self._prefixes.popitem(last=False)
+        self._last_served[affinity] = engine
+        self._last_served.move_to_end(affinity)
+        if len(self._last_served) > self._prefix_cache_size:
+            self._last_served.popitem(last=False)
 
     def mark_down(self, engine: str) -> None:
         """`engine` refused a connection: try it last for a while (the control plane will drop it soon)."""

@@ -165,16 +165,16 @@ class Proxy:
         self._urls: dict[tuple[str, str], URL] = {}
 
     async def forward(self, candidates: list[Candidate], path: str, body: bytes, model: str, send: Send, *,
-                      kind: str, prefix: int | None) -> None:
-        """Relay the answer of the first candidate that answers; `kind` (base, adapter) and `prefix` (the
-        prompt prefix key of a base-model request) say which affinity the choice is counted for."""
+                      kind: str, affinity: int | None) -> None:
+        """Relay the answer of the first candidate that answers; `kind` (base, adapter) says which affinity
+        the choice is counted for, and the engine that answers is remembered for `affinity` (balancer.py)."""
         exchange = await self._open(candidates, path, body, model)
         if kind == "adapter":
             self.metrics.affinity.labels("hit" if exchange.candidate.residency == "device" else "miss").inc()
-        elif prefix is not None:
+        elif affinity is not None:
             self.metrics.prefix_affinity.labels("hit" if exchange.candidate.preferred else "miss").inc()
-            if exchange.status < 400:
-                self.balancer.served(prefix, exchange.engine)
+        if exchange.status < 400:
+            self.balancer.served(affinity, exchange.engine)
         await exchange.relay(send)
 
     async def _open(self, candidates: list[Candidate], path: str, body: bytes, model: str) -> Exchange:

@@ -50,6 +50,12 @@ def prefix_key(head: RequestHead, chars: int) -> int | None:
     return hash((head.model, bytes(raw[:chars])))
 
 
+def adapter_key(model: str) -> int:
+    """The affinity key of an adapter's requests (one per adapter: the balancer sends them where the last
+    went). Hashed apart from the prompt prefix keys, which hash a (model, bytes) pair."""
+    return hash(("adapter", model))
+
+
 def check_client_key(authorization: str | None, keys: frozenset[str]) -> None:
     """No keys configured → open. Otherwise `Authorization: Bearer <key>` with one of them, compared in
     constant time with each; 401 in OpenAI's shape otherwise. The key itself is never forwarded."""

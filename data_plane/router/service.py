@@ -1,7 +1,7 @@
 """RouterService: one request's way through the router, and the parts it is made of.
 
     client key → body (at most max_request_body_bytes) → parse_head (model, stream, prompt prefix)
-         → Placer.route_for (table, or a placement) → Balancer.order (residency, outstanding, prefix
+         → Placer.route_for (table, or a placement) → Balancer.order (residency, outstanding, the
          affinity) → Proxy.forward (retries, then the engine's answer relayed to the client)
 
 `complete` is called with the raw ASGI triple (app.py's fast path: Litestar's request and response
@@ -34,7 +34,7 @@ from data_plane.router.errors import ClientDisconnected, NoEngineError
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
 from data_plane.router.proxy import Proxy, Send, engine_session
-from data_plane.router.request import check_client_key, parse_head, prefix_key
+from data_plane.router.request import adapter_key, check_client_key, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
 from shared.disconnect import until_disconnect
 from shared.errors import LoraplaneError
@@ -100,13 +100,14 @@ class RouterService:
 
     async def _route(self, path: str, body: bytes, model: str, prefix: int | None, send: Send) -> None:
         route = await self.placer.route_for(model)
-        if route.kind != "base":
-            prefix = None  # an adapter's holders are few; residency decides, not prompt affinity
-        candidates = self.balancer.order(route, self.table, prefix)
+        # an adapter's requests go where it was last served (it is likely still in a device slot there),
+        # whatever their prompts; base-model ones where their prompt prefix was
+        affinity = prefix if route.kind == "base" else adapter_key(model)
+        candidates = self.balancer.order(route, self.table, affinity)
         if not candidates:
             self.metrics.request(model, "", "unavailable")
             raise NoEngineError(f"No engine holding `{model}` is available now; retry later.")
-        await self.proxy.forward(candidates, path, body, model, send, kind=route.kind, prefix=prefix)
+        await self.proxy.forward(candidates, path, body, model, send, kind=route.kind, affinity=affinity)
 
     def cards(self) -> list[dict[str, Any]]:
         """GET /v1/models: the fleet's base models and active adapters, as the table lists them."""

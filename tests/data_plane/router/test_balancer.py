@@ -74,19 +74,19 @@ def test_prefix_affinity_with_slack() -> None:
     b.served(42, "e2")
     for _ in range(2):
         b.begin("e2", "demo")
-    first = b.order(route, t, prefix=42)[0]
+    first = b.order(route, t, affinity=42)[0]
     assert (first.engine.name, first.preferred) == ("e2", True)  # 2 more than e1: within the slack
-    assert len(b.order(route, t, prefix=42)) == 2  # no engine twice
+    assert len(b.order(route, t, affinity=42)) == 2  # no engine twice
     b.begin("e2", "demo")  # 3 more: the least busy wins
-    assert names(b.order(route, t, prefix=42))[0] == "e1"
-    assert not b.order(route, t, prefix=7)[0].preferred  # an unseen prefix
+    assert names(b.order(route, t, affinity=42))[0] == "e1"
+    assert not b.order(route, t, affinity=7)[0].preferred  # an unseen prefix
 
 
 def test_prefix_memory_is_bounded_and_counts_return_to_zero() -> None:
     b = Balancer(prefix_cache_size=2)
     for key in (1, 2, 3):
         b.served(key, "e1")
-    assert b._prefixes.keys() == {2, 3}
+    assert b._last_served.keys() == {2, 3}
     b.begin("e1", "a")
     b.end("e1", "a")
     assert b.outstanding == {"e1": 0} and b.running == {}

@@ -290,8 +290,8 @@ def test_a_503_is_retried_on_the_next_holder(lora_engine: EngineServer, start_lo
         assert answers == [200, 200]
 
 
-def test_base_prompts_with_one_prefix_stay_on_one_engine(lora_engine: EngineServer,
-                                                         start_lora_engine) -> None:  # noqa: ANN001
+def test_base_prompts_with_one_prefix_and_an_adapters_requests_stay_on_one_engine(
+        lora_engine: EngineServer, start_lora_engine) -> None:  # noqa: ANN001
     other = start_lora_engine()
     with routed(fleet(("e1", lora_engine), ("e2", other))) as router:
         prompt = "A long shared system prompt that every request of this conversation starts with. " * 4
@@ -300,3 +300,9 @@ def test_base_prompts_with_one_prefix_stay_on_one_engine(lora_engine: EngineServ
             for i in range(6)}
         assert len(served) == 1
         assert scrape_metric(router.url, "loraplane_router_prefix_affinity_total", 'result="hit"') == 5
+        # both engines have the adapter on device; its requests, whatever their prompts, go where the last
+        # went (at random, six in a row on one engine would be 1 in 32)
+        served = {httpx.post(router.api + "/completions", timeout=60, json={
+            "model": "demo-poet", **COMPLETION, "prompt": f"{i} {COMPLETION['prompt']}"}).headers["x-loraplane-engine"]
+            for i in range(6)}
+        assert len(served) == 1
