@@ -92,6 +92,9 @@ class ControlPlaneSettings:
     scale_down_idle_s: float = 300.0
     # how many placements one reconcile interval may move to rebalance onto returning or new engines
     rebalance_max_moves: int = 4
+    # engines reconciled at once: each round holds a database connection while it calls its engine, and
+    # 200 at once took the whole pool, so heartbeats waited past the stale-after and healthy engines went stale
+    reconcile_concurrency: int = 8
     log_level: str = "info"
     log_format: str = "text"  # text | json (shared/logging_setup.py)
 
@@ -141,6 +144,8 @@ class ControlPlaneSettings:
             raise ValueError("scale_up_load_per_replica, scale_window_s and scale_down_idle_s must be positive")
         if self.rebalance_max_moves < 0:
             raise ValueError("rebalance_max_moves must be >= 0")
+        if self.reconcile_concurrency < 1:
+            raise ValueError("reconcile_concurrency must be >= 1")
         self.database_url = normalize_database_url(self.database_url)
         if self.artifact_store is None:
             self.artifact_store = default_artifact_store(self.database_url)
@@ -165,6 +170,7 @@ class ControlPlaneSettings:
             f"default_replicas={self.default_min_replicas}..{self.default_max_replicas or 'all'}, "
             f"scale_up_load_per_replica={self.scale_up_load_per_replica}, scale_window_s={self.scale_window_s}, "
             f"scale_down_idle_s={self.scale_down_idle_s}, rebalance_max_moves={self.rebalance_max_moves}, "
+            f"reconcile_concurrency={self.reconcile_concurrency}, "
             f"adapter_roots={self.adapter_roots!r}, "
             f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
             f"engine_fetch_min_mbps={self.engine_fetch_min_mbps}, "
@@ -207,6 +213,7 @@ class ControlPlaneSettings:
                    "SCALE_UP_LOAD_PER_REPLICA": ("scale_up_load_per_replica", float),
                    "SCALE_WINDOW_S": ("scale_window_s", float), "SCALE_DOWN_IDLE_S": ("scale_down_idle_s", float),
                    "REBALANCE_MAX_MOVES": ("rebalance_max_moves", int),
+                   "RECONCILE_CONCURRENCY": ("reconcile_concurrency", int),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)

@@ -19,8 +19,9 @@ def test_env_and_overrides() -> None:
     assert s.admin_tokens == ("aaaa", "bbbb") and s.read_tokens == ("rrrr",)
     assert s.database_url == "postgresql+asyncpg://u:secret@db/x"
     assert s.adapter_roots == ("/a", "/b")
-    s = ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "eng", "LORAPLANE_ENGINE_STALE_AFTER_S": "5"})
-    assert (s.engine_token, s.engine_stale_after_s) == ("eng", 5.0)
+    s = ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "eng", "LORAPLANE_ENGINE_STALE_AFTER_S": "5",
+                                       "LORAPLANE_RECONCILE_CONCURRENCY": "3"})
+    assert (s.engine_token, s.engine_stale_after_s, s.reconcile_concurrency) == ("eng", 5.0, 3)
 
 
 def test_engine_credentials_admin_token_and_networks_from_env() -> None:
@@ -55,7 +56,7 @@ def test_repr_hides_tokens_and_password() -> None:
     {"reconcile_interval_s": 0}, {"database_url": "not a url"}, {"engine_stale_after_s": 0},
     {"engine_token": "has space"}, {"engine_credentials": {"e1": "same", "e2": "same"}},
     {"engine_credentials": {"e1": "same"}, "admin_tokens": ("same",)}, {"engine_allowed_networks": ("10.0.0.0/33",)},
-    {"log_format": "xml"}, {"log_level": "loud"},
+    {"log_format": "xml"}, {"log_level": "loud"}, {"reconcile_concurrency": 0},
 ])
 def test_invalid_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError) as info:

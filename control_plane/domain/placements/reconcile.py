@@ -102,6 +102,7 @@ class Reconciler:
         self.fleet = FleetPass(settings)
         self._task: asyncio.Task[None] | None = None
         self._kicks: set[asyncio.Task[EngineRound]] = set()
+        self._in_turn = asyncio.Semaphore(settings.reconcile_concurrency)
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="reconciler")
@@ -157,11 +158,17 @@ class Reconciler:
                     select(Engine.name).where(healthy_clause(self.settings.engine_stale_after_s)))).all())
 
             names = await read(session, healthy, "reconcile: list engines")  # again on a fresh connection
-        rounds = list(await asyncio.gather(*(self.reconcile_engine(n) for n in names)))
+        rounds = list(await asyncio.gather(*(self._reconcile_in_turn(n) for n in names)))
         for gone in self._drift_engines - set(names):  # stale, drained away or deleted: no figure to keep
             self.metrics.drift.remove(gone)
         self._drift_engines &= set(names)
         return rounds
+
+    async def _reconcile_in_turn(self, name: str) -> EngineRound:
+        """A round of the interval's, at most reconcile_concurrency at once, so that heartbeats and the API
+        always find a database connection (each round holds one while it calls its engine)."""
+        async with self._in_turn:
+            return await self.reconcile_engine(name)
 
     async def reconcile_engine(self, name: str) -> EngineRound:
         done = await self._bounded_round(name)
