@@ -33,6 +33,7 @@ from control_plane.domain.stats.service import StatsCache
 from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
+from control_plane.ui.controller import console_router
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
 from shared.openapi import document_app, route_doc
@@ -103,7 +104,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     }
     app = Litestar(
         route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController,
-                        RoutesController, AuditController],
+                        RoutesController, AuditController, console_router(settings)],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],

@@ -95,6 +95,9 @@ class ControlPlaneSettings:
     # engines reconciled at once: each round holds a database connection while it calls its engine, and
     # 200 at once took the whole pool, so heartbeats waited past the stale-after and healthy engines went stale
     reconcile_concurrency: int = 8
+    # Signs the web console's session cookies (LORAPLANE_UI_SESSION_SECRET); replicas must share it. Unset, the
+    # console draws a random one per process: sessions then survive no restart and span no replicas.
+    ui_session_secret: str | None = None
     log_level: str = "info"
     log_format: str = "text"  # text | json (shared/logging_setup.py)
 
@@ -157,6 +160,8 @@ class ControlPlaneSettings:
             self.public_url = self.public_url.rstrip("/")
             if not self.public_url.startswith(("http://", "https://")):
                 raise ValueError("public_url must be an http(s) URL")
+        if self.ui_session_secret is not None and len(self.ui_session_secret) < 16:
+            raise ValueError("ui_session_secret must be at least 16 characters")
         if self.log_level.lower() not in LOG_LEVELS:
             raise ValueError(f"unknown log level {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
@@ -179,7 +184,8 @@ class ControlPlaneSettings:
             f"engine_credentials=<{len(self.engine_credentials)} engines: {sorted(self.engine_credentials)}>, "
             f"engine_allowed_networks={self.engine_allowed_networks!r}, "
             f"migrate_on_start={self.migrate_on_start}, artifact_store={str(self.artifact_store).split('?')[0]!r}, "
-            f"max_artifact_bytes={self.max_artifact_bytes}, public_url={self.public_url!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
+            f"max_artifact_bytes={self.max_artifact_bytes}, public_url={self.public_url!r}, "
+            f"ui_session_secret={'<hidden>' if self.ui_session_secret else None}, log_level={self.log_level!r}, log_format={self.log_format!r})"
         )
 
     __str__ = __repr__
@@ -214,6 +220,7 @@ class ControlPlaneSettings:
                    "SCALE_WINDOW_S": ("scale_window_s", float), "SCALE_DOWN_IDLE_S": ("scale_down_idle_s", float),
                    "REBALANCE_MAX_MOVES": ("rebalance_max_moves", int),
                    "RECONCILE_CONCURRENCY": ("reconcile_concurrency", int),
+                   "UI_SESSION_SECRET": ("ui_session_secret", str),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)
