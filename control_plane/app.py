@@ -29,6 +29,7 @@ from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.domain.routes.cache import RoutesCache
 from control_plane.domain.routes.controller import RoutesController
 from control_plane.domain.stats.controller import StatsController
+from control_plane.domain.stats.history import HistorySampler
 from control_plane.domain.stats.service import StatsCache
 from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
@@ -79,14 +80,18 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     reconciler = Reconciler(sessions, gate, engine_client, settings, app_metrics)
     artifact_store = ArtifactStore(settings.artifact_store)
+    stats_cache = StatsCache()
+    history = HistorySampler(sessions, gate, settings, engine_client, stats_cache)  # the console's charts
 
     async def apply_migrations(_: Litestar) -> None:
         await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
         if settings.migrate_on_start:
             await migrate.upgrade(engine)
         await reconciler.start()
+        await history.start()
 
     async def stop_background(_: Litestar) -> None:
+        await history.stop()
         await reconciler.stop()
         await engine_client.aclose()
 
@@ -99,7 +104,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "artifact_store": artifact_store,  # every version's bytes (control_plane/artifacts)
         "reconciler": reconciler,
         "routes_cache": RoutesCache(),  # the encoded routing table while its rows are unchanged
-        "stats_cache": StatsCache(),  # each engine's last figures for GET /v1/lora_stats
+        "stats_cache": stats_cache,  # each engine's last figures for GET /v1/lora_stats
         "audit_sessions": sessions,
     }
     app = Litestar(

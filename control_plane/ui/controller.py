@@ -132,18 +132,19 @@ class ConsoleController(Controller):
                      per_page=pages.ADAPTERS_PER_PAGE, query=urlencode(filters.__dict__))
 
     @get("/adapter")
-    async def adapter_page(self, request: Request, codec: SessionCodec, adapters: AdapterService, audit: AuditService,
-                           name: str, live: bool = False, notice: str = "", error: str = "") -> Response[Any]:
+    async def adapter_page(self, request: Request, codec: SessionCodec, state: State, adapters: AdapterService,
+                           audit: AuditService, db_session: AsyncSession, name: str, live: bool = False, notice: str = "", error: str = "") -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
             return Redirect("/ui/login", status_code=303)
         try:
-            detail, trail = await pages.adapter(adapters, audit, name)
+            detail, trail, charts = await pages.adapter(adapters, audit, db_session, name,
+                                                        state.settings.reconcile_interval_s)
         except LoraplaneError as exc:
             return _html("missing.html", status_code=exc.status_code, session=session, page="adapters",
                          message=exc.message)
         return _html("adapter_live.html" if live else "adapter.html", session=session, page="adapters",
-                     adapter=detail, trail=trail, rollback=pages.rollback_target(detail), notice=notice, error=error,
+                     adapter=detail, trail=trail, charts=charts, rollback=pages.rollback_target(detail), notice=notice, error=error,
                      name_query=urlencode({"name": name}))
 
     @get("/audit")

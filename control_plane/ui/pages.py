@@ -16,6 +16,8 @@ from control_plane.domain.audit import schemas as audit_schemas
 from control_plane.domain.audit.service import AuditQuery, AuditService
 from control_plane.domain.engines import schemas as engine_schemas
 from control_plane.domain.engines.service import EngineService
+from control_plane.domain.stats import history
+from control_plane.domain.stats.history import Series
 
 ADAPTERS_PER_PAGE = 50  # each row reads its adapter's placements too
 AUDIT_PER_PAGE = 100
@@ -59,12 +61,13 @@ async def adapters(service: AdapterService, filters: AdapterFilters, offset: int
     return details, page.total
 
 
-async def adapter(service: AdapterService, audit: AuditService, name: str
-                  ) -> tuple[adapter_schemas.AdapterDetail, list[audit_schemas.AuditEvent]]:
-    """One adapter and its audit trail (rows on `name` and `name@version`, newest first)."""
+async def adapter(service: AdapterService, audit: AuditService, session: AsyncSession, name: str,
+                  interval_s: float) -> tuple[adapter_schemas.AdapterDetail, list[audit_schemas.AuditEvent], Series]:
+    """One adapter, its audit trail (rows on `name` and `name@version`, newest first) and its last hour
+    of figures (the charts)."""
     detail = await service.get(name)
     trail = await audit.page(AuditQuery(limit=AUDIT_PER_PAGE, adapter=name))
-    return detail, trail.data
+    return detail, trail.data, await history.series(session, name, interval_s)
 
 
 def rollback_target(detail: adapter_schemas.AdapterDetail) -> int | None:

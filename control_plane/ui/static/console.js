@@ -1,6 +1,28 @@
-// The console's own script: htmx sends the session's CSRF token on its requests (its live refreshes are
-// GETs, which need none; this keeps any future hx-post covered).
-document.addEventListener("htmx:configRequest", (event) => {
-  const field = document.querySelector("input[name=csrf]");
-  if (field) event.detail.headers["X-CSRF-Token"] = field.value;
-});
+// The console's own script: the Adapter page's charts, drawn with the vendored Chart.js from each
+// <canvas data-chart='{"labels": [...], "sets": [[label, values], ...]}'> (null values are gaps).
+"use strict";
+
+const COLOURS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#862e9c"];
+
+function drawCharts() {
+  for (const canvas of document.querySelectorAll("canvas[data-chart]")) {
+    if (Chart.getChart(canvas)) continue;
+    const spec = JSON.parse(canvas.dataset.chart);
+    new Chart(canvas, {
+      type: "line",
+      data: {
+        labels: spec.labels,
+        datasets: spec.sets.map(([label, values], i) => ({
+          label, data: values, borderColor: COLOURS[i % COLOURS.length], pointRadius: 0, borderWidth: 2, spanGaps: false,
+        })),
+      },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        scales: { y: { beginAtZero: true }, x: { ticks: { maxTicksLimit: 8 } } },
+        plugins: { legend: { display: spec.sets.length > 1 } },
+      },
+    });
+  }
+}
+
+document.addEventListener("DOMContentLoaded", drawCharts);

@@ -3,7 +3,7 @@
 
 Signs in (a wrong token first), sees the engine and the demo adapters, loads an adapter from the page and
 watches it become placed on the engine, loads a second version, rolls back and activates version 2 again,
-pins and unpins it, unloads it (the engine lets it go); then a read token sees no admin buttons and a
+pins and unpins it, sees its requests in the charts (the control plane's own history), unloads it (the engine lets it go); then a read token sees no admin buttons and a
 forged POST with its session is refused (403), with and without the CSRF token. No page logs a console
 error or throws. Screenshots of each page go to .artifacts/screenshots/ (git-ignored).
 """
@@ -11,6 +11,7 @@ error or throws. Screenshots of each page go to .artifacts/screenshots/ (git-ign
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +21,15 @@ import pytest
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
-from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for
+from tests.e2e.test_control_plane_engines import (
+    ADMIN,
+    CP_TOKENS,
+    ENGINE_TOKEN,
+    READ,
+    complete,
+    control_plane,
+    wait_for,
+)
 from tests.tools import require_tool
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -130,6 +139,22 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         expect(page.get_by_test_id("pinned")).to_have_text("yes")
         page.click("[data-action=unpin]")
         expect(page.get_by_test_id("pinned")).to_have_text("no")
+
+        # traffic in two rounds, a sample (every reconcile interval, 2 s) apart: the charts draw it
+        for _ in range(2):
+            for _ in range(3):
+                complete(engine_api, "demo-pirate")
+            time.sleep(2.5)
+
+        def charted() -> bool:
+            page.reload()
+            return page.evaluate("""() => ["tokens", "requests", "ttft"].every((key) => {
+                const chart = Chart.getChart(document.getElementById("chart-" + key));
+                return chart !== undefined && chart.data.datasets[0].data.some((v) => v > 0);
+            })""")
+
+        wait_for(charted, "the charts to show the requests", timeout_s=20)
+        expect(page.locator("#chart-errors")).to_have_count(1)
         shot("adapter")
 
         page.click("[data-action=unload]")
