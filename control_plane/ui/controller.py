@@ -24,6 +24,7 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from control_plane import audit
 from control_plane.domain.adapters import schemas
 from control_plane.domain.adapters.controller import provide_adapter_service
 from control_plane.domain.adapters.service import AdapterService
@@ -165,7 +166,8 @@ class ConsoleController(Controller):
                      query=urlencode(filters))
 
     @post("/adapter")
-    async def act(self, request: Request, codec: SessionCodec, adapters: AdapterService) -> Response[Any]:
+    async def act(self, request: Request, codec: SessionCodec, state: State,
+                  adapters: AdapterService) -> Response[Any]:
         """One admin form on the Adapters or Adapter page: load (name, path), unload, activate (version),
         rollback, pin, unpin; the service call the API's handler makes, as the signed-in token."""
         session = codec.read(request.cookies.get(COOKIE))
@@ -173,7 +175,11 @@ class ConsoleController(Controller):
         if session is None or not _csrf_ok(session, form.get("csrf", "")):
             return _refused("This form did not come from your console session (CSRF token missing or wrong); "
                             "reload the page and try again.", session)
-        if not session.can_act:
+        if not session.can_act:  # audited, as the API's admin guard audits a read token's attempt
+            async with state.audit_sessions() as db:
+                row = audit.event(session.token_id, f"console_{form.get('action', '')[:40]}",
+                                  form.get("name", "")[:256] or request.url.path, "403 permission_error")
+                await audit.record_alone(db, state.write_gate, row)
             return _refused("Changing adapters needs an admin token; you signed in with a read token.", session)
         name, action = form.get("name", "").strip(), form.get("action", "")
         if action not in _ACTIONS or not name:

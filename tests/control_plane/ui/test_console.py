@@ -183,5 +183,7 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         for form_data in ({"csrf": csrf, "action": "unload", "name": "demo-poet"}, {"action": "unload", "name": "demo-poet"}):
             assert page.request.post(cp + "/ui/adapter", form=form_data).status == 403
         assert "demo-poet" in held(engine_api)
+        refused = admin.get("/v1/audit", params={"adapter": "demo-poet", "action": "console_unload"}).json()["data"]
+        assert [e["outcome"] for e in refused] == ["403 permission_error"]  # the one with a session's CSRF token
         browser.close()
     assert problems == [], "\n".join(problems)
