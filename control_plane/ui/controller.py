@@ -41,6 +41,8 @@ HERE = Path(__file__).parent
 _TEMPLATES = JinjaTemplateEngine(engine_instance=jinja2.Environment(
     loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined))
 _LOGIN_CSRF = "loraplane_console_login"  # the sign-in form's own double-submit token (no session yet)
+# Only our own files: scripts, styles (htmx adds an inline style for its indicators) and images.
+_CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"
 _ACTIONS = ("load", "unload", "activate", "rollback", "pin", "unpin")
 
 
@@ -53,7 +55,7 @@ def _html(template: str, status_code: int = 200, cookies: list[Cookie] | None = 
     body = _TEMPLATES.get_template(template).render(**context)
     return Response(body, media_type=MediaType.HTML, status_code=status_code, cookies=cookies or [],
                     headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY",
-                             "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'"})
+                             "Content-Security-Policy": _CSP})
 
 
 def _back(page: str, **query: str) -> Redirect:
@@ -106,7 +108,8 @@ class ConsoleController(Controller):
         return response
 
     @get("/fleet")
-    async def fleet(self, request: Request, state: State, codec: SessionCodec, engines: EngineService, db_session: AsyncSession,
+    async def fleet(self, request: Request, state: State, codec: SessionCodec, engines: EngineService,
+                    db_session: AsyncSession,
                     live: bool = False) -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
@@ -134,7 +137,8 @@ class ConsoleController(Controller):
 
     @get("/adapter")
     async def adapter_page(self, request: Request, codec: SessionCodec, state: State, adapters: AdapterService,
-                           audit: AuditService, db_session: AsyncSession, name: str, live: bool = False, notice: str = "", error: str = "") -> Response[Any]:
+                           audit: AuditService, db_session: AsyncSession, name: str, live: bool = False,
+                           notice: str = "", error: str = "") -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
             return Redirect("/ui/login", status_code=303)
@@ -145,7 +149,8 @@ class ConsoleController(Controller):
             return _html("missing.html", status_code=exc.status_code, session=session, page="adapters",
                          message=exc.message)
         return _html("adapter_live.html" if live else "adapter.html", session=session, page="adapters",
-                     adapter=detail, trail=trail, charts=charts, rollback=pages.rollback_target(detail), notice=notice, error=error,
+                     adapter=detail, trail=trail, charts=charts, rollback=pages.rollback_target(detail), notice=notice,
+                     error=error,
                      name_query=urlencode({"name": name}))
 
     @get("/audit")

@@ -3,9 +3,9 @@
 
 Signs in (a wrong token first), sees the engine and the demo adapters, loads an adapter from the page and
 watches it become placed on the engine, loads a second version, rolls back and activates version 2 again,
-pins and unpins it, sees its requests in the charts (the control plane's own history), unloads it (the engine lets it go); then a read token sees no admin buttons and a
-forged POST with its session is refused (403), with and without the CSRF token. No page logs a console
-error or throws. Screenshots of each page go to .artifacts/screenshots/ (git-ignored).
+pins and unpins it, sees its requests in the charts (the control plane's own history), unloads it (the
+engine lets it go); then a read token sees no admin buttons and a forged POST with its session is refused
+(403, audited), with and without the CSRF token. No page logs a console error or throws. Screenshots of each page go to .artifacts/screenshots/ (git-ignored).
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         form.locator("button").click()
         expect(page.get_by_test_id("notice")).to_contain_text("Loaded demo-pirate version 1: e1 loaded")
         def observed(version: int):  # a placement row per engine and version (an old one desired absent)
-            return page.locator(f"[data-testid=placements] tr[data-engine=e1][data-version='{version}'] [data-testid=observed]")
+            row = f"[data-testid=placements] tr[data-engine=e1][data-version='{version}']"
+            return page.locator(f"{row} [data-testid=observed]")
 
         expect(observed(1)).to_have_text("loaded")
         assert "demo-pirate" in held(engine_api)
@@ -180,7 +181,8 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         expect(page.locator("[data-action]")).to_have_count(0)
         shot("adapter-read-only")
         csrf = page.locator("input[name=csrf]").first.input_value()
-        for form_data in ({"csrf": csrf, "action": "unload", "name": "demo-poet"}, {"action": "unload", "name": "demo-poet"}):
+        forged = {"action": "unload", "name": "demo-poet"}
+        for form_data in ({"csrf": csrf, **forged}, forged):
             assert page.request.post(cp + "/ui/adapter", form=form_data).status == 403
         assert "demo-poet" in held(engine_api)
         refused = admin.get("/v1/audit", params={"adapter": "demo-poet", "action": "console_unload"}).json()["data"]
