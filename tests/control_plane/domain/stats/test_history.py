@@ -1,5 +1,5 @@
 """The console's history: rates from the stored running totals (a restart is a gap, another replica's
-near-simultaneous sample is skipped), and a sample round on a real database that keeps the table bounded."""
+near-simultaneous sample is skipped), and a sample round on SQLite and PostgreSQL that keeps the table bounded."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def test_rates_over_each_step_gaps_after_a_restart_and_one_row_per_half_interval
     assert out.ttft_p50_s == [0.2, 0.3, None, None]
 
 
-async def test_a_sample_round_drops_rows_older_than_the_window(tmp_path) -> None:  # noqa: ANN001
-    settings = ControlPlaneSettings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'c.db'}")
+async def test_a_sample_round_drops_rows_older_than_the_window(db_url: str) -> None:
+    settings = ControlPlaneSettings(database_url=db_url)
     engine = create_engine(settings)
     await migrate.upgrade(engine)
     sessions = async_sessionmaker(engine, expire_on_commit=False)
@@ -47,7 +47,7 @@ async def test_a_sample_round_drops_rows_older_than_the_window(tmp_path) -> None
                                      generated_tokens=1)])
         await session.commit()
     client = EngineClient(None, 1.0)
-    sampler = HistorySampler(sessions, WriteGate(serialize=True), settings, client, StatsCache())
+    sampler = HistorySampler(sessions, WriteGate(serialize=settings.is_sqlite), settings, client, StatsCache())
     assert await sampler.sample() == 0  # no engine: nothing to add, the old row goes
     async with sessions() as session:
         assert await session.scalar(select(func.count()).select_from(StatsSample)) == 1
