@@ -137,7 +137,7 @@ class ConsoleController(Controller):
 
     @get("/adapter")
     async def adapter_page(self, request: Request, codec: SessionCodec, state: State, adapters: AdapterService,
-                           audit: AuditService, db_session: AsyncSession, name: str, live: bool = False,
+                           audit: AuditService, db_session: AsyncSession, name: str, live: str = "",
                            notice: str = "", error: str = "") -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
@@ -148,7 +148,9 @@ class ConsoleController(Controller):
         except LoraplaneError as exc:
             return _html("missing.html", status_code=exc.status_code, session=session, page="adapters",
                          message=exc.message)
-        return _html("adapter_live.html" if live else "adapter.html", session=session, page="adapters",
+        # live=1: the state and placements; live=charts: the charts (each refreshed on its own timer)
+        template = {"": "adapter.html", "charts": "adapter_charts.html"}.get(live, "adapter_live.html")
+        return _html(template, session=session, page="adapters",
                      adapter=detail, trail=trail, charts=charts, rollback=pages.rollback_target(detail), notice=notice,
                      error=error,
                      name_query=urlencode({"name": name}))

@@ -1,5 +1,6 @@
 // The console's own script: the Adapter page's charts, drawn with the vendored Chart.js from each
-// <canvas data-chart='{"labels": [...], "sets": [[label, values], ...]}'> (null values are gaps).
+// <canvas data-chart='{"labels": [...], "sets": [[label, values], ...]}'> (null values are gaps), again
+// each time htmx swaps in fresh ones.
 "use strict";
 
 const COLOURS = ["#2f6fdf", "#d9480f", "#2b8a3e", "#862e9c"];
@@ -26,3 +27,8 @@ function drawCharts() {
 }
 
 document.addEventListener("DOMContentLoaded", drawCharts);
+// htmx refreshes the charts' part of the page: the old charts go with their canvases, the new are drawn
+document.addEventListener("htmx:beforeSwap", (event) => {
+  for (const canvas of event.detail.target.querySelectorAll("canvas[data-chart]")) Chart.getChart(canvas)?.destroy();
+});
+document.addEventListener("htmx:afterSwap", drawCharts);

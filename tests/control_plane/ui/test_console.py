@@ -141,14 +141,13 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         page.click("[data-action=unpin]")
         expect(page.get_by_test_id("pinned")).to_have_text("no")
 
-        # traffic in two rounds, a sample (every reconcile interval, 2 s) apart: the charts draw it
+        # traffic in two rounds, a sample (every reconcile interval, 2 s) apart: the live charts draw it
         for _ in range(2):
             for _ in range(3):
                 complete(engine_api, "demo-pirate")
             time.sleep(2.5)
 
-        def charted() -> bool:
-            page.reload()
+        def charted() -> bool:  # no reload: the page refreshes its charts itself
             return page.evaluate("""() => ["tokens", "requests", "ttft"].every((key) => {
                 const chart = Chart.getChart(document.getElementById("chart-" + key));
                 return chart !== undefined && chart.data.datasets[0].data.some((v) => v > 0);
