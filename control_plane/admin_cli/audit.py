@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import click
@@ -22,10 +23,22 @@ HELP = "The audit trail, newest first: every mutating call, done or refused (GET
 @connected
 def audit(session: Session, adapter: str | None, actor: str | None, action: str | None, since: str | None,
           limit: int, offset: int) -> int:
-    params: dict[str, Any] = {"adapter": adapter, "actor": actor, "action": action, "since": since,
+    params: dict[str, Any] = {"adapter": adapter, "actor": actor, "action": action, "since": _with_offset(since),
                               "limit": limit, "offset": offset}
     reply = session.api.get("/v1/audit", {k: v for k, v in params.items() if v is not None})
     return session.finish(reply, _page)
+
+
+def _with_offset(since: str | None) -> str | None:
+    """The API wants RFC 3339 with its offset; a time given without one is UTC (left as typed if unparseable:
+    the server's 400 names the problem)."""
+    if since is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(since)
+    except ValueError:
+        return since
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).isoformat()
 
 
 def _page(body: dict) -> None:

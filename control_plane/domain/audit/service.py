@@ -32,6 +32,17 @@ class AuditQuery:
             raise InvalidRequestError("offset must be ≥ 0", param="offset")
 
 
+def parse_time(text: str, param: str) -> dt.datetime | None:
+    """An RFC 3339 time (its form checked by the route's pattern), None for ""; 400 for a day or hour that
+    does not exist (2026-02-30, 25:00)."""
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.upper())
+    except ValueError:
+        raise InvalidRequestError(f"{param} {text!r} is not a valid RFC 3339 time", param=param) from None
+
+
 def as_utc(when: dt.datetime | None) -> dt.datetime | None:
     """`since` as an aware UTC time (no offset given: UTC); 400 for one UTC cannot hold (year 9999 at -14:00)."""
     if when is None:
