@@ -16,7 +16,7 @@ from control_plane.domain.audit.service import MAX_PAGE, AuditQuery, AuditServic
 from shared.openapi import route_doc
 
 _NO_NUL = "^[^\\x00]*$"  # PostgreSQL text holds no NUL (a filter with one would be a 500)
-_RFC3339 = r"^(\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2}))?$"  # or empty
+_RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
 
 
 async def provide_audit_service(db_session: AsyncSession) -> AuditService:
@@ -39,14 +39,15 @@ class AuditController(Controller):
                                           "name@version); empty: any")] = "",
         actor: Annotated[str, Parameter(max_length=32, pattern=_NO_NUL, description="a token id as the rows name it")] = "",
         action: Annotated[str, Parameter(max_length=64, pattern=_NO_NUL, description="e.g. load_lora_adapter")] = "",
-        # a string checked here: the framework's datetime also took a bare number (since=0.5) as a time
-        since: Annotated[str, Parameter(max_length=64, pattern=_RFC3339, schema_extra={"format": "date-time"},
-                                        description="rows at or after this time (RFC 3339, with its offset); "
-                                                    "empty: any")] = "",
+        # a string checked here (the framework's datetime also took a bare number, since=0.5, as a time);
+        # Optional, as a default "" would have to pass min_length: left out is any time, since= a 400
+        since: Annotated[str | None, Parameter(min_length=20, max_length=64, pattern=_RFC3339,
+                                        schema_extra={"format": "date-time"},
+                                        description="rows at or after this time (RFC 3339, with its offset)")] = None,
     ) -> schemas.AuditPage:
         """A page of the audit trail, newest first: every mutating call, done or refused, with its actor
         (a short sha256 prefix of the token, never the token), action, target and outcome; filtered by
         adapter, actor, action and time (400 for a time that is not RFC 3339)."""
         query = AuditQuery(limit=limit, offset=offset, adapter=adapter or None, actor=actor or None,
-                           action=action or None, since=as_utc(parse_time(since, "since")))
+                           action=action or None, since=as_utc(parse_time(since or "", "since")))
         return await service.page(query)
