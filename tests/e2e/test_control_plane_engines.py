@@ -199,6 +199,8 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
             after = reader.get(cp + f"/v1/lora_adapters/{name}").json()
             assert after["active_version"] == before["active_version"]
             assert after["versions"] == before["versions"]
-            assert [(p["engine"], p["desired"]) for p in after["placements"]] == \
-                [(p["engine"], p["desired"]) for p in before["placements"]]
+            # the placements' engines; not their desired state: with every engine stopped (drained at
+            # shutdown) a fleet pass may rightly let go of a replica beyond the adapter's min (loaded → absent)
+            assert [p["engine"] for p in after["placements"]] == [p["engine"] for p in before["placements"]]
+            assert after["replicas"]["min"] == before["replicas"]["min"]
         assert {e["name"]: e["url"] for e in reader.get(cp + "/v1/engines").json()["data"]} == engines_before
