@@ -26,6 +26,7 @@ from control_plane.domain.adapters.controller import AdapterController
 from control_plane.domain.audit.controller import AuditController
 from control_plane.domain.engines.controller import EngineController
 from control_plane.domain.placements.reconcile import Reconciler
+from control_plane.domain.routers.controller import RouterController
 from control_plane.domain.routes.cache import RoutesCache
 from control_plane.domain.routes.controller import RoutesController
 from control_plane.domain.stats.controller import StatsController
@@ -109,7 +110,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     }
     app = Litestar(
         route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController,
-                        RoutesController, AuditController, console_router(settings)],
+                        RoutesController, RouterController, AuditController, console_router(settings)],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],

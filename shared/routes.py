@@ -6,8 +6,8 @@ from the control plane and asks it for placements.
 - `GET /v1/routes` (router token, read or admin token too) → `RoutesTable`, with an `ETag` header; the
   router sends `If-None-Match` every second and gets `304 Not Modified` while nothing changed. `etag`
   in the body is the same value, so a router that logs or caches the table knows which one it holds.
-- `POST /v1/routes/demand` (router token) → `DemandAnswer`: the router's per-model queue figures
-  (`demand`, every interval) and the models it has requests for that nobody holds (`place`, at once, one
+- `POST /v1/routes/demand` (router token) → `DemandAnswer`: the router's presence (`router`), its
+  per-model queue figures (`demand`, every interval) and the models it has requests for that nobody holds (`place`, at once, one
   call however many requests wait). The control plane feeds the figures to demand scaling and places
   the named adapters; the answer carries their routes (holders may still be `loading`).
 
@@ -35,6 +35,7 @@ ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # many models per call, and asks for at most MAX_PLACE placements at once.
 MAX_DEMAND_MODELS = 10_000
 MAX_PLACE = 256
+_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"  # no control characters
 
 
 class RouteEngine(msgspec.Struct, kw_only=True):
@@ -69,7 +70,20 @@ class ModelDemand(msgspec.Struct, kw_only=True):
     running: Count = 0  # requests sent to an engine and not finished
 
 
+class RouterPresence(msgspec.Struct, kw_only=True):
+    """Who sends the report: the console's Fleet page lists the routers by it (control_plane/domain/routers)."""
+
+    # unique per router process (default host:port); a report replaces that name's row. Printable only:
+    # PostgreSQL refuses NUL in text, and the console shows both
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=_PRINTABLE)]
+    url: Annotated[str, msgspec.Meta(max_length=1024, pattern=_PRINTABLE)] | None = None  # shown, never called
+    running: Count = 0  # requests sent to an engine and not finished, all models
+    waiting: Count = 0  # requests held until their adapter is placed
+    table_age_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = None  # since the table was confirmed
+
+
 class DemandReport(msgspec.Struct, kw_only=True):
+    router: RouterPresence | None = None  # a router sends it every report (an idle one every few seconds)
     demand: Annotated[list[ModelDemand], msgspec.Meta(max_length=MAX_DEMAND_MODELS)] = msgspec.field(
         default_factory=list)
     # adapters to place now (nobody holds them)

@@ -70,9 +70,10 @@ def detail(body: dict) -> None:
     ])
     facts.show_header = False
     versions = render.table(
-        ("VERSION", "SHA256", "RANK", "ALPHA", "SIZE", "CREATED", "SOURCE"),
+        ("VERSION", "SHA256", "RANK", "ALPHA", "SIZE", "CREATED", "BY", "SOURCE"),
         [(("*" if v["number"] == body["active_version"] else " ") + str(v["number"]), v["sha256"][:12], v["rank"],
-          v["alpha"], render.size(v["size_bytes"]), render.when(v["created_at"]), v["uri"]) for v in body["versions"]],
+          v["alpha"], render.size(v["size_bytes"]), render.when(v["created_at"]), v.get("created_by") or "-",
+          v["uri"]) for v in body["versions"]],
         title="versions (* active)")
     placements = render.table(
         ("ENGINE", "VERSION", "DESIRED", "OBSERVED", "RESIDENCY", "ERROR"),

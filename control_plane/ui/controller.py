@@ -32,6 +32,7 @@ from control_plane.domain.audit.controller import provide_audit_service
 from control_plane.domain.audit.service import AuditQuery, AuditService
 from control_plane.domain.engines.controller import provide_engine_service
 from control_plane.domain.engines.service import EngineService
+from control_plane.domain.routers.service import list_routers
 from control_plane.settings import ControlPlaneSettings
 from control_plane.ui import pages
 from control_plane.ui.session import COOKIE, MAX_AGE_S, ConsoleSession, SessionCodec
@@ -116,7 +117,7 @@ class ConsoleController(Controller):
             return Redirect("/ui/login", status_code=303)
         rows = await pages.fleet(engines, db_session)
         return _html("fleet_live.html" if live else "fleet.html", session=session, page="fleet", rows=rows,
-                     stale_after_s=state.settings.engine_stale_after_s)
+                     routers=await list_routers(db_session), stale_after_s=state.settings.engine_stale_after_s)
 
     @get("/adapters")
     async def adapter_list(self, request: Request, codec: SessionCodec, adapters: AdapterService, live: bool = False,

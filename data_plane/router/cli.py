@@ -31,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="how often the routing table is revalidated (If-None-Match)")
     p.add_argument("--demand-interval-s", type=float, default=d["demand_interval_s"].default,
                    help="how often per-model queue figures are reported to the control plane")
+    p.add_argument("--router-name", default="", help="how the control plane lists this router (default host:port)")
+    p.add_argument("--advertise-url", help="where clients reach this router, as the console shows it "
+                   "(default http://HOST:PORT)")
     p.add_argument("--stale-after-s", type=float, default=d["stale_after_s"].default,
                    help="/health says degraded once the table has not been confirmed for this long")
     p.add_argument("--max-attempts", type=int, default=d["max_attempts"].default,
@@ -42,6 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_log_format_argument(p)
     return p
+
+
+def name_after_bind(config: RouterConfig, port: int) -> None:
+    """The defaults that need the bound port (`--port 0`): the router's name and advertised URL."""
+    shown = socket.gethostname() if config.host in ("0.0.0.0", "::", "") else config.host
+    shown = f"[{shown}]" if ":" in shown else shown
+    config.name = config.name or f"{shown}:{port}"
+    config.advertise_url = config.advertise_url or f"http://{shown}:{port}"
 
 
 def main(argv: list[str]) -> int:
@@ -56,9 +67,11 @@ def main(argv: list[str]) -> int:
             stale_after_s=args.stale_after_s, max_attempts=args.max_attempts,
             connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
             max_request_body_bytes=args.max_request_body_bytes, log_level=args.log_level,
-            log_format=args.log_format, **secrets_from_env(),  # type: ignore[arg-type]
+            log_format=args.log_format, name=args.router_name, advertise_url=args.advertise_url,
+            **secrets_from_env(),  # type: ignore[arg-type]
         )
         sock = _bind(config.host, config.port)
+        name_after_bind(config, sock.getsockname()[1])
     except (RouterConfigError, OSError) as exc:
         print(f"loraplane router: {exc}", file=sys.stderr)
         return 2

@@ -32,6 +32,9 @@ class RouterConfig:
     api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: the router is open
     refresh_interval_s: float = 1.0  # GET /v1/routes with If-None-Match this often
     demand_interval_s: float = 1.0  # POST /v1/routes/demand with the per-model queue this often
+    presence_interval_s: float = 5.0  # an idle router still reports (its presence) this often
+    name: str = ""  # how the control plane lists this router (cli.py: host:port when not given)
+    advertise_url: str | None = None  # where clients reach it, as the console shows it (cli.py's default)
     stale_after_s: float = 5.0  # a table not revalidated for this long makes /health say degraded
     max_attempts: int = 3  # engines tried per request before the first byte (connect refused, 503)
     connect_timeout_s: float = 2.0
@@ -61,6 +64,7 @@ class RouterConfig:
             if token is not None and (not token or any(c.isspace() for c in token)):
                 raise RouterConfigError(f"{what} is empty or contains whitespace")
         positive = {"refresh_interval_s": self.refresh_interval_s, "demand_interval_s": self.demand_interval_s,
+                    "presence_interval_s": self.presence_interval_s,
                     "stale_after_s": self.stale_after_s, "connect_timeout_s": self.connect_timeout_s,
                     "read_timeout_s": self.read_timeout_s, "control_plane_timeout_s": self.control_plane_timeout_s,
                     "placement_timeout_s": self.placement_timeout_s,

@@ -29,7 +29,7 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
 from data_plane.router.balancer import Balancer
 from data_plane.router.config import RouterConfig
-from data_plane.router.demand import DemandReporter
+from data_plane.router.demand import DemandReporter, Presence
 from data_plane.router.errors import ClientDisconnected, NoEngineError
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
@@ -57,7 +57,8 @@ class RouterService:
                                         lambda result: self.metrics.revalidations.labels(result).inc())
         self.placer = Placer(self.table, self.control_plane, self.metrics, timeout_s=config.placement_timeout_s)
         self.reporter = DemandReporter(self.table, self.balancer, self.placer, self.control_plane,
-                                       config.demand_interval_s, self.metrics)
+                                       config.demand_interval_s, self.metrics,
+                                       Presence(config.name, config.advertise_url, config.presence_interval_s))
         self.proxy = Proxy(self.balancer, self.metrics, engine_api_key=config.engine_api_key,
                            max_attempts=config.max_attempts)
         self._tasks: list[asyncio.Task[None]] = []

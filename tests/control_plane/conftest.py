@@ -27,7 +27,7 @@ from control_plane.settings import ControlPlaneSettings
 ADMIN = "admin-token-for-tests"
 READ = "read-token-for-tests"
 PG_URL = os.environ.get("LORAPLANE_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-TABLES = ("stats_samples", "audit_events", "placements", "version_files", "artifact_blobs", "adapter_versions", "adapters", "engines")
+TABLES = ("routers", "stats_samples", "audit_events", "placements", "version_files", "artifact_blobs", "adapter_versions", "adapters", "engines")
 
 
 def admin() -> dict[str, str]:

@@ -11,10 +11,11 @@ from control_plane.db.models.audit_event import AuditEvent
 from control_plane.db.models.demand_report import DemandReport
 from control_plane.db.models.engine import Engine, EngineState
 from control_plane.db.models.placement import HOLDING, DesiredState, ObservedState, Placement
+from control_plane.db.models.router import RouterInstance
 from control_plane.db.models.stats_sample import StatsSample
 from control_plane.db.models.version_file import VersionFile
 
 __all__ = [
     "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ArtifactBlob", "AuditEvent", "DemandReport", "DesiredState",
-    "Engine", "EngineState", "ObservedState", "Placement", "StatsSample", "VersionFile",
+    "Engine", "EngineState", "ObservedState", "Placement", "RouterInstance", "StatsSample", "VersionFile",
 ]

@@ -34,3 +34,5 @@ class AdapterVersion(IdentityBase):
     target_modules: Mapped[list[str]] = mapped_column(JsonB, default=list)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True), default=_now)
+    # who registered it: `<role>:<token id>` as audit rows name actors (None: made before revision 0006)
+    created_by: Mapped[str | None] = mapped_column(String(64), nullable=True)

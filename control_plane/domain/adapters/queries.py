@@ -82,7 +82,8 @@ async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPla
         pinned=any(p.desired == DesiredState.PINNED.value for p, *_ in placements),
         versions=[schemas.AdapterVersion(
             number=v.number, uri=v.uri, sha256=v.sha256, rank=v.rank, alpha=v.alpha,
-            target_modules=list(v.target_modules), size_bytes=v.size_bytes, created_at=v.created_at)
+            target_modules=list(v.target_modules), size_bytes=v.size_bytes, created_at=v.created_at,
+            created_by=v.created_by)
             for v in versions],
         placements=[schemas.Placement(engine=engine, version=number, desired=p.desired, observed=p.observed,
                                       last_error=p.last_error, residency=p.residency, updated_at=p.updated_at)

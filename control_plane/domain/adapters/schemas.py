@@ -131,6 +131,9 @@ class AdapterVersion(msgspec.Struct, kw_only=True):
     target_modules: list[str]
     size_bytes: int
     created_at: dt.datetime
+    # who registered it: `<role>:<token id>`, as audit events name actors; null for versions made before
+    # the control plane recorded it
+    created_by: str | None = None
 
 
 class Placement(msgspec.Struct, kw_only=True):

@@ -114,7 +114,7 @@ class AdapterService:
                 version = AdapterVersion(
                     adapter_id=adapter.id, number=(last or 0) + 1, uri=found.path, sha256=found.sha256,
                     rank=found.rank, alpha=found.alpha, target_modules=found.target_modules,
-                    size_bytes=found.size_bytes)
+                    size_bytes=found.size_bytes, created_by=f"{actor.kind}:{actor.token_id}")
                 session.add(version)
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
             await blobs.reference(session, self.store, version.id, files.files.values())

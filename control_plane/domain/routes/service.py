@@ -8,7 +8,9 @@ same quoted value.
 
 A demand report (`POST /v1/routes/demand`):
 - `demand`: per-model queue figures, recorded for the adapters among them under the source
-  `router:<token id>` (control_plane.domain.placements.demand; each report replaces that source's rows);
+  `router:<token id>:<router name>` (control_plane.domain.placements.demand; each report replaces that
+  source's rows, so router replicas sharing a token keep their own);
+- `router`: the router's presence (control_plane.domain.routers), recorded in the same write;
   an idempotent write, not an audited mutation (routers report every few seconds);
 - `place`: adapters the router has requests for and nobody holds. Each registered, servable one is
   placed by the planner (`ensure_placed`) in one audited mutation; after the commit the orders are
@@ -18,6 +20,7 @@ A demand report (`POST /v1/routes/demand`):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +35,12 @@ from control_plane.db.transaction import read, transact
 from control_plane.domain.placements.demand import AdapterDemand, record_demand
 from control_plane.domain.placements.planner import PlacementPlanner, PushOrder
 from control_plane.domain.placements.push import Pusher
+from control_plane.domain.routers.service import record_presence
 from control_plane.domain.routes.cache import EncodedTable, RoutesCache, fingerprint
 from control_plane.domain.routes.table import build_routes, healthy_engines, route_engines, servable
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
-from shared.routes import DemandAnswer, DemandReport, ModelDemand, RoutesTable
+from shared.routes import DemandAnswer, DemandReport, ModelDemand, RouterPresence, RoutesTable
 
 _LOOKUP_CHUNK = 1000  # names per IN (…) query: far below SQLite's and asyncpg's bound-parameter limits
 _AUDIT_TARGET = 256  # audit_events.target's length
@@ -66,12 +70,15 @@ class RoutesService:
         return await read(self.session, current, "routes table")
 
     async def report(self, report: DemandReport, actor: Principal) -> DemandAnswer:
-        if report.demand:
+        if report.demand or report.router is not None:
             figures = _summed(report.demand)
+            source = _source(actor, report.router)
 
             async def record(session: AsyncSession) -> None:
-                ids = {a.name: a.id for a in await _adapters(session, list(figures))}
-                await record_demand(session, f"router:{actor.token_id}", (
+                if report.router is not None:
+                    await record_presence(session, report.router, actor.token_id)
+                ids = {a.name: a.id for a in await _adapters(session, list(figures))} if figures else {}
+                await record_demand(session, source, (
                     AdapterDemand(adapter_id=ids[name], waiting=w, running=r)
                     for name, (w, r) in figures.items() if name in ids))
 
@@ -97,6 +104,15 @@ class RoutesService:
                                 unknown=unknown)
 
         return await read(self.session, placed, "routes of placed adapters")
+
+
+def _source(actor: Principal, router: RouterPresence | None) -> str:
+    """The demand rows' source: per router process (replicas share a token; each must keep its own rows),
+    the name hashed when it would not fit demand_reports.source."""
+    if router is None:
+        return f"router:{actor.token_id}"
+    name = router.name if len(router.name) <= 100 else hashlib.sha256(router.name.encode()).hexdigest()[:32]
+    return f"router:{actor.token_id}:{name}"
 
 
 def _summed(demand: Iterable[ModelDemand]) -> dict[str, tuple[int, int]]:

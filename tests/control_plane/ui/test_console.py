@@ -2,7 +2,8 @@
 `loraplane control` process and a real engine (the demo model, demo adapters) that registers itself.
 
 Signs in (a wrong token first), sees the engine and the demo adapters, loads an adapter from the page and
-watches it become placed on the engine, loads a second version, rolls back and activates version 2 again,
+watches it become placed on the engine (and the router beside it on the Fleet page), loads a second
+version (the page says which token registered it), rolls back and activates version 2 again,
 pins and unpins it, sees its requests in the charts (the control plane's own history), unloads it (the
 engine lets it go); then a read token sees no admin buttons and a forged POST with its session is refused
 (403, audited), with and without the CSRF token. No page logs a console error or throws. Screenshots of each page go to .artifacts/screenshots/ (git-ignored).
@@ -11,6 +12,8 @@ engine lets it go); then a read token sees no admin buttons and a forged POST wi
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from control_plane.auth import token_id
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
@@ -26,8 +30,10 @@ from tests.e2e.test_control_plane_engines import (
     CP_TOKENS,
     ENGINE_TOKEN,
     READ,
+    _free_port,
     complete,
     control_plane,
+    started,
     wait_for,
 )
 from tests.tools import require_tool
@@ -36,6 +42,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 
 SCREENSHOTS = REPO_ROOT / ".artifacts" / "screenshots"
 TIMEOUT_MS = 30_000
+ROUTER_TOKEN = "console-test-router-token"
 
 
 @pytest.fixture
@@ -45,20 +52,29 @@ def chromium() -> str:
 
 @contextlib.contextmanager
 def fleet(tmp: Path) -> Iterator[tuple[str, str, dict[str, Path]]]:
-    """A control plane and one engine `e1` serving the demo model; its URL, the engine's API and the
-    demo adapters' folders."""
+    """A control plane, one engine `e1` serving the demo model and a router `r1` reporting to it; its URL,
+    the engine's API and the demo adapters' folders."""
     base = tmp / "models" / "demo"
     write_demo_model(base, seed=0)
     root = tmp / "adapters"
     paths = write_demo_adapters(base, root)
-    with control_plane(tmp, root, LORAPLANE_UI_SESSION_SECRET="console-test-secret-0123456789") as cp:
+    with contextlib.ExitStack() as stack:
+        cp = stack.enter_context(control_plane(tmp, root, LORAPLANE_UI_SESSION_SECRET="console-test-secret-0123456789",
+                                               LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN))
         flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN, "--control-plane", cp,
                  *SHARED_FLAGS, "--engine-name", "e1")
-        with run_engine(base, tmp / "e1.log", *flags, env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}) as e1:
-            reader = httpx.Client(headers={"Authorization": f"Bearer {READ}"}, timeout=30)
-            wait_for(lambda: [e["state"] for e in reader.get(cp + "/v1/engines").json()["data"]] == ["healthy"],
-                     "the engine to register")
-            yield cp, e1.api, paths
+        e1 = stack.enter_context(run_engine(base, tmp / "e1.log", *flags,
+                                            env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
+        reader = httpx.Client(headers={"Authorization": f"Bearer {READ}"}, timeout=30)
+        wait_for(lambda: [e["state"] for e in reader.get(cp + "/v1/engines").json()["data"]] == ["healthy"],
+                 "the engine to register")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")},
+               "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN}
+        stack.enter_context(started([sys.executable, "-m", "shared.cli", "router", "--control-plane", cp, "--port",
+                                     str(_free_port()), "--router-name", "r1"], tmp / "router.log", env,
+                                    lambda: [r["state"] for r in reader.get(cp + "/v1/routers").json()["data"]]
+                                    == ["up"], "the router to report"))
+        yield cp, e1.api, paths
 
 
 def held(engine_api: str) -> dict[str, dict]:
@@ -102,6 +118,7 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         row = page.locator("tr[data-engine=e1]")
         expect(row).to_contain_text("healthy")
         expect(row).to_contain_text("demo")
+        expect(page.locator("tr[data-router=r1]")).to_contain_text("up")
         shot("fleet")
 
         page.click("nav >> text=Adapters")
@@ -134,6 +151,8 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         page.click("[data-action=activate-2]")
         expect(page.get_by_test_id("active-version")).to_have_text("v2")
         expect(observed(2)).to_have_text("loaded")
+        # who registered each version: the admin token this session signed in with (as audit rows name it)
+        expect(page.locator("[data-testid=versions] tr[data-version='2']")).to_contain_text(f"admin:{token_id(ADMIN)}")
         placements = admin.get("/v1/lora_adapters/demo-pirate").json()["placements"]
         assert [(p["engine"], p["version"]) for p in placements if p["observed"] == "loaded"] == [("e1", 2)]
         page.click("[data-action=pin]")

@@ -46,6 +46,7 @@ POLICY: dict[str, tuple[str, str, dict | None, set[str]]] = {
     "reconcileEngines": ("POST", "/v1/engines/reconcile", None, {"admin"}),
     "loraStats": ("GET", "/v1/lora_stats", None, {"admin", "read"}),
     "listAuditEvents": ("GET", "/v1/audit", None, {"admin", "read"}),
+    "listRouters": ("GET", "/v1/routers", None, {"admin", "read"}),
     "getArtifactManifest": ("GET", f"/v1/artifacts/{DIGEST}", None, {"admin", "read", "engine"}),
     "getArtifactFile": ("GET", f"/v1/artifacts/{DIGEST}/adapter_config.json", None, {"admin", "read", "engine"}),
     "getRoutes": ("GET", "/v1/routes", None, {"admin", "read", "router"}),
