@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,12 @@ class EngineConfig:
     max_request_body_bytes: int = 8 * 1024 * 1024
     admin_token: str | None = None
     api_key: str | None = None  # bearer key for the inference endpoints (vLLM's --api-key); None = open
-    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default
+    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default (core process: CPUs - 1)
+    # the engine core (scheduler, model, step loop) in its own process (data_plane/engine/core); False:
+    # a thread of the API process, as before
+    engine_core_process: bool = True
+    # CPUs of the engine-core process: auto | nobind | a list such as 1-3 (data_plane/engine/core/threads.py)
+    omp_threads_bind: str = "auto"
     tensor_parallel_size: int = 1
     lora_fused_row_allreduce: bool = False  # row-parallel LoRA: one all-reduce per layer instead of two
     # Multi-LoRA
@@ -130,6 +136,9 @@ class EngineConfig:
             self.resolve_adapters = self.control_plane_url is not None
         elif self.resolve_adapters and self.control_plane_url is None:
             raise ConfigError("--resolve-adapters needs --control-plane (that is where names are resolved)")
+        if self.omp_threads_bind not in ("auto", "nobind") and not re.fullmatch(
+                r"\d+(-\d+)?(,\d+(-\d+)?)*", self.omp_threads_bind):
+            raise ConfigError(f"--omp-threads-bind {self.omp_threads_bind!r}: expected auto, nobind or a CPU list like 1-3")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
 

@@ -59,7 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="longer prompts are refused before tokenizing (default: --max-model-len x 16)",
     )
     p.add_argument("--max-request-body-bytes", type=int, default=8 * 1024 * 1024)
-    p.add_argument("--num-threads", type=int, help="torch intra-op threads on CPU")
+    p.add_argument(
+        "--num-threads", type=int,
+        help="torch intra-op threads on CPU (default with the engine-core process: one per CPU but one for the API)",
+    )
+    p.add_argument(
+        "--engine-core-process", action=argparse.BooleanOptionalAction, default=True,
+        help="run the scheduler, model and step loop in their own process (on by default); "
+        "--no-engine-core-process keeps them on a thread of the API process",
+    )
+    p.add_argument(
+        "--omp-threads-bind", default=os.environ.get("LORAPLANE_CPU_OMP_THREADS_BIND", "auto"),
+        help="CPUs of the engine-core process: auto (bind it to the last --num-threads CPUs when that leaves "
+        "the API one), nobind, or a list such as 1-3 (default: $LORAPLANE_CPU_OMP_THREADS_BIND or auto)",
+    )
     p.add_argument(
         "--tensor-parallel-size", type=int, default=1,
         help="ranks to shard the model over (gloo on CPU, nccl on CUDA, hccl on NPU); also works under torchrun",
@@ -181,6 +194,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         admin_token=args.admin_token,
         num_threads=args.num_threads,
+        engine_core_process=args.engine_core_process,
+        omp_threads_bind=args.omp_threads_bind,
         tensor_parallel_size=args.tensor_parallel_size,
         lora_fused_row_allreduce=args.lora_fused_row_allreduce,
         enable_lora=args.enable_lora,
@@ -264,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     from data_plane.api.app import create_app
     from data_plane.api.shutdown import AdmissionGate, DrainingServer
     from data_plane.engine.async_engine import AsyncLLMEngine
+    from data_plane.engine.core.client import EngineCoreClient
 
     try:
         config = config_from_args(args)
@@ -273,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             worker_main(torchrun_rank(), config, "env://")
             return 0
         logger.info("loading %s", config.model)
-        engine = AsyncLLMEngine.from_config(config)  # slow: reads the checkpoint, sizes the KV cache
+        # slow: reads the checkpoint, sizes the KV cache (in the engine-core process, by default)
+        engine = (EngineCoreClient if config.engine_core_process else AsyncLLMEngine).from_config(config)
         sock = _bind(config.host, config.port)
     except (LoraplaneError, OSError) as exc:
         print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)

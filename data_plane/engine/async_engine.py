@@ -11,7 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Container
 from typing import TypeVar
 
 from data_plane.config import EngineConfig
@@ -26,7 +26,32 @@ T = TypeVar("T")
 _LOOP_DIED = "the engine loop stopped unexpectedly; the engine's log has the cause"
 
 
-def _settle(future: asyncio.Future, result: object, exc: BaseException | None) -> None:
+def check_admission(request: Request, waiting_seqs: int, config: EngineConfig, in_flight: Container[str]) -> None:
+    """What the API side refuses before queueing: a full waiting queue (503) and a request id in use."""
+    n = request.sampling_params.n
+    limit = config.max_waiting_requests
+    # sequences, not requests: one request with a large n weighs as much as n small ones
+    if waiting_seqs + n > limit:
+        raise OverloadedError(
+            f"The server is overloaded: the queue holds at most {limit} waiting sequences "
+            f"(n per request) and cannot take {n} more. Retry later."
+        )
+    if request.request_id in in_flight:
+        raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+
+
+async def until_finished(queue: asyncio.Queue[RequestOutput | Exception]) -> AsyncGenerator[RequestOutput, None]:
+    """A request's outputs as its queue gets them, up to the finished one; an exception put there is raised."""
+    while True:
+        item = await queue.get()
+        if isinstance(item, Exception):
+            raise item
+        yield item
+        if item.finished:
+            return
+
+
+def settle(future: asyncio.Future, result: object, exc: BaseException | None) -> None:
     if future.done():  # the caller was cancelled meanwhile
         return
     if exc is not None:
@@ -79,15 +104,7 @@ class AsyncLLMEngine:
             raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
         self.engine.validate(request)
         n = request.sampling_params.n
-        limit = self.config.max_waiting_requests
-        # sequences, not requests: one request with a large n weighs as much as n small ones
-        if self._stats.num_waiting + self._queued_seqs + n > limit:
-            raise OverloadedError(
-                f"The server is overloaded: the queue holds at most {limit} waiting sequences "
-                f"(n per request) and cannot take {n} more. Retry later."
-            )
-        if request.request_id in self._streams:
-            raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+        check_admission(request, self._stats.num_waiting + self._queued_seqs, self.config, self._streams)
         stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._streams[request.request_id] = stream
         with self._queued_lock:
@@ -95,10 +112,7 @@ class AsyncLLMEngine:
         self._post("add", request)
         finished = False
         try:
-            while not finished:
-                item = await stream.get()
-                if isinstance(item, Exception):
-                    raise item
+            async for item in until_finished(stream):
                 finished = item.finished
                 yield item
         finally:
@@ -195,7 +209,7 @@ class AsyncLLMEngine:
                 except Exception as exc:
                     error = exc
                 self._stats = self.engine.stats()  # before the caller resumes: it sees its call's effect
-                self._loop.call_soon_threadsafe(_settle, future, result, error)
+                self._loop.call_soon_threadsafe(settle, future, result, error)
             elif kind == "abort":
                 aborted = self.engine.abort_request(payload)
                 if aborted is not None:

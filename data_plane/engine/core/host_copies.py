@@ -1,0 +1,60 @@
+"""Which adapters' host copies the engine core holds, as the API process sees it.
+
+A request for an adapter the core holds no copy of hands one over first (adapter_transfer.py:
+shared memory, sent before the request on the same socket, so the core always has it in time). The
+core keeps at most `capacity` copies (--max-cpu-loras, like the registry's host cache): past that,
+the least recently used copy of an adapter with no request in flight here is dropped there. A device
+slot keeps its own copy of the weights, so dropping a host copy never touches a slot; if that adapter
+is needed again later, its next request hands a copy over again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+
+from data_plane.engine.core.adapter_transfer import share_adapter
+from data_plane.engine.core.messages import ForgetAdapter, ShipAdapter
+from data_plane.lora.weights import LoRAAdapterWeights
+
+
+class HostCopies:
+    def __init__(self, capacity: int, send: Callable[[object], None]) -> None:
+        self.capacity = capacity
+        self._send = send
+        self._held: OrderedDict[int, None] = OrderedDict()  # adapter ids the core holds, oldest use first
+        self._in_flight: Counter[int] = Counter()
+
+    def held(self) -> list[int]:
+        return list(self._held)
+
+    def acquire(self, adapter_id: int, weights: LoRAAdapterWeights | None) -> None:
+        """A request of this adapter is about to be sent: make sure the core holds its weights."""
+        self._in_flight[adapter_id] += 1
+        self.ensure(adapter_id, weights)
+
+    def release(self, adapter_id: int) -> None:
+        self._in_flight[adapter_id] -= 1
+        if self._in_flight[adapter_id] <= 0:
+            del self._in_flight[adapter_id]
+
+    def ensure(self, adapter_id: int, weights: LoRAAdapterWeights | None) -> None:
+        if adapter_id in self._held:
+            self._held.move_to_end(adapter_id)
+            return
+        if weights is None:  # nothing to hand over: the core refuses the request itself (400)
+            return
+        self._send(ShipAdapter(adapter_id, share_adapter(weights)))
+        self._held[adapter_id] = None
+        self._trim(keep=adapter_id)
+
+    def forget(self, adapter_id: int) -> None:
+        """The core dropped its copy (remove_lora)."""
+        self._held.pop(adapter_id, None)
+
+    def _trim(self, keep: int) -> None:
+        idle = [a for a in self._held if a not in self._in_flight and a != keep]
+        while len(self._held) > self.capacity and idle:
+            victim = idle.pop(0)
+            del self._held[victim]
+            self._send(ForgetAdapter(victim))

@@ -1,0 +1,66 @@
+"""CPU threads of the engine-core process: torch's intra-op threads, OpenMP's wait policy, core binding.
+
+The API process (HTTP, tokenizing, SSE) and the core share the machine's cores. Measured with
+bench/serving.py on a 2-core machine (see the numbers in the commit that set these defaults):
+
+- OMP_WAIT_POLICY=PASSIVE: OpenMP workers sleep when a parallel region ends instead of spinning for
+  the next one, so between two matmuls they leave the core to the API process and the client instead
+  of burning it. Set in the core's environment before torch is imported (libgomp reads it once).
+- `omp_threads_bind` (--omp-threads-bind, $LORAPLANE_CPU_OMP_THREADS_BIND, like vLLM's
+  VLLM_CPU_OMP_THREADS_BIND): "auto" binds the core to the last `threads` CPUs it may run on when
+  that leaves at least one for the API process, and does not bind otherwise; "nobind" never binds;
+  a CPU list such as "1-3" or "2,3" binds the core to exactly those.
+- torch threads: `num_threads` when given; else, in a core process, one per CPU but one left to the
+  API process (at least 1).
+"""
+
+from __future__ import annotations
+
+import os
+
+OMP_WAIT_POLICY = "PASSIVE"
+
+
+def available_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """ "1-3,5" → [1, 2, 3, 5]; ValueError on anything else."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, sep, last = part.strip().partition("-")
+        lo, hi = int(first), int(last) if sep else int(first)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(lo, hi + 1))
+    if not cpus:
+        raise ValueError("empty CPU list")
+    return sorted(cpus)
+
+
+def check_bind(value: str) -> None:
+    if value not in ("auto", "nobind"):
+        parse_cpu_list(value)
+
+
+def core_threads(num_threads: int | None, cpus: list[int]) -> int:
+    """Torch intra-op threads of the core: as configured, else every CPU but one for the API process."""
+    return num_threads if num_threads else max(1, len(cpus) - 1)
+
+
+def core_cpus(bind: str, threads: int, cpus: list[int]) -> list[int] | None:
+    """The CPUs to bind the core to (None: no binding)."""
+    if bind == "nobind":
+        return None
+    if bind == "auto":
+        return cpus[-threads:] if len(cpus) > threads else None
+    return parse_cpu_list(bind)
+
+
+def core_environment(base: dict[str, str], threads: int) -> dict[str, str]:
+    """The core's environment: OpenMP's wait policy and thread count unless the operator set them."""
+    env = dict(base)
+    env.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
