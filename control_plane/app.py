@@ -32,6 +32,9 @@ from control_plane.domain.routes.controller import RoutesController
 from control_plane.domain.stats.controller import StatsController
 from control_plane.domain.stats.history import HistorySampler
 from control_plane.domain.stats.service import StatsCache
+from control_plane.domain.tenants.controller import TenancyController, TenantController
+from control_plane.domain.tenants.keys import TenantAuth
+from control_plane.domain.tenants.revocations import RevocationPublisher
 from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
@@ -83,6 +86,8 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     artifact_store = ArtifactStore(settings.artifact_store)
     stats_cache = StatsCache()
     history = HistorySampler(sessions, gate, settings, engine_client, stats_cache)  # the console's charts
+    tenant_auth = TenantAuth(sessions)
+    revocations = RevocationPublisher(settings.redis_url, settings.redis_prefix, on_publish=tenant_auth.forget)
 
     async def apply_migrations(_: Litestar) -> None:
         await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
@@ -95,6 +100,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         await history.stop()
         await reconciler.stop()
         await engine_client.aclose()
+        await revocations.aclose()
 
     state: dict[str, Any] = {
         "settings": settings,
@@ -107,10 +113,13 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "routes_cache": RoutesCache(),  # the encoded routing table while its rows are unchanged
         "stats_cache": stats_cache,  # each engine's last figures for GET /v1/lora_stats
         "audit_sessions": sessions,
+        "tenant_auth": tenant_auth,  # tenant keys (lp_…) and what they may touch (control_plane.auth)
+        "revocations": revocations,  # key revocations and quota changes, published to the routers
     }
     app = Litestar(
         route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController,
-                        RoutesController, RouterController, AuditController, console_router(settings)],
+                        RoutesController, RouterController, AuditController, TenantController, TenancyController,
+                        console_router(settings)],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],

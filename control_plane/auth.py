@@ -9,7 +9,11 @@ router (the routing table and its own demand reports).
   so a compromised or impersonated engine cannot load adapters or redirect other engines;
 - a router token (LORAPLANE_ROUTER_TOKENS) may read the routing table and report demand (asking for
   placements with it): the `router_guard` routes, nothing else. A router faces clients, so its token is
-  the likeliest to leak; it reads no adapter paths or audit trail and changes nothing directly.
+  the likeliest to leak; it reads no adapter paths or audit trail and changes nothing directly;
+- a tenant key (`lp_<key id>_<secret>`, control_plane/domain/tenants) with the scope `admin:<tenant>` acts
+  on routes marked `opt={"tenant_role": "adapter" | "tenant"}` only, and there only on its own tenant and
+  that tenant's adapters (the app's `tenant_auth.gate`: another tenant's adapter is a 404); elsewhere, and
+  for a key without that scope, 403.
 
 401 without a (known) token. Every configured token is compared in constant time, all of them each time,
 so timing tells neither which token nor how much of it matched. The audit trail names a caller by
@@ -21,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
@@ -29,8 +33,9 @@ from litestar.handlers.base import BaseRouteHandler
 from control_plane import audit
 from control_plane.settings import ControlPlaneSettings
 from shared.errors import AuthenticationError, PermissionDeniedError
+from shared.tenants import ADMIN_SCOPE_PREFIX, split_key
 
-Kind = Literal["admin", "read", "engine", "router"]
+Kind = Literal["admin", "read", "engine", "router", "tenant"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,20 @@ class Principal:
     kind: Kind
     token_id: str
     engine: str | None = None  # the engine name an engine token is bound to
+    tenant: str | None = None  # a tenant key's tenant
+    scopes: frozenset[str] = frozenset()  # a tenant key's scopes
+
+    @property
+    def tenant_admin(self) -> bool:
+        return self.tenant is not None and ADMIN_SCOPE_PREFIX + self.tenant in self.scopes
+
+
+class TenantKeys(Protocol):
+    """What the guards need of tenant keys (control_plane/domain/tenants/keys.py, in the app's state)."""
+
+    async def principal(self, key_id: str, secret: str) -> Principal: ...
+
+    async def gate(self, connection: ASGIConnection, role: str, principal: Principal) -> None: ...
 
 
 def token_id(token: str) -> str:
@@ -62,11 +81,18 @@ def authenticate(authorization: str | None, settings: ControlPlaneSettings) -> P
     return Principal(kind=found[0], token_id=token_id(offered), engine=found[1])
 
 
-def principal_of(connection: ASGIConnection) -> Principal:
-    """Authenticate once per request; guards and the `principal` dependency share the result."""
+async def principal_of(connection: ASGIConnection) -> Principal:
+    """Authenticate once per request; guards and the `principal` dependency share the result. A tenant
+    key (`lp_…`) is looked up in the database; any other bearer is compared with the role tokens."""
     cached = connection.scope.get("state", {}).get("loraplane_principal")
     if cached is None:
-        cached = authenticate(connection.headers.get("authorization"), connection.app.state.settings)
+        authorization = connection.headers.get("authorization")
+        scheme, _, offered = (authorization or "").strip().partition(" ")
+        tenant_key = split_key(offered.strip()) if scheme.lower() == "bearer" else None
+        if tenant_key is not None:
+            cached = await connection.app.state.tenant_auth.principal(*tenant_key)
+        else:
+            cached = authenticate(authorization, connection.app.state.settings)
         connection.scope.setdefault("state", {})["loraplane_principal"] = cached
     return cached
 
@@ -82,22 +108,29 @@ async def _refuse(connection: ASGIConnection, handler: BaseRouteHandler, princip
 
 
 _ENGINE_ONLY = "This is an engine token: it may only register, heartbeat, resolve and drain its own engine."
+_TENANT_ONLY = "This is a tenant key: it may only manage its own tenant's adapters and keys (scope admin:<tenant>)."
 _ROUTER_ONLY = "This is a router token: it may only read the routing table and report demand."
 _READING = frozenset({"GET", "HEAD"})
 
 
 async def _refuse_narrow_roles(connection: ASGIConnection, handler: BaseRouteHandler, principal: Principal) -> None:
-    """Engine and router tokens are refused outside their own routes (the admin and read guards' rule)."""
+    """Engine and router tokens are refused outside their own routes (the admin and read guards' rule);
+    tenant keys outside routes marked `tenant_role`, and there outside their own tenant."""
     if principal.kind == "engine":
         await _refuse(connection, handler, principal, _ENGINE_ONLY)
     if principal.kind == "router":
         await _refuse(connection, handler, principal, _ROUTER_ONLY)
+    if principal.kind == "tenant":
+        role = handler.opt.get("tenant_role")
+        if role is None or not principal.tenant_admin:
+            await _refuse(connection, handler, principal, _TENANT_ONLY)
+        await connection.app.state.tenant_auth.gate(connection, role, principal)
 
 
 async def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """A read or admin token; an engine token only on routes marked `opt={"engine_role": True}` (an
     engine's own calls, whose handlers check the name with `require_engine`); never a router token."""
-    principal = principal_of(connection)
+    principal = await principal_of(connection)
     if principal.kind == "engine" and handler.opt.get("engine_role"):
         return
     await _refuse_narrow_roles(connection, handler, principal)
@@ -105,10 +138,12 @@ async def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> N
 
 async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """An admin token; a read, engine or router token gets 403, and the attempt is audited."""
-    principal = principal_of(connection)
+    principal = await principal_of(connection)
     if principal.kind == "admin":
         return
     await _refuse_narrow_roles(connection, handler, principal)
+    if principal.kind == "tenant":
+        return  # on its own tenant's things (the gate above)
     await _refuse(connection, handler, principal,
                   "This call changes state and needs an admin token; this is a read token.")
 
@@ -116,8 +151,8 @@ async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> 
 async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """An engine's own mutating calls (with `opt={"engine_role": True}`): an admin or engine token, the
     handler then checking the name with `require_engine`; a read or router token gets 403."""
-    principal = principal_of(connection)
-    if principal.kind in ("read", "router"):
+    principal = await principal_of(connection)
+    if principal.kind in ("read", "router", "tenant"):
         await _refuse(connection, handler, principal,
                       f"This call needs an admin token or the engine's own token; this is a {principal.kind} token.")
 
@@ -125,13 +160,23 @@ async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) ->
 async def router_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """The router's routes: reading them (GET) takes a router, read or admin token; the others (the
     demand report, which may place adapters) a router or admin token. An engine token gets 403."""
-    principal = principal_of(connection)
+    principal = await principal_of(connection)
     if principal.kind in ("admin", "router"):
         return
     if principal.kind == "engine":
         await _refuse(connection, handler, principal, _ENGINE_ONLY)
+    if principal.kind == "tenant":
+        await _refuse(connection, handler, principal, _TENANT_ONLY)
     if not handler.http_methods <= _READING:
         await _refuse(connection, handler, principal, "This call needs a router or admin token; this is a read token.")
+
+
+async def router_only_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    """A router's own reads that no other role needs (a key's record with its hash): router or admin."""
+    principal = await principal_of(connection)
+    if principal.kind not in ("admin", "router"):
+        await _refuse(connection, handler, principal, f"This call needs a router or admin token; this is a "
+                      f"{principal.kind} {'key' if principal.kind == 'tenant' else 'token'}.")
 
 
 def require_engine(principal: Principal, name: str) -> None:
@@ -142,4 +187,4 @@ def require_engine(principal: Principal, name: str) -> None:
 
 
 async def provide_principal(request: ASGIConnection) -> Principal:
-    return principal_of(request)
+    return await principal_of(request)

@@ -98,6 +98,11 @@ class ControlPlaneSettings:
     # Signs the web console's session cookies (LORAPLANE_UI_SESSION_SECRET); replicas must share it. Unset, the
     # console draws a random one per process: sessions then survive no restart and span no replicas.
     ui_session_secret: str | None = None
+    # Redis (LORAPLANE_REDIS_URL), where key revocations and tenants' new quotas are published to the
+    # routers at once; unset, routers see them within their key cache TTL. LORAPLANE_REDIS_PREFIX: the
+    # routers' --redis-prefix (one per fleet sharing a Redis).
+    redis_url: str | None = None
+    redis_prefix: str = "loraplane:"
     log_level: str = "info"
     log_format: str = "text"  # text | json (shared/logging_setup.py)
 
@@ -185,7 +190,8 @@ class ControlPlaneSettings:
             f"engine_allowed_networks={self.engine_allowed_networks!r}, "
             f"migrate_on_start={self.migrate_on_start}, artifact_store={str(self.artifact_store).split('?')[0]!r}, "
             f"max_artifact_bytes={self.max_artifact_bytes}, public_url={self.public_url!r}, "
-            f"ui_session_secret={'<hidden>' if self.ui_session_secret else None}, log_level={self.log_level!r}, log_format={self.log_format!r})"
+            f"ui_session_secret={'<hidden>' if self.ui_session_secret else None}, "
+            f"redis_url={'<set>' if self.redis_url else None}, redis_prefix={self.redis_prefix!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
         )
 
     __str__ = __repr__
@@ -221,6 +227,7 @@ class ControlPlaneSettings:
                    "REBALANCE_MAX_MOVES": ("rebalance_max_moves", int),
                    "RECONCILE_CONCURRENCY": ("reconcile_concurrency", int),
                    "UI_SESSION_SECRET": ("ui_session_secret", str),
+                   "REDIS_URL": ("redis_url", str), "REDIS_PREFIX": ("redis_prefix", str),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)

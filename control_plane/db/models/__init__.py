@@ -6,6 +6,7 @@ Alembic's env.py and the migration test compare against.
 
 from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN, Adapter
 from control_plane.db.models.adapter_version import AdapterVersion
+from control_plane.db.models.api_key import ApiKey
 from control_plane.db.models.artifact_blob import ArtifactBlob
 from control_plane.db.models.audit_event import AuditEvent
 from control_plane.db.models.demand_report import DemandReport
@@ -13,9 +14,10 @@ from control_plane.db.models.engine import Engine, EngineState
 from control_plane.db.models.placement import HOLDING, DesiredState, ObservedState, Placement
 from control_plane.db.models.router import RouterInstance
 from control_plane.db.models.stats_sample import StatsSample
+from control_plane.db.models.tenant import Tenant
 from control_plane.db.models.version_file import VersionFile
 
 __all__ = [
-    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ArtifactBlob", "AuditEvent", "DemandReport", "DesiredState",
-    "Engine", "EngineState", "ObservedState", "Placement", "RouterInstance", "StatsSample", "VersionFile",
+    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ApiKey", "ArtifactBlob", "AuditEvent", "DemandReport", "DesiredState",
+    "Engine", "EngineState", "ObservedState", "Placement", "RouterInstance", "StatsSample", "Tenant", "VersionFile",
 ]

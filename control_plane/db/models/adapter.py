@@ -6,7 +6,7 @@ from typing import Any
 
 from advanced_alchemy.base import IdentityAuditBase
 from advanced_alchemy.types import JsonB
-from sqlalchemy import BigInteger, ForeignKey, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 # The one name rule (shared.names), re-exported here for the schemas that import it from the model.
@@ -37,3 +37,9 @@ class Adapter(IdentityAuditBase):
     # idle, the last decision with its reason and figures)
     target_replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
     scale_state: Mapped[dict[str, Any] | None] = mapped_column(JsonB, nullable=True)
+    # tenancy: the owner tenant (null: nobody's) and whether every tenant may use it; under the router's
+    # --require-api-key an adapter is usable by its owner's keys, and by every key when public
+    owner_tenant_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("tenants.id", name="fk_adapters_owner_tenant_id", ondelete="RESTRICT"),
+        nullable=True, index=True)
+    public: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())

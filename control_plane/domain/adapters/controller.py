@@ -59,6 +59,7 @@ _UPLOAD_CONTENT = {
 _PUSH = (207, 502)  # a push answers the success body with these when some / all engines failed
 _MUTATION_ERRORS = (400, 404, 409, 413)
 _NAME = {"name": schemas.AdapterName}
+_TENANT_ROLE = {"tenant_role": "adapter"}  # a tenant key with admin:<tenant> may call it on its tenant's adapters
 
 
 async def provide_adapter_service(db_session: AsyncSession, state: State) -> AdapterService:
@@ -76,7 +77,7 @@ class AdapterController(Controller):
     before_request = refuse_undocumented_method
 
     @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
-          opt={"audit_action": "load_lora_adapter",
+          opt={"audit_action": "load_lora_adapter", **_TENANT_ROLE,
                **route_doc(request=schemas.AdapterCreate, response=schemas.AdapterLoaded, alternates=_PUSH,
                            errors=_MUTATION_ERRORS, example={"lora_name": "org/adapter",
                                                              "lora_path": "/srv/adapters/org/adapter"})})
@@ -99,7 +100,7 @@ class AdapterController(Controller):
         return Response(loaded, status_code=schemas.push_status(loaded.engines))
 
     @post("/unload_lora_adapter", status_code=200, guards=[admin_guard], operation_id="unloadLoraAdapter",
-          opt={"audit_action": "unload_lora_adapter",
+          opt={"audit_action": "unload_lora_adapter", **_TENANT_ROLE,
                **route_doc(request=schemas.AdapterUnload, response=schemas.AdapterUnloaded, alternates=_PUSH,
                            errors=_MUTATION_ERRORS)})
     async def unload(self, service: AdapterService, principal: Principal,
@@ -127,14 +128,14 @@ class AdapterController(Controller):
         return await service.list(query)
 
     @get("/lora_adapters/{name:path}", operation_id="getLoraAdapter",
-         opt=route_doc(response=schemas.AdapterDetail, errors=(400, 404), path="/v1/lora_adapters/{name}",
-                       path_params=_NAME))
+         opt={**_TENANT_ROLE, **route_doc(response=schemas.AdapterDetail, errors=(400, 404),
+                                          path="/v1/lora_adapters/{name}", path_params=_NAME)})
     async def get_adapter(self, service: AdapterService, name: str) -> schemas.AdapterDetail:
         """One adapter with all its versions and its placements on engines."""
         return await service.get(name.lstrip("/"))
 
     @patch("/lora_adapters/{name:path}", guards=[admin_guard], operation_id="updateLoraAdapter",
-           opt={"audit_action": "update_lora_adapter",
+           opt={"audit_action": "update_lora_adapter", **_TENANT_ROLE,
                 **route_doc(request=schemas.AdapterUpdate, response=schemas.AdapterUpdated, alternates=_PUSH,
                             errors=(400, 404, 409), path="/v1/lora_adapters/{name}", path_params=_NAME,
                             example={"replicas": {"min": 1, "max": 2}, "pinned": True})})
@@ -177,7 +178,7 @@ class AdapterController(Controller):
 
     @post("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="activateOrUpload",
           request_max_body_size=None,  # an upload's own cap is --max-artifact-bytes (control_plane.artifacts.upload)
-          opt={"audit_action": "activate_or_upload_lora_adapter", **route_docs(
+          opt={"audit_action": "activate_or_upload_lora_adapter", **_TENANT_ROLE, **route_docs(
               route_doc(request=schemas.AdapterActivate, response=schemas.AdapterActivated, alternates=_PUSH,
                         errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/activate", path_params=_NAME,
                         operation_id="activateLoraAdapter"),
@@ -211,7 +212,7 @@ class AdapterController(Controller):
                             "or …/{target}/versions?")
 
     @delete("/lora_adapters/{name:path}", status_code=200, guards=[admin_guard], operation_id="deleteLoraAdapterOrVersion",
-            opt={"audit_action": "delete_lora_adapter", **route_docs(
+            opt={"audit_action": "delete_lora_adapter", **_TENANT_ROLE, **route_docs(
                 route_doc(response=schemas.AdapterDeleted, errors=(400, 404, 409), path="/v1/lora_adapters/{name}",
                           path_params=_NAME, operation_id="deleteLoraAdapter"),
                 route_doc(response=schemas.VersionDeleted, errors=(400, 404, 409),

@@ -31,6 +31,7 @@ from control_plane.domain.placements.planner import (
 )
 from control_plane.domain.placements.push import Pusher
 from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
+from control_plane.domain.tenants import service as tenant_rules
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -103,6 +104,7 @@ class AdapterService:
             files, found, req, activate = incoming.spool, incoming.found, incoming.req, incoming.activate
             adapter = await self._adapter_for_load(session, req, found)
             await _refuse_base_model_names(session, adapter)
+            await tenant_rules.claim_new(session, adapter, actor)  # a tenant key's new adapter is its tenant's
             if req.replicas is not None:
                 set_replicas(adapter, req.replicas, self.planner.defaults)
             version = await session.scalar(select(AdapterVersion).where(

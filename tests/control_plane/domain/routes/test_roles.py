@@ -52,6 +52,17 @@ POLICY: dict[str, tuple[str, str, dict | None, set[str]]] = {
     "getRoutes": ("GET", "/v1/routes", None, {"admin", "read", "router"}),
     "reportDemand": ("POST", "/v1/routes/demand", {"demand": [{"model": "x", "waiting": 1}], "place": ["x"]},
                      {"admin", "router"}),
+    "createTenant": ("POST", "/v1/tenants", {"name": "t"}, {"admin"}),
+    "listTenants": ("GET", "/v1/tenants", None, {"admin", "read"}),
+    "getTenant": ("GET", "/v1/tenants/t", None, {"admin", "read"}),
+    "updateTenant": ("PATCH", "/v1/tenants/t", {"display_name": "T"}, {"admin"}),
+    "createApiKey": ("POST", "/v1/tenants/t/keys", {"name": "k"}, {"admin"}),
+    "listApiKeys": ("GET", "/v1/tenants/t/keys", None, {"admin", "read"}),
+    "revokeApiKey": ("DELETE", "/v1/tenants/t/keys/000000000000", None, {"admin"}),
+    "listTenantAdapters": ("GET", "/v1/tenants/t/adapters", None, {"admin", "read"}),
+    "getApiKeyRecord": ("GET", "/v1/tenancy/keys/000000000000", None, {"admin", "router"}),  # it holds the hash
+    "getAdapterAccess": ("GET", "/v1/tenancy/adapters", None, {"admin", "read", "router"}),
+    "setAdapterAccess": ("PUT", "/v1/tenancy/adapters/x", {"owner": None}, {"admin"}),
 }
 
 

@@ -1,0 +1,87 @@
+"""Wire schemas of the tenants API (msgspec): tenants, their keys, and who may use an adapter."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+import msgspec
+
+from shared.tenants import Limits, Scope, TenantName
+
+MAX_SCOPES = 8
+KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[^\\x00]*$")]
+DisplayName = Annotated[str, msgspec.Meta(max_length=256, pattern="^[^\\x00]*$")]
+
+
+class TenantCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /v1/tenants."""
+
+    name: TenantName
+    display_name: DisplayName = ""
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class TenantUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PATCH /v1/tenants/{tenant}: a field left out is kept; `limits` replaces all the quotas."""
+
+    display_name: DisplayName | None = None
+    limits: Limits | None = None
+
+
+class Tenant(msgspec.Struct, kw_only=True):
+    name: str
+    display_name: str
+    limits: Limits
+    adapters: int  # adapters it owns
+    keys: int  # keys not revoked
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+class TenantPage(msgspec.Struct, kw_only=True):
+    data: list[Tenant]
+
+
+class ApiKeyCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """POST /v1/tenants/{tenant}/keys: `admin:<tenant>` may name only the key's own tenant; `limits`
+    (requests, tokens, concurrent) apply to this key on top of the tenant's."""
+
+    name: KeyName
+    scopes: Annotated[list[Scope], msgspec.Meta(min_length=1, max_length=MAX_SCOPES)] = msgspec.field(
+        default_factory=lambda: ["inference"])
+    expires_at: dt.datetime | None = None
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class ApiKey(msgspec.Struct, kw_only=True):
+    """A key as listed: its id (the public part of the key), never its secret."""
+
+    key_id: str
+    tenant: str
+    name: str
+    scopes: list[str]
+    limits: Limits
+    created_at: dt.datetime
+    expires_at: dt.datetime | None
+    last_used_at: dt.datetime | None  # the last time a router or this control plane checked it (within 5 s)
+    revoked_at: dt.datetime | None
+
+
+class ApiKeyCreated(msgspec.Struct, kw_only=True):
+    """The answer of a key's creation: `key` is shown here once and never again."""
+
+    key: str
+    api_key: ApiKey
+
+
+class ApiKeyPage(msgspec.Struct, kw_only=True):
+    data: list[ApiKey]
+
+
+class AdapterAccessUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """PUT /v1/tenancy/adapters/{name}: the adapter's owner tenant (null: nobody's) and whether every
+    tenant may use it. Moving an adapter to a tenant counts against that tenant's adapters quota."""
+
+    owner: TenantName | None
+    public: bool = False

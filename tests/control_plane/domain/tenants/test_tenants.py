@@ -1,0 +1,144 @@
+"""The tenants API on both databases: tenants, keys shown once and kept as argon2 hashes, revocation,
+the adapters quota, moving adapters, and tenant keys with admin:<tenant> acting on their own adapters only
+(another tenant's adapter is a 404, everything outside their tenant a 403)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from litestar.testing import AsyncTestClient
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
+
+from control_plane.db.models import ApiKey, AuditEvent
+from shared import key_secrets
+from shared.tenants import split_key
+from tests.control_plane.conftest import admin, reader
+from tests.control_plane.domain.adapters.helpers import fetch_all
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def make_tenant(client: AsyncTestClient, name: str, **limits: int) -> None:
+    r = await client.post("/v1/tenants", json={"name": name, "display_name": name.title(), "limits": limits},
+                          headers=admin())
+    assert r.status_code == 201, r.text
+
+
+async def make_key(client: AsyncTestClient, tenant: str, *scopes: str, headers: dict | None = None) -> str:
+    r = await client.post(f"/v1/tenants/{tenant}/keys", json={"name": "k", "scopes": list(scopes or ["inference"])},
+                          headers=headers or admin())
+    assert r.status_code == 201, r.text
+    assert r.headers["cache-control"] == "no-store"
+    return r.json()["key"]
+
+
+async def test_keys_are_shown_once_hashed_and_never_audited(client: AsyncTestClient, db_url: str) -> None:
+    await make_tenant(client, "team-a", requests_per_minute=60, adapters=2)
+    assert (await client.post("/v1/tenants", json={"name": "team-a"}, headers=admin())).status_code == 409
+    assert (await client.post("/v1/tenants", json={"name": "Bad Name"}, headers=admin())).status_code == 400
+    assert (await client.post("/v1/tenants", json={"name": "team-b"}, headers=reader())).status_code == 403
+    key = await make_key(client, "team-a", "inference", "admin:team-a")
+    key_id, secret = split_key(key)
+    # a scope for another tenant is refused
+    r = await client.post("/v1/tenants/team-a/keys", json={"name": "x", "scopes": ["admin:team-b"]}, headers=admin())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "scopes"
+
+    listed = (await client.get("/v1/tenants/team-a/keys", headers=reader())).json()["data"]
+    assert [k["key_id"] for k in listed] == [key_id] and secret not in str(listed)
+    tenant = (await client.get("/v1/tenants/team-a", headers=reader())).json()
+    assert tenant["limits"]["requests_per_minute"] == 60 and tenant["keys"] == 1
+
+    (row,) = await fetch_all(db_url, ApiKey)
+    assert secret not in row.secret_hash and row.secret_hash.startswith("$argon2id$")
+    assert key_secrets.verify(row.secret_hash, secret) and not key_secrets.verify(row.secret_hash, secret[:-1] + "x")
+    audit = " ".join(f"{e.actor} {e.action} {e.target} {e.outcome}" for e in await fetch_all(db_url, AuditEvent))
+    assert f"create_api_key team-a/{key_id} ok" in audit and secret not in audit and key not in audit
+
+
+async def test_a_tenant_key_manages_its_own_adapters_only(client: AsyncTestClient, demo: dict[str, Path],
+                                                          db_url: str) -> None:
+    await make_tenant(client, "team-a", adapters=1)
+    await make_tenant(client, "team-b")
+    a_admin = bearer(await make_key(client, "team-a", "admin:team-a"))
+    a_inference = bearer(await make_key(client, "team-a", "inference"))
+    b_admin = bearer(await make_key(client, "team-b", "admin:team-b"))
+
+    # team-a's key loads an adapter: team-a owns it, private
+    r = await client.post("/v1/load_lora_adapter", json={"lora_name": "pirate-a", "lora_path": str(demo["demo-pirate"]),
+                                                         "base_model": "demo"}, headers=a_admin)
+    assert r.status_code == 200, r.text
+    owned = (await client.get("/v1/tenants/team-a/adapters", headers=a_admin)).json()["adapters"]
+    assert owned == [{"name": "pirate-a", "owner": "team-a", "public": False}]
+    # the adapters quota (1): a second new adapter is refused
+    r = await client.post("/v1/load_lora_adapter", json={"lora_name": "poet-a", "lora_path": str(demo["demo-poet"]),
+                                                         "base_model": "demo"}, headers=a_admin)
+    assert r.status_code == 409, r.text
+    assert (await client.get("/v1/lora_adapters/pirate-a", headers=a_admin)).status_code == 200
+
+    # team-b's key: team-a's adapter does not exist for it, reading or changing
+    assert (await client.get("/v1/lora_adapters/pirate-a", headers=b_admin)).status_code == 404
+    r = await client.patch("/v1/lora_adapters/pirate-a", json={"pinned": True}, headers=b_admin)
+    assert r.status_code == 404
+    r = await client.post("/v1/unload_lora_adapter", json={"lora_name": "pirate-a"}, headers=b_admin)
+    assert r.status_code == 404
+    assert (await client.delete("/v1/lora_adapters/pirate-a", headers=b_admin)).status_code == 404
+    # nor do other tenants, or anything outside its tenant
+    assert (await client.get("/v1/tenants/team-a/keys", headers=b_admin)).status_code == 404
+    assert (await client.get("/v1/engines", headers=b_admin)).status_code == 403
+    assert (await client.get("/v1/lora_adapters", headers=b_admin)).status_code == 403
+    assert (await client.post("/v1/tenants", json={"name": "team-c"}, headers=b_admin)).status_code == 403
+    # a key without admin:<tenant> manages nothing
+    assert (await client.get("/v1/lora_adapters/pirate-a", headers=a_inference)).status_code == 403
+
+    # public: team-b may read it, still not change it
+    r = await client.put("/v1/tenancy/adapters/pirate-a", json={"owner": "team-a", "public": True}, headers=admin())
+    assert r.status_code == 200, r.text
+    assert (await client.get("/v1/lora_adapters/pirate-a", headers=b_admin)).status_code == 200
+    assert (await client.patch("/v1/lora_adapters/pirate-a", json={"pinned": True}, headers=b_admin)).status_code == 404
+    # moved to team-b: now team-b's to change, and team-a's no more
+    r = await client.put("/v1/tenancy/adapters/pirate-a", json={"owner": "team-b", "public": False}, headers=admin())
+    assert r.status_code == 200, r.text
+    assert (await client.get("/v1/lora_adapters/pirate-a", headers=a_admin)).status_code == 404
+    assert (await client.get("/v1/lora_adapters/pirate-a", headers=b_admin)).status_code == 200
+    access = (await client.get("/v1/tenancy/adapters", headers=reader())).json()["adapters"]
+    assert access == [{"name": "pirate-a", "owner": "team-b", "public": False}]
+    actions = {(e.action, e.outcome) for e in await fetch_all(db_url, AuditEvent)}
+    assert ("set_adapter_access", "ok") in actions and ("load_lora_adapter", "409 conflict_error") in actions
+
+
+async def test_a_revoked_key_stops_at_once_and_its_record_says_so(client: AsyncTestClient) -> None:
+    await make_tenant(client, "team-a")
+    key = await make_key(client, "team-a", "admin:team-a")
+    key_id, secret = split_key(key)
+    assert (await client.get("/v1/tenants/team-a", headers=bearer(key))).status_code == 200
+    wrong = f"lp_{key_id}_{'x' * len(secret)}"
+    assert (await client.get("/v1/tenants/team-a", headers=bearer(wrong))).status_code == 401  # cached: still compared
+    r = await client.delete(f"/v1/tenants/team-a/keys/{key_id}", headers=bearer(key))  # it may revoke itself
+    assert r.status_code == 200 and r.json()["revoked_at"] is not None
+    assert (await client.get("/v1/tenants/team-a", headers=bearer(key))).status_code == 401
+    # routers read the record with their token (read tokens may not: it holds the hash)
+    assert (await client.get(f"/v1/tenancy/keys/{key_id}", headers=reader())).status_code == 403
+    record = (await client.get(f"/v1/tenancy/keys/{key_id}", headers=admin())).json()
+    assert record["revoked"] is True and record["tenant"] == "team-a" and secret not in str(record)
+    assert (await client.get("/v1/tenancy/keys/000000000000", headers=admin())).status_code == 404
+
+
+async def test_quotas_are_set_and_published_in_the_key_record(client: AsyncTestClient, db_url: str) -> None:
+    await make_tenant(client, "team-a", requests_per_minute=10)
+    key_id, _ = split_key(await make_key(client, "team-a"))
+    r = await client.patch("/v1/tenants/team-a", json={"limits": {"tokens_per_minute": 500, "concurrent_requests": 2}},
+                           headers=admin())
+    assert r.status_code == 200, r.text
+    record = (await client.get(f"/v1/tenancy/keys/{key_id}", headers=admin())).json()
+    assert record["tenant_limits"] == {"requests_per_minute": None, "tokens_per_minute": 500,
+                                       "concurrent_requests": 2, "adapters": None}
+    engine = create_async_engine(db_url)
+    try:
+        async with async_sessionmaker(engine)() as session:
+            used = await session.scalar(select(ApiKey.last_used_at))
+    finally:
+        await engine.dispose()
+    assert used is not None  # the router's check counts as a use
