@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_reduce
+from data_plane.lora.kernels.select import select_kernels
 from data_plane.lora.ops import lora_expand, lora_shrink, lora_shrink_expand
 from data_plane.lora.weights import LoRAModuleWeights
 from data_plane.model.lora_batch import LoRABatch
@@ -67,22 +68,23 @@ class LinearWithLoRA(nn.Module):
         self.register_buffer("lora_a", torch.zeros(max_loras, in_features, len(lanes) * max_rank, dtype=dtype, device=device))
         self.register_buffer("lora_b", torch.zeros(max_loras, max_rank, out_features, dtype=dtype, device=device))
         self.lane_columns = [(lane.offset, lane.size) for lane in lanes]
+        self.kernels = select_kernels(device)  # chosen (and on the CPU compiled) once, at engine start
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in]
         shard = self.row_shard
         if lora is not None and shard is not None and shard.fused_all_reduce:
             y = F.linear(x, self.base.weight)  # this rank's partial sum
-            lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora)  # partial delta too
+            lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora, self.kernels)  # partial delta too
             y = self.base.all_reduce(y)
             return y if self.base.bias is None else y + self.base.bias
         y = self.base(x)  # [T, out]
         if lora is None:
             return y
         if shard is None:  # one device, or column-parallel: nothing to reduce
-            lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora)
+            lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora, self.kernels)
         else:
-            v = tensor_parallel_all_reduce(lora_shrink(x, self.lora_a, len(self.lanes), lora))  # [T, L * rank]
-            lora_expand(y, v, self.lora_b, self.lane_columns, lora)
+            v = tensor_parallel_all_reduce(lora_shrink(x, self.lora_a, len(self.lanes), lora, self.kernels))  # [T, L * rank]
+            lora_expand(y, v, self.lora_b, self.lane_columns, lora, self.kernels)
         return y
 
     def lane_modules(self) -> list[str]:

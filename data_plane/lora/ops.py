@@ -11,11 +11,17 @@ kernels run far faster as a batch than matrix-times-column-vector. For every tok
 Only the first `batch.rank` of the R (= max_lora_rank) rank rows are used: slots are zero-padded past
 each adapter's rank, so this is exact. Rows of v for base tokens are never read. Three shapes of work,
 chosen by the LoRABatch: one adapter for the whole step (plain matmuls), decode tokens of mixed
-adapters (gather each token's slot weights + batched vector-matrix products), runs of prefill tokens
-of one adapter (plain matmuls per run). Row-parallel layers all-reduce v between the two halves.
+adapters (BGMV: each token with its own slot's weights), runs of prefill tokens of one adapter (SGMV:
+one matmul per run). Row-parallel layers all-reduce v between the two halves.
+
+The last two run on a `LoRAKernels` backend (kernels/select.py picks one per device): `TorchKernels`
+here, plain torch everywhere (it gathers each decode token's slot weights, then batched vector-matrix
+products), the compiled CPU kernels that read the slots in place, or Triton on CUDA.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
@@ -24,42 +30,44 @@ from data_plane.model.lora_batch import LoRABatch
 Lanes = list[tuple[int, int]]  # (first output column, width) of each lane
 
 
+class LoRAKernels(Protocol):
+    """The mixed-adapter half of the ops; every backend computes exactly the module docstring's math."""
+
+    def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
+                    slots: torch.Tensor, num_lanes: int, rank: int) -> None:
+        """For each i: v[index[i]] = x[index[i]] @ A[slots[i]] (ranked lanes); v: [T, L * rank]."""
+
+    def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
+                    slots: torch.Tensor, lanes: Lanes, rank: int) -> None:
+        """For each i and lane l: y[index[i], cols_l] += v[index[i], lane l's block] @ B[slots[i], :rank, cols_l]."""
+
+    def sgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch,
+                    num_lanes: int) -> None:
+        """For each prefill segment (s, start, end): v[start:end] = x[start:end] @ A[s] (ranked lanes)."""
+
+    def sgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch,
+                    lanes: Lanes) -> None:
+        """For each prefill segment (s, start, end): y[start:end, cols_l] += v[start:end, lane l] @ B[s][:, cols_l]."""
+
+
 def _ranked(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
     """[slots, in, L * R] -> a view [slots, in, L, rank]: the padding past the batch's rank dropped."""
     slots, dim, lr = lora_a.shape
     return lora_a.view(slots, dim, lanes, lr // lanes)[..., :rank]
 
 
-def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, num_lanes: int, batch: LoRABatch) -> torch.Tensor:
-    """x: [T, in], A: [slots, in, L * R] -> v: [T, L * rank]."""
-    rank, dim = batch.rank, x.shape[1]
-    a_ranked = _ranked(lora_a, num_lanes, rank)
-    if batch.single_slot is not None:
-        return x @ a_ranked[batch.single_slot].reshape(dim, -1)
-    v = x.new_zeros(x.shape[0], num_lanes * rank)
-    if batch.decode_index is not None:
-        idx, slots = batch.decode_index, batch.decode_slots
-        a = a_ranked.index_select(0, slots).view(len(slots), dim, num_lanes * rank)  # [Nd, in, L * rank]
-        v_decode = torch.bmm(x.index_select(0, idx).unsqueeze(1), a).squeeze(1)  # [Nd, L * rank]
-        if batch.decode_contiguous:
-            v[: len(slots)] = v_decode
-        else:
-            v.index_copy_(0, idx, v_decode)
-    for s, start, end in batch.prefill_segments:
-        torch.mm(x[start:end], a_ranked[s].reshape(dim, -1), out=v[start:end])
-    return v
+class TorchKernels:
+    """Plain torch: decode tokens gather their slots' weights (a copy per token), segments run one mm each."""
 
+    def bgmv_shrink(self, v, x, lora_a, index, slots, num_lanes, rank) -> None:
+        dim = x.shape[1]
+        a = _ranked(lora_a, num_lanes, rank).index_select(0, slots).view(len(slots), dim, num_lanes * rank)  # [Nd, in, L*rank]
+        v_decode = torch.bmm(x.index_select(0, index).unsqueeze(1), a).squeeze(1)  # [Nd, L * rank]
+        v.index_copy_(0, index, v_decode)
 
-def lora_expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, lanes: Lanes, batch: LoRABatch) -> None:
-    """y: [T, out] += per lane v's rank block @ B[s] (B: [slots, R, out]), in place."""
-    rank = batch.rank
-    if batch.single_slot is not None:
-        _expand_one(y, v, lora_b[batch.single_slot, :rank], lanes, rank)
-        return
-    if batch.decode_index is not None:
-        idx, slots = batch.decode_index, batch.decode_slots
+    def bgmv_expand(self, y, v, lora_b, index, slots, lanes, rank) -> None:
         b = lora_b[:, :rank].index_select(0, slots)  # [Nd, rank, out]
-        v_rows = (v[: len(slots)] if batch.decode_contiguous else v.index_select(0, idx)).unsqueeze(1)  # [Nd, 1, L*rank]
+        v_rows = v.index_select(0, index).unsqueeze(1)  # [Nd, 1, L * rank]
         # each bmm into a fresh tensor, then one add: bmm or baddbmm_ writing into a strided view of y
         # falls back to one small matmul per token on CPU
         if len(lanes) == 1:
@@ -69,19 +77,54 @@ def lora_expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, lanes: L
             for lane, (offset, width) in enumerate(lanes):
                 cols = slice(offset, offset + width)
                 delta[:, cols] = torch.bmm(v_rows[:, :, lane * rank : (lane + 1) * rank], b[:, :, cols]).squeeze(1)
-        if batch.decode_contiguous:  # the usual case: every decode token uses an adapter
-            y[: len(slots)] += delta
-        else:
-            y.index_add_(0, idx, delta)
-    for s, start, end in batch.prefill_segments:
-        _expand_one(y[start:end], v[start:end], lora_b[s, :rank], lanes, rank)
+        y.index_add_(0, index, delta)
+
+    def sgmv_shrink(self, v, x, lora_a, batch, num_lanes) -> None:
+        a_ranked, dim = _ranked(lora_a, num_lanes, batch.rank), x.shape[1]
+        for s, start, end in batch.prefill_segments:
+            torch.mm(x[start:end], a_ranked[s].reshape(dim, -1), out=v[start:end])
+
+    def sgmv_expand(self, y, v, lora_b, batch, lanes) -> None:
+        for s, start, end in batch.prefill_segments:
+            _expand_one(y[start:end], v[start:end], lora_b[s, : batch.rank], lanes, batch.rank)
+
+
+TORCH_KERNELS = TorchKernels()
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, num_lanes: int, batch: LoRABatch,
+                kernels: LoRAKernels = TORCH_KERNELS) -> torch.Tensor:
+    """x: [T, in], A: [slots, in, L * R] -> v: [T, L * rank]."""
+    rank, dim = batch.rank, x.shape[1]
+    if batch.single_slot is not None:
+        return x @ _ranked(lora_a, num_lanes, rank)[batch.single_slot].reshape(dim, -1)
+    v = x.new_zeros(x.shape[0], num_lanes * rank)
+    if batch.decode_index is not None:
+        kernels.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, rank)
+    if batch.prefill_segments:
+        kernels.sgmv_shrink(v, x, lora_a, batch, num_lanes)
+    return v
+
+
+def lora_expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, lanes: Lanes, batch: LoRABatch,
+                kernels: LoRAKernels = TORCH_KERNELS) -> None:
+    """y: [T, out] += per lane v's rank block @ B[s] (B: [slots, R, out]), in place."""
+    rank = batch.rank
+    if batch.single_slot is not None:
+        _expand_one(y, v, lora_b[batch.single_slot, :rank], lanes, rank)
+        return
+    if batch.decode_index is not None:
+        kernels.bgmv_expand(y, v, lora_b, batch.decode_index, batch.decode_slots, lanes, rank)
+    if batch.prefill_segments:
+        kernels.sgmv_expand(y, v, lora_b, batch, lanes)
 
 
 def lora_shrink_expand(
-    y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, lanes: Lanes, batch: LoRABatch
+    y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, lanes: Lanes, batch: LoRABatch,
+    kernels: LoRAKernels = TORCH_KERNELS,
 ) -> None:
     """y += B·(A·x) per token's slot, in place: shrink then expand."""
-    lora_expand(y, lora_shrink(x, lora_a, len(lanes), batch), lora_b, lanes, batch)
+    lora_expand(y, lora_shrink(x, lora_a, len(lanes), batch, kernels), lora_b, lanes, batch, kernels)
 
 
 def _expand_one(y: torch.Tensor, v: torch.Tensor, b: torch.Tensor, lanes: Lanes, rank: int) -> None:
@@ -89,3 +132,4 @@ def _expand_one(y: torch.Tensor, v: torch.Tensor, b: torch.Tensor, lanes: Lanes,
     for lane, (offset, width) in enumerate(lanes):
         cols = slice(offset, offset + width)
         y[:, cols].addmm_(v[:, lane * rank : (lane + 1) * rank], b[:, cols])
+

@@ -13,6 +13,9 @@ from transformers import AutoModelForCausalLM
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
+from data_plane.lora.kernels.cpu import CPUKernels
+from data_plane.lora.kernels.select import KERNELS_ENV
+from data_plane.lora.ops import TORCH_KERNELS
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
@@ -84,7 +87,14 @@ def setup(engine_checkpoints, peft_adapters):
     return base, weights, prompts, expected
 
 
-def test_each_adapter_matches_peft(setup):
+@pytest.fixture(params=["auto", "torch"])
+def lora_kernels(request, monkeypatch) -> str:
+    """Both backends of the mixed-adapter ops: the compiled CPU kernels (auto) and the pure-torch ops."""
+    monkeypatch.setenv(KERNELS_ENV, request.param)
+    return request.param
+
+
+def test_each_adapter_matches_peft(setup, lora_kernels):
     base, weights, prompts, expected = setup
     engine = make_engine(base, enable_lora=True, max_loras=3, max_lora_rank=64)
     for adapter_id, kind in enumerate(KINDS, start=1):
@@ -92,9 +102,11 @@ def test_each_adapter_matches_peft(setup):
         assert got == expected[kind], kind
 
 
-def test_mixed_batch_with_more_adapters_than_slots_matches(setup):
+def test_mixed_batch_with_more_adapters_than_slots_matches(setup, lora_kernels):
     base, weights, prompts, expected = setup
     engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
+    kernels = engine.lora_slots.layers[0][0].kernels
+    assert isinstance(kernels, CPUKernels) if lora_kernels == "auto" else kernels is TORCH_KERNELS
     jobs, want = [], []
     for prompt_index, prompt in enumerate(prompts):
         jobs.append((prompt, 0, None))
