@@ -98,15 +98,18 @@ def _write_json(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-def write_demo_model(out_dir: Path, seed: int = 0, shape: DemoModelShape | None = None) -> list[Path]:
+def write_demo_model(
+    out_dir: Path, seed: int = 0, shape: DemoModelShape | None = None, vocab_size: int | None = None
+) -> list[Path]:
     """Write config.json, generation_config.json, model.safetensors and the tokenizer files.
 
     Returns the written paths. Deterministic: the same seed (and shape) gives byte-identical files.
+    vocab_size: the tokenizer's (and so the model's) vocabulary; default the demo tokenizer's.
     """
     shape = shape or DemoModelShape()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = write_tokenizer(out_dir)
+    tokenizer = write_tokenizer(out_dir) if vocab_size is None else write_tokenizer(out_dir, vocab_size)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     endoftext_id, im_end_id = tokenizer.token_to_id(ENDOFTEXT), tokenizer.token_to_id(IM_END)
 

@@ -1,0 +1,83 @@
+"""The `loraplane engine` server with its engine-core process (the default) and without it.
+
+The other tests here that start real servers (test_openai_client, test_errors, test_lora_api,
+test_hardening, test_disconnect, test_openapi, test_server_flags) run through the core process too,
+since it is the default; the in-process tests (TestClient over make_engine) keep the engine thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.data_plane.api.conftest import EngineServer
+
+COMPLETIONS = "/v1/completions"
+
+
+def children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def core_of(server: EngineServer) -> int:
+    (core,) = children(server.process.pid)
+    assert "data_plane.engine.core.process_main" in Path(f"/proc/{core}/cmdline").read_text()
+    return core
+
+
+def test_a_dead_core_fails_health_and_the_request_in_flight(start_engine):
+    server = start_engine()
+    core = core_of(server)
+    body = {"model": "demo", "prompt": "Once", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", COMPLETIONS, json=body) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))  # it is running now
+            os.kill(core, signal.SIGKILL)
+            events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["type"] == "engine_dead" and "engine-core process exited" in error["message"]
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["error"]["type"] == "engine_dead"
+        # new requests are refused at once, not left waiting on a core that is gone
+        refused = client.post(COMPLETIONS, json={"model": "demo", "prompt": "x", "max_tokens": 2})
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "engine_dead"
+
+
+def test_sigterm_stops_the_core_with_the_server(start_engine):
+    server = start_engine()
+    core = core_of(server)
+    ok = httpx.post(server.url + COMPLETIONS, json={"model": "demo", "prompt": "Hi", "max_tokens": 3}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has stopped
+    assert "Application shutdown complete" in server.log.read_text()
+    assert "killing it" not in server.log.read_text()  # the core stopped when told, it was not killed
+    for _ in range(100):  # the server reaped it before exiting; this only waits for /proc to catch up
+        if not alive(core):
+            break
+        time.sleep(0.1)
+    assert not alive(core)
+
+
+def test_the_engine_thread_is_kept_with_no_engine_core_process(start_engine):
+    server = start_engine("--no-engine-core-process")
+    assert children(server.process.pid) == set()
+    ok = httpx.post(server.url + COMPLETIONS, json={"model": "demo", "prompt": "Hi", "max_tokens": 3}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3

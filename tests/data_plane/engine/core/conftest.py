@@ -1,0 +1,20 @@
+"""A real adapter of the demo model, as the registry hands it to the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
+from data_plane.model.config import ModelConfig
+
+
+@pytest.fixture(scope="session")
+def demo_adapter(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LoRAAdapterWeights:
+    root = tmp_path_factory.mktemp("core_adapters")
+    spec = DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES)
+    path = write_lora_adapter(demo_model_dir, root / "a1", spec, seed=1)
+    return load_peft_adapter(path, ModelConfig.from_pretrained(demo_model_dir), max_rank=8, allowed_roots=[str(root)])

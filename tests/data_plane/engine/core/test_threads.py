@@ -1,0 +1,43 @@
+"""The engine core's threads and CPUs: leave the API process a CPU when there are few."""
+
+from __future__ import annotations
+
+import pytest
+
+from data_plane.config import ConfigError
+from data_plane.engine.core.threads import core_cpus, core_environment, core_threads, parse_cpu_list
+from tests.data_plane.api.engines import engine_config
+
+
+def test_cpu_lists_parse_as_vllm_writes_them():
+    assert parse_cpu_list("1-3,5") == [1, 2, 3, 5]
+    assert parse_cpu_list("2") == [2]
+    for bad in ("", "3-1", "a", "-1"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+
+
+def test_threads_default_to_every_cpu_but_one():
+    assert core_threads(None, [0, 1]) == 1
+    assert core_threads(None, [0]) == 1
+    assert core_threads(None, list(range(8))) == 7
+    assert core_threads(2, [0, 1]) == 2
+
+
+def test_auto_binds_only_when_a_cpu_is_left_for_the_api():
+    assert core_cpus("auto", 1, [0, 1]) == [1]
+    assert core_cpus("auto", 2, [0, 1]) is None
+    assert core_cpus("auto", 3, [0, 1, 2, 3]) == [1, 2, 3]
+    assert core_cpus("nobind", 1, [0, 1]) is None
+    assert core_cpus("0-1", 1, [0, 1, 2]) == [0, 1]
+
+
+def test_the_operator_s_openmp_settings_win():
+    assert core_environment({}, 3) == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "3"}
+    assert core_environment({"OMP_WAIT_POLICY": "ACTIVE"}, 1)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_config_refuses_a_bad_bind(demo_model_dir):
+    with pytest.raises(ConfigError, match="omp-threads-bind"):
+        engine_config(demo_model_dir, omp_threads_bind="cores 1 to 3")
+    assert engine_config(demo_model_dir, omp_threads_bind="1-3,5").omp_threads_bind == "1-3,5"
