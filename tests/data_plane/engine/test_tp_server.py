@@ -14,11 +14,16 @@ from tests.data_plane.api.conftest import SERVED_NAME, run_engine
 GREEDY = {"temperature": 0.0, "ignore_eos": True, "max_tokens": 8}
 
 
+def _descendants(pid: int) -> list[int]:
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return children + [d for c in children for d in _descendants(c)]
+
+
 def _spawned_ranks(pid: int) -> list[int]:
-    """Child processes started by multiprocessing's spawn (the TP ranks), not its resource tracker."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    """Processes started by multiprocessing's spawn (the TP ranks), not its resource tracker: children
+    of the engine-core process (rank 0), itself a child of the server."""
     ranks = []
-    for child in map(int, children):
+    for child in _descendants(pid):
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
         if b"spawn_main" in cmdline:
             ranks.append(child)
