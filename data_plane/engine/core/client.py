@@ -20,12 +20,13 @@ import contextlib
 import itertools
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, fields, replace
 
 import zmq
@@ -48,6 +49,7 @@ from shared.errors import EngineDeadError, LoraplaneError
 logger = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0  # then the core is killed
 _SECRETS = ("admin_token", "api_key", "control_plane_token")  # the core needs none of them
+_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|CREDENTIAL|API_KEY|ACCESS_KEY", re.IGNORECASE)
 
 
 @dataclass
@@ -76,7 +78,7 @@ class CoreProcess:
         to_core.bind(f"ipc://{ipc_dir}/in")
         from_core.bind(f"ipc://{ipc_dir}/out")
         cpus = available_cpus()
-        env = core_environment(dict(os.environ), config.num_threads or 1)
+        env = core_environment(core_env(os.environ), config.num_threads or 1)
         bind = core_cpus(config.omp_threads_bind, config.num_threads or 1, cpus)
         if bind is not None:
             env[CPUS_ENV] = ",".join(map(str, bind))
@@ -97,6 +99,11 @@ class CoreProcess:
         self.context.term()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
         sweep(os.getpid())
+
+
+def core_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The API process's environment without its secrets: the core calls nobody and serves no one."""
+    return {k: v for k, v in environ.items() if not _SECRET_ENV.search(k)}
 
 
 def core_config(config: EngineConfig) -> EngineConfig:

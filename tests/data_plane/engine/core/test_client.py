@@ -110,10 +110,14 @@ async def test_a_killed_core_fails_requests_in_flight_and_new_ones_at_once(clien
         await client.unpin_lora(1)
 
 
-async def test_shutdown_stops_the_core_and_leaves_no_process(demo_model_dir):
-    client = EngineCoreClient.from_config(engine_config(demo_model_dir))
+async def test_shutdown_stops_the_core_and_leaves_no_process(demo_model_dir, monkeypatch):
+    monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", "admin-secret-1234")
+    monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", "cp-secret-5678")
+    client = EngineCoreClient.from_config(engine_config(demo_model_dir, admin_token="admin-secret-1234"))
     client.start()
     assert client.pid in children(os.getpid())
+    environ = Path(f"/proc/{client.pid}/environ").read_text()
+    assert "secret" not in environ and "OMP_WAIT_POLICY=PASSIVE" in environ  # the core holds no secret
     assert await collect(client, Request("s", [1, 2], greedy(3)))
     await client.shutdown()
     assert client.core.process.returncode == 0  # it stopped on its own, not killed
