@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,14 @@ class LoRABatch:
     decode_slots: torch.Tensor | None  # [Nd] int64: their slots (gather + bmm)
     decode_contiguous: bool  # decode_index is exactly 0..Nd-1: the deltas add to a slice
     prefill_segments: list[tuple[int, int, int]]  # (slot, start, end): runs of prefill tokens of one adapter
+    _segment_table: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def segment_table(self, device: torch.device) -> torch.Tensor:
+        """prefill_segments as one [segments, 3] int64 tensor on `device` (SGMV kernels read it), made on
+        the first layer's call and shared by every other layer of the step."""
+        if self._segment_table is None:
+            self._segment_table = torch.tensor(self.prefill_segments, dtype=torch.int64, device=device).view(-1, 3)
+        return self._segment_table
 
     @classmethod
     def build(
