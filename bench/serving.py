@@ -78,8 +78,9 @@ class Server:
             cmd += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(args.rank),
                     "--lora-modules", *(f"a{i}={p}" for i, p in enumerate(adapters))]
         self.log = log
+        env = {**os.environ, "OMP_WAIT_POLICY": args.omp_wait_policy} if args.omp_wait_policy else None
         with log.open("w") as out:
-            self.process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.url = self._wait()
 
     def _wait(self) -> str:
@@ -200,6 +201,8 @@ def main() -> int:
     parser.add_argument("--servers", nargs="+", choices=["core", "thread"], default=["core", "thread"],
                         help="core: engine-core process; thread: --no-engine-core-process (the old path)")
     parser.add_argument("--omp-threads-bind", default="auto", help="passed to the servers")
+    parser.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"],
+                        help="OMP_WAIT_POLICY of the servers (default: the core's own choice, PASSIVE)")
     parser.add_argument("--adapters", type=int, default=0, help="spread requests over N adapters (0: base model)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -289,7 +292,7 @@ def main() -> int:
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "repeats": args.repeats,
         "min_requests": args.min_requests, "adapters": args.adapters, "rank": args.rank if args.adapters else None,
-        "omp_threads_bind": args.omp_threads_bind,
+        "omp_threads_bind": args.omp_threads_bind, "omp_wait_policy": args.omp_wait_policy or "default (PASSIVE)",
         "results": results,
     }))
     with contextlib.suppress(OSError):

@@ -151,7 +151,8 @@ async def get_version() -> dict[str, str]:
 
 
 def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
-    """engine: an EngineProtocol (AsyncLLMEngine), not started: startup starts it inside the server's loop.
+    """engine: an EngineProtocol (EngineCoreClient or AsyncLLMEngine), not started: startup starts it
+    inside the server's loop.
     lora_loader: how adapter folders are read (default: the PEFT loader for config's base model)."""
     assert config.max_model_len is not None, "finalize the config (load the engine) first"
     base_name = config.served_model_name or config.model
@@ -201,7 +202,7 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     )
 
     async def start_engine() -> None:
-        engine.start()  # captures the running loop: the engine thread hands outputs back to it
+        engine.start()  # captures the running loop: the engine's outputs are handed back on it
         if artifacts is not None:
             await artifacts.open()
         if registry is not None:

@@ -1,9 +1,12 @@
 """EngineProtocol: everything the API layer may call on an engine, and the types it answers with.
 
 The HTTP services, the app factory, the control-plane client and the shutdown code are typed against
-this protocol, never against `Any`. AsyncLLMEngine implements it (tests/data_plane/engine/
-test_protocol.py checks each member's signature against this one); a test double, where one is
-still needed, implements it too and is checked against the real engine for the cases both can run.
+this protocol, never against `Any`. Two engines implement it: EngineCoreClient (data_plane/engine/
+core/client.py, the default: the engine core in its own process) and AsyncLLMEngine (the engine on a
+thread of the API process, --no-engine-core-process); tests/data_plane/engine/test_protocol.py and
+tests/data_plane/engine/core/test_client.py check each member's signature against this one. A test
+double, where one is still needed, implements it too and is checked against the real engine for the
+cases both can run.
 
 Two narrower protocols name what a part needs and nothing more: `EngineHealth` (the control-plane
 heartbeat) and `LoRAEngine` (the adapter registry, data_plane/lora/registry.py); EngineProtocol is
