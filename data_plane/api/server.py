@@ -18,6 +18,7 @@ from shared.logging_setup import LOG_FORMAT_ENV, add_log_format_argument, config
 
 if TYPE_CHECKING:
     from data_plane.config import EngineConfig
+    from data_plane.engine.core.client import EngineCoreClient
 
 logger = logging.getLogger("loraplane.engine")
 
@@ -266,6 +267,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def keep_api_off_the_core(config: EngineConfig, engine: EngineCoreClient) -> None:
+    """--omp-threads-bind auto bound the core to some CPUs: keep this process on the others."""
+    from data_plane.engine.core.threads import api_cpus, available_cpus, bind_this_process
+
+    cpus = api_cpus(config.omp_threads_bind, engine.core.cpus, available_cpus())
+    if cpus is not None:
+        bind_this_process(cpus)
+        logger.info("API process bound to CPUs %s", cpus)
+
+
 def torchrun_rank() -> int:
     return int(os.environ.get("RANK", "0")) if "WORLD_SIZE" in os.environ else 0
 
@@ -291,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("loading %s", config.model)
         # slow: reads the checkpoint, sizes the KV cache (in the engine-core process, by default)
         engine = (EngineCoreClient if config.engine_core_process else AsyncLLMEngine).from_config(config)
+        if isinstance(engine, EngineCoreClient):
+            keep_api_off_the_core(config, engine)
         sock = _bind(config.host, config.port)
     except (LoraplaneError, OSError) as exc:
         print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)

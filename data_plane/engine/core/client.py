@@ -63,6 +63,7 @@ class CoreProcess:
     """The started core process and this side's two sockets to it."""
 
     process: subprocess.Popen
+    cpus: list[int] | None  # what the core is bound to (None: not bound)
     context: zmq.Context
     to_core: zmq.Socket  # PUSH
     from_core: zmq.Socket  # PULL
@@ -86,7 +87,7 @@ class CoreProcess:
         process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.process_main", *args], env=env)
         logger.info("engine core: process %d, %s torch threads, CPUs %s", process.pid,
                     config.num_threads or "default", bind if bind is not None else "unbound")
-        return cls(process, context, to_core, from_core, ipc_dir)
+        return cls(process, bind, context, to_core, from_core, ipc_dir)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -9,13 +9,15 @@ bench/serving.py on a 2-core machine (see the numbers in the commit that set the
 - `omp_threads_bind` (--omp-threads-bind, $LORAPLANE_CPU_OMP_THREADS_BIND, like vLLM's
   VLLM_CPU_OMP_THREADS_BIND): "auto" binds the core to the last `threads` CPUs it may run on when
   that leaves at least one for the API process, and does not bind otherwise; "nobind" never binds;
-  a CPU list such as "1-3" or "2,3" binds the core to exactly those.
+  a CPU list such as "1-3" or "2,3" binds the core to exactly those. When "auto" binds the core,
+  `loraplane engine` keeps its API process on the other CPUs (api_cpus), so neither preempts the other.
 - torch threads: `num_threads` when given; else, in a core process, one per CPU but one left to the
   API process (at least 1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 OMP_WAIT_POLICY = "PASSIVE"
@@ -56,6 +58,22 @@ def core_cpus(bind: str, threads: int, cpus: list[int]) -> list[int] | None:
     if bind == "auto":
         return cpus[-threads:] if len(cpus) > threads else None
     return parse_cpu_list(bind)
+
+
+def api_cpus(bind: str, core: list[int] | None, cpus: list[int]) -> list[int] | None:
+    """The CPUs to keep the API process on (None: leave it): under "auto", those the core was not bound to,
+    so that HTTP and tokenizing never preempt the core's threads on its own CPUs."""
+    if bind != "auto" or core is None:
+        return None
+    rest = [c for c in cpus if c not in core]
+    return rest or None
+
+
+def bind_this_process(cpus: list[int]) -> None:
+    """Every thread of this process (sched_setaffinity binds one thread; later threads inherit it)."""
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # a thread that just ended
+            os.sched_setaffinity(int(task), cpus)
 
 
 def core_environment(base: dict[str, str], threads: int) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from data_plane.config import ConfigError
-from data_plane.engine.core.threads import core_cpus, core_environment, core_threads, parse_cpu_list
+from data_plane.engine.core.threads import api_cpus, core_cpus, core_environment, core_threads, parse_cpu_list
 from tests.data_plane.api.engines import engine_config
 
 
@@ -41,3 +41,10 @@ def test_the_config_refuses_a_bad_bind(demo_model_dir):
     with pytest.raises(ConfigError, match="omp-threads-bind"):
         engine_config(demo_model_dir, omp_threads_bind="cores 1 to 3")
     assert engine_config(demo_model_dir, omp_threads_bind="1-3,5").omp_threads_bind == "1-3,5"
+
+
+def test_the_api_process_keeps_off_the_cpus_auto_gave_the_core():
+    assert api_cpus("auto", [1], [0, 1]) == [0]
+    assert api_cpus("auto", [2, 3], [0, 1, 2, 3]) == [0, 1]
+    assert api_cpus("auto", None, [0, 1]) is None  # the core was not bound: neither is the API
+    assert api_cpus("1", [1], [0, 1]) is None  # an explicit list binds the core only
