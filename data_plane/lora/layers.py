@@ -91,21 +91,17 @@ class LinearWithLoRA(nn.Module):
         return [lane.module for lane in self.lanes]
 
     @torch.no_grad()
-    def set_slot(self, slot: int, module: str, weights: LoRAModuleWeights | None, previous_rank: int) -> None:
-        """Write one lane of one slot (None clears it); `previous_rank`: what the slot held before, so only
-        the rows it left past the new rank are cleared."""
-        index = self.lane_modules().index(module)
-        lane = self.lanes[index]
-        slot_a = self.lora_a[slot, :, index * self.max_rank : (index + 1) * self.max_rank]  # [in, R]
-        slot_b = self.lora_b[slot, :, lane.offset : lane.offset + lane.size]  # [R, out_l]
-        rank = 0 if weights is None else weights.rank
-        if weights is not None:
+    def fill_slot_image(self, a: torch.Tensor, b: torch.Tensor, modules: dict[str, LoRAModuleWeights]) -> None:
+        """Write one adapter's lanes of this layer into a zeroed slot image (slot_pool.py): a: [in, L * R],
+        b: [R, out], as one slot of lora_a and lora_b; lanes the adapter does not target stay zero."""
+        for index, lane in enumerate(self.lanes):
+            weights = modules.get(lane.module)
+            if weights is None:
+                continue
+            rank = weights.rank
             a_t = weights.a_t  # [in_full, r]
             if self.row_shard is not None:
                 a_t = a_t[self.row_shard.start : self.row_shard.start + self.row_shard.size]
-            slot_a[:, :rank].copy_(a_t)
+            a[:, index * self.max_rank : index * self.max_rank + rank].copy_(a_t)
             b_t = weights.b_t[:, lane.source_offset : lane.source_offset + lane.size]  # [r, out_l]
-            torch.mul(b_t, weights.scaling, out=slot_b[:rank])
-        if previous_rank > rank:
-            slot_a[:, rank:previous_rank].zero_()
-            slot_b[rank:previous_rank].zero_()
+            torch.mul(b_t, weights.scaling, out=b[:rank, lane.offset : lane.offset + lane.size])

@@ -13,8 +13,10 @@ evict it and load it back a few steps later); one that stops being used cools do
 half-lives, and ties (a slot loaded but never used) go to the least recently used. Heat outlives an
 eviction (an adapter that comes back is as hot as its uses say) and ends with `remove`.
 
-Copying into a slot is the only LoRA work on the engine loop: reading and validating files happened
-before (see peft_loader.py).
+Writing a slot is the only LoRA work on the engine loop: reading and validating files happened before
+(see peft_loader.py), and the slot's image (padded, cast, on the device: slot_pool.py) is made by
+`prepare`, which any thread may call as soon as a request brings the weights, so that the step that
+admits the request copies one row into the slot pool.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from data_plane.lora.errors import LoRAConflictError
 from data_plane.lora.layers import LinearWithLoRA
+from data_plane.lora.slot_pool import SlotPool
 from data_plane.lora.weights import LoRAAdapterWeights
 
 HEAT_HALF_LIFE = 32.0  # uses (admitted sequences of any adapter)
@@ -55,11 +56,14 @@ class LoRASlotManager:
     def __init__(self, layers: list[list[LinearWithLoRA]], max_loras: int) -> None:
         self.layers = layers  # per decoder layer, its LoRA-wrapped linears
         self.max_loras = max_loras
+        # every layer's slots in one tensor; as many adapter images kept as there are slots
+        self.pool = SlotPool(layers, max_loras, kept_images=max_loras)
         # tensor parallel: rank 0 sends every slot write to the other ranks first (engine/tp_group.py)
         self.mirror: Callable[[int, LoRAAdapterWeights | None], None] | None = None
         self.slot_owner: list[int | None] = [None] * max_loras  # slot -> adapter id
         self.slot_rank: list[int] = [0] * max_loras  # rank of the adapter in each slot (0 = empty)
         self.slot_of: dict[int, int] = {}  # adapter id -> slot
+        self.digest_of: dict[int, str] = {}  # adapter id -> sha256 of the weights it was loaded with
         self.uses = 0  # sequences admitted with any adapter: the clock heat decays by
         self.heat: dict[int, tuple[float, int]] = {}  # adapter id -> (heat, self.uses at its last use)
         self.pinned: set[int] = set()
@@ -80,6 +84,10 @@ class LoRASlotManager:
         """(heat now, uses at the last use): the eviction order, coldest first."""
         heat, at = self.heat.get(adapter_id, (0.0, 0))
         return heat * 0.5 ** ((self.uses - at) / HEAT_HALF_LIFE), at
+
+    def prepare(self, weights: LoRAAdapterWeights) -> None:
+        """Make the adapter's slot image ahead of its load (thread-safe; the load copies it in one go)."""
+        self.pool.prepare(weights)
 
     def is_pinned(self, adapter_id: int) -> bool:
         return adapter_id in self.pinned
@@ -116,6 +124,9 @@ class LoRASlotManager:
             self.slot_owner[slot] = None
         self.heat.pop(adapter_id, None)
         self.stats.pop(adapter_id, None)
+        digest = self.digest_of.pop(adapter_id, None)
+        if digest is not None and digest not in self.digest_of.values():
+            self.pool.forget(digest)
 
     def snapshot(self, running: dict[int, int], waiting: dict[int, int]) -> LoRAEngineStats:
         adapters = {}
@@ -150,20 +161,15 @@ class LoRASlotManager:
         self.write_slot(slot, weights)
         self.slot_owner[slot] = adapter_id
         self.slot_of[adapter_id] = slot
+        self.digest_of[adapter_id] = weights.sha256
         stats = self._stats(adapter_id)
         stats.loads += 1
         stats.last_load_seconds = time.perf_counter() - start
         stats.load_seconds_total += stats.last_load_seconds
 
-    @torch.no_grad()
     def write_slot(self, slot: int, weights: LoRAAdapterWeights | None) -> None:
         """Copy an adapter (None: zeros) into one slot of every LoRA layer, on every rank."""
         if self.mirror is not None:
             self.mirror(slot, weights)
-        previous_rank = self.slot_rank[slot]  # rows past it are zero already
-        for index, linears in enumerate(self.layers):
-            modules = weights.layers.get(index, {}) if weights is not None else {}
-            for linear in linears:
-                for name in linear.lane_modules():
-                    linear.set_slot(slot, name, modules.get(name), previous_rank)
+        self.pool.write(slot, weights)
         self.slot_rank[slot] = weights.rank if weights is not None else 0

@@ -1,0 +1,101 @@
+"""The device memory of the LoRA slots: every layer's slot weights in one tensor, written whole.
+
+    pool: [max_loras, per_slot]   one row per slot: each LoRA layer's A [in, L * R] and then its B [R, out]
+
+Each LinearWithLoRA's lora_a / lora_b are views of the pool ([max_loras, in, L * R] and
+[max_loras, R, out], slot stride = per_slot), which the ops and kernels read in place. An adapter's
+*image* is one such row, made by `prepare`: zero-padded past its rank, scale folded into B, in the
+model's dtype, on the device. Building it is the slow part of a slot write (a copy, cast and multiply per
+projection and layer); it can run on any thread ahead of the step, and images are kept (LRU by content
+digest) so an evicted adapter that comes back is one copy away. Writing a slot is then one `copy_` of
+a row: the step loop's only LoRA work when an adapter is loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from data_plane.lora.layers import LinearWithLoRA
+from data_plane.lora.weights import LoRAAdapterWeights
+
+
+@dataclass(frozen=True)
+class _Region:
+    """Where one layer's A and B sit in a pool row (element offsets and per-slot shapes)."""
+
+    layer_index: int
+    linear: LinearWithLoRA
+    a_offset: int
+    a_shape: tuple[int, int]  # [in, L * R]
+    b_offset: int
+    b_shape: tuple[int, int]  # [R, out]
+
+
+class SlotPool:
+    def __init__(self, layers: list[list[LinearWithLoRA]], max_loras: int, kept_images: int) -> None:
+        self.kept_images = kept_images
+        self._images: OrderedDict[str, torch.Tensor] = OrderedDict()  # sha256 -> image, least recent first
+        self._lock = threading.Lock()  # prepare may run on another thread than the step loop
+        self._regions: list[_Region] = []
+        offset = 0
+        for layer_index, linears in enumerate(layers):
+            for linear in linears:
+                a_shape, b_shape = tuple(linear.lora_a.shape[1:]), tuple(linear.lora_b.shape[1:])
+                self._regions.append(_Region(layer_index, linear, offset, a_shape, offset + a_shape[0] * a_shape[1], b_shape))
+                offset += a_shape[0] * a_shape[1] + b_shape[0] * b_shape[1]
+        self.per_slot = offset
+        if not self._regions:  # no LoRA layers (slot bookkeeping alone)
+            self.pool = None
+            return
+        first = self._regions[0].linear.lora_a
+        self.pool = torch.zeros(max_loras, offset, dtype=first.dtype, device=first.device)
+        for r in self._regions:  # the layers' buffers become views of the pool (the old ones are freed)
+            r.linear.lora_a = self._view(self.pool, r.a_offset, r.a_shape)
+            r.linear.lora_b = self._view(self.pool, r.b_offset, r.b_shape)
+
+    @staticmethod
+    def _view(rows: torch.Tensor, offset: int, shape: tuple[int, int]) -> torch.Tensor:
+        """rows: [..., per_slot] -> [..., *shape], the region starting at `offset` of each row."""
+        return rows[..., offset : offset + shape[0] * shape[1]].unflatten(-1, shape)
+
+    @torch.no_grad()
+    def prepare(self, weights: LoRAAdapterWeights) -> torch.Tensor | None:
+        """The adapter's image [per_slot] on the pool's device (kept for the next write); any thread."""
+        if self.pool is None:
+            return None
+        with self._lock:
+            image = self._images.get(weights.sha256)
+            if image is not None:
+                self._images.move_to_end(weights.sha256)
+                return image
+        # built on the host in the model's dtype, then one transfer (a no-op on the CPU)
+        host = torch.zeros(self.per_slot, dtype=self.pool.dtype)
+        for r in self._regions:
+            modules = weights.layers.get(r.layer_index)
+            if modules:
+                r.linear.fill_slot_image(self._view(host, r.a_offset, r.a_shape), self._view(host, r.b_offset, r.b_shape), modules)
+        image = host.to(self.pool.device)
+        with self._lock:
+            self._images[weights.sha256] = image
+            while len(self._images) > self.kept_images:
+                self._images.popitem(last=False)
+        return image
+
+    @torch.no_grad()
+    def write(self, slot: int, weights: LoRAAdapterWeights | None) -> None:
+        """Slot `slot` := the adapter's image (prepared now if it was not yet), or zeros: one copy."""
+        if self.pool is None:
+            return
+        if weights is None:
+            self.pool[slot].zero_()
+        else:
+            self.pool[slot].copy_(self.prepare(weights))
+
+    def forget(self, digest: str) -> None:
+        """Drop the kept image of this content (its adapter was removed)."""
+        with self._lock:
+            self._images.pop(digest, None)
