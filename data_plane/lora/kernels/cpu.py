@@ -72,12 +72,12 @@ def load_cpu_kernels() -> CPUKernels | None:
 
     suffix, flags = _cflags()
     folder = build_dir() / f"lora_bgmv_{suffix}"
-    folder.mkdir(parents=True, exist_ok=True)
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(name=f"loraplane_lora_bgmv_{suffix}", sources=[str(SOURCE)], extra_cflags=flags,
                            extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False,
                            verbose=False)
-    except Exception as exc:  # a compiler error, a missing header: serve with the torch ops instead
+    except Exception as exc:  # a compiler error, a missing header, a read-only folder: the torch ops serve
         logger.warning("LoRA CPU kernels failed to build in %s (%s): using the pure-torch LoRA ops", folder, exc)
         return None
     logger.info("LoRA CPU kernels loaded from %s", folder)
