@@ -19,6 +19,8 @@ from shared.logging_setup import LOG_FORMAT_ENV, add_log_format_argument, config
 if TYPE_CHECKING:
     from data_plane.config import EngineConfig
     from data_plane.engine.core.client import EngineCoreClient
+    from data_plane.engine.core.process import CoreProcess
+    from data_plane.engine.protocol import EngineProtocol
 
 logger = logging.getLogger("loraplane.engine")
 
@@ -47,7 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-model-len", type=int, help="default: the model's max_position_embeddings")
     p.add_argument("--max-num-seqs", type=int, default=128)
-    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument(
+        "--max-num-batched-tokens", type=int,
+        help="tokens per step (default: 2048 with chunked prefill, else max(--max-model-len, 2048))",
+    )
+    p.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+        help="compute a long prompt a chunk per step beside the running decodes, so it does not stall them; "
+        "on by default (--max-num-batched-tokens may then be below --max-model-len)",
+    )
     p.add_argument(
         "--max-waiting-requests", type=int, default=1024,
         help="waiting sequences (a request counts n times) past which requests get 503",
@@ -184,6 +194,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill,
         max_waiting_requests=args.max_waiting_requests,
         max_n=args.max_n,
         max_stop_strings=args.max_stop_strings,
@@ -267,6 +278,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def load_engine(config: EngineConfig, core: CoreProcess | None) -> EngineProtocol:
+    """The engine-core process `core` once it has loaded the model, or the engine on a thread here."""
+    if core is None:
+        from data_plane.engine.async_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine.from_config(config)
+    from data_plane.engine.core.client import EngineCoreClient
+
+    engine = EngineCoreClient.from_config(config, core)
+    keep_api_off_the_core(config, engine)
+    return engine
+
+
 def keep_api_off_the_core(config: EngineConfig, engine: EngineCoreClient) -> None:
     """--omp-threads-bind auto bound the core to some CPUs: keep this process on the others."""
     from data_plane.engine.core.threads import api_cpus, available_cpus, bind_this_process
@@ -285,13 +309,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
     os.environ[LOG_FORMAT_ENV] = args.log_format  # tensor-parallel ranks are spawned with it
-    import uvicorn
-
-    from data_plane.api.app import create_app
-    from data_plane.api.shutdown import AdmissionGate, DrainingServer
-    from data_plane.engine.async_engine import AsyncLLMEngine
-    from data_plane.engine.core.client import EngineCoreClient
-
     try:
         config = config_from_args(args)
         if torchrun_rank() > 0:  # under torchrun every rank runs this command; only rank 0 serves
@@ -300,10 +317,17 @@ def main(argv: list[str] | None = None) -> int:
             worker_main(torchrun_rank(), config, "env://")
             return 0
         logger.info("loading %s", config.model)
-        # slow: reads the checkpoint, sizes the KV cache (in the engine-core process, by default)
-        engine = (EngineCoreClient if config.engine_core_process else AsyncLLMEngine).from_config(config)
-        if isinstance(engine, EngineCoreClient):
-            keep_api_off_the_core(config, engine)
+        core = None
+        if config.engine_core_process:
+            from data_plane.engine.core.process import CoreProcess
+
+            core = CoreProcess.spawn(config)  # it loads the model while this process imports the API
+        import uvicorn
+
+        from data_plane.api.app import create_app
+        from data_plane.api.shutdown import AdmissionGate, DrainingServer
+
+        engine = load_engine(config, core)  # slow: reads the checkpoint, sizes the KV cache
         sock = _bind(config.host, config.port)
     except (LoraplaneError, OSError) as exc:
         print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)

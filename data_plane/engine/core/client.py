@@ -15,19 +15,13 @@ with EngineDeadError and turns `healthy` False (/health then answers 503); nothi
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import itertools
 import logging
-import os
-import re
-import shutil
 import subprocess
-import sys
-import tempfile
 import threading
-from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, fields, replace
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, fields
 
 import zmq
 import zmq.asyncio
@@ -35,10 +29,8 @@ import zmq.asyncio
 from data_plane.config import EngineConfig
 from data_plane.engine.async_engine import check_admission, settle, until_finished
 from data_plane.engine.core import messages as m
-from data_plane.engine.core.adapter_transfer import sweep
 from data_plane.engine.core.host_copies import HostCopies
-from data_plane.engine.core.process_main import CPUS_ENV
-from data_plane.engine.core.threads import available_cpus, core_cpus, core_environment, core_threads
+from data_plane.engine.core.process import SECRETS, CoreProcess
 from data_plane.engine.llm_engine import EngineStats
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
@@ -48,71 +40,12 @@ from shared.errors import EngineDeadError, LoraplaneError
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0  # then the core is killed
-_SECRETS = ("admin_token", "api_key", "control_plane_token")  # the core needs none of them
-_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|CREDENTIAL|API_KEY|ACCESS_KEY", re.IGNORECASE)
 
 
 @dataclass
 class _Stream:
     queue: asyncio.Queue[RequestOutput | Exception]
     prompt_token_ids: list[int]  # sent to the core once; every output carries them again from here
-
-
-@dataclass
-class CoreProcess:
-    """The started core process and this side's two sockets to it."""
-
-    process: subprocess.Popen
-    cpus: list[int] | None  # what the core is bound to (None: not bound)
-    context: zmq.Context
-    to_core: zmq.Socket  # PUSH
-    from_core: zmq.Socket  # PULL
-    ipc_dir: str
-
-    @classmethod
-    def spawn(cls, config: EngineConfig) -> CoreProcess:
-        ipc_dir = tempfile.mkdtemp(prefix="loraplane-core-")
-        context = zmq.Context()
-        to_core, from_core = context.socket(zmq.PUSH), context.socket(zmq.PULL)
-        to_core.setsockopt(zmq.SNDHWM, 0)  # never block a send: a dead core is noticed by its exit instead
-        from_core.setsockopt(zmq.RCVHWM, 0)
-        to_core.bind(f"ipc://{ipc_dir}/in")
-        from_core.bind(f"ipc://{ipc_dir}/out")
-        cpus = available_cpus()
-        env = core_environment(core_env(os.environ), config.num_threads or 1)
-        bind = core_cpus(config.omp_threads_bind, config.num_threads or 1, cpus)
-        if bind is not None:
-            env[CPUS_ENV] = ",".join(map(str, bind))
-        args = [f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", str(os.getpid())]
-        process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.process_main", *args], env=env)
-        logger.info("engine core: process %d, %s torch threads, CPUs %s", process.pid,
-                    config.num_threads or "default", bind if bind is not None else "unbound")
-        return cls(process, bind, context, to_core, from_core, ipc_dir)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def close(self) -> None:
-        self.to_core.close(linger=0)
-        self.from_core.close(linger=0)
-        self.context.term()
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
-        sweep(os.getpid())
-
-
-def core_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The API process's environment without its secrets: the core calls nobody and serves no one."""
-    return {k: v for k, v in environ.items() if not _SECRET_ENV.search(k)}
-
-
-def core_config(config: EngineConfig) -> EngineConfig:
-    """What the core runs with: the threads chosen for it, and no secrets."""
-    threads = config.num_threads
-    if threads is None and config.tensor_parallel_size == 1:  # TP ranks split the CPUs themselves
-        threads = core_threads(None, available_cpus())
-    return replace(config, num_threads=threads, **dict.fromkeys(_SECRETS))
 
 
 def _wait_ready(core: CoreProcess) -> m.Ready:
@@ -149,23 +82,20 @@ class EngineCoreClient:
         self._receiver: asyncio.Task[None] | None = None
         self._stopping = False
         self._closed = False
-        atexit.register(core.kill)  # however the API process ends, the core goes with it
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> EngineCoreClient:
-        """Start the core, load the model there (slow), finalize `config` with what the model says."""
-        for_core = core_config(config)
-        core = CoreProcess.spawn(for_core)
+    def from_config(cls, config: EngineConfig, core: CoreProcess | None = None) -> EngineCoreClient:
+        """Start the core (or take one CoreProcess.spawn started for this config), load the model
+        there (slow), finalize `config` with what the model says."""
+        core = core or CoreProcess.spawn(config)
         try:
-            log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
-            core.to_core.send(m.encoder.encode(m.Start(for_core, log_level)))
             ready = _wait_ready(core)
         except BaseException:
             core.kill()
             core.close()
             raise
         for f in fields(config):  # the model-dependent defaults the core filled in (max_model_len, …)
-            if getattr(config, f.name) is None and f.name not in _SECRETS and f.name != "num_threads":
+            if getattr(config, f.name) is None and f.name not in SECRETS and f.name != "num_threads":
                 setattr(config, f.name, getattr(ready.config, f.name))
         return cls(config, core, ready)
 

@@ -2,7 +2,7 @@
 
 One socket each way (ZeroMQ PUSH/PULL, so messages arrive in the order sent):
 
-    client → core:  Start (once), AddRequest, Abort, ShipAdapter, ForgetAdapter, Call, Shutdown
+    client → core:  (config, log level) once (process.py), then AddRequest, Abort, ShipAdapter, ForgetAdapter, Call, Shutdown
     core → client:  Ready | StartFailed (once), StepOutputs (one per step: every request's new
                     tokens, the stats after it), AdmissionFailed, CallResult, Dead
 
@@ -52,11 +52,6 @@ def _error_classes() -> dict[str, type[LoraplaneError]]:
 
 
 # ---- client → core ----------------------------------------------------------------------------------
-class Start(msgspec.Struct, tag=True, array_like=True):
-    config: EngineConfig  # without the secrets: the core needs none of them
-    log_level: str
-
-
 class AddRequest(msgspec.Struct, tag=True, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
@@ -116,7 +111,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
-ToCore = Start | AddRequest | Abort | ShipAdapter | ForgetAdapter | Call | Shutdown
+ToCore = AddRequest | Abort | ShipAdapter | ForgetAdapter | Call | Shutdown
 
 
 # ---- core → client ----------------------------------------------------------------------------------

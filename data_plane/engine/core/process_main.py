@@ -46,27 +46,31 @@ def main(argv: list[str]) -> int:
     outbox = ctx.socket(zmq.PUSH)
     outbox.setsockopt(zmq.LINGER, 5000)  # the last messages (Dead, the final outputs) still go out
     outbox.connect(out_addr)
-    start = m.core_decoder.decode(inbox.recv())
-    assert isinstance(start, m.Start)
+    import msgspec
+
+    from data_plane.engine.core.process import StartMessage
+
+    config, log_level = msgspec.msgpack.decode(inbox.recv(), type=StartMessage)
 
     from shared.logging_setup import LOG_FORMAT_ENV, configure_logging
 
-    configure_logging(start.log_level, os.environ.get(LOG_FORMAT_ENV, "text"))
+    configure_logging(log_level, os.environ.get(LOG_FORMAT_ENV, "text"))
     from data_plane.engine.core.engine_core import EngineCore
     from data_plane.engine.llm_engine import LLMEngine
     from shared.errors import LoraplaneError
 
     try:
-        engine = LLMEngine.from_config(start.config)
+        engine = LLMEngine.from_config(config)
     except LoraplaneError as exc:
         outbox.send(m.encoder.encode(m.StartFailed(m.WireError.of(exc))))
-        outbox.close()
+        inbox.close(linger=0)
+        outbox.close()  # lingers until the message is out
         ctx.term()
         return 2
     core = EngineCore(engine, inbox, outbox)
     signal.signal(signal.SIGTERM, lambda *_: core.stop.set())
     threading.Thread(target=_watch_parent, args=(parent_pid, core.stop), daemon=True, name="parent-watch").start()
-    outbox.send(m.encoder.encode(m.Ready(start.config, engine.vocab_size, engine.stats())))
+    outbox.send(m.encoder.encode(m.Ready(config, engine.vocab_size, engine.stats())))
     code = core.run()
     try:
         engine.shutdown()  # the other tensor-parallel ranks

@@ -149,3 +149,19 @@ def test_a_core_whose_parent_dies_exits(demo_model_dir, tmp_path):
             break
         time.sleep(0.1)
     assert not Path(f"/proc/{core_pid}").exists() or "zombie" in Path(f"/proc/{core_pid}/status").read_text()
+
+
+def test_a_model_the_core_cannot_load_is_refused_with_its_reason(demo_model_dir, tmp_path):
+    import json
+    import shutil
+
+    from shared.errors import UnsupportedModelError
+
+    model = tmp_path / "odd"
+    shutil.copytree(demo_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        EngineCoreClient.from_config(engine_config(model))
+    assert not any("process_main" in Path(f"/proc/{c}/cmdline").read_text() for c in children(os.getpid())
+                   if Path(f"/proc/{c}").exists())

@@ -1,0 +1,100 @@
+"""CoreProcess: start the engine-core process, send it its config, hold this side's two sockets to it.
+
+Kept free of torch and of the engine's modules, so that `loraplane engine` can start the core first
+and import the API while the core imports torch and loads the model.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import msgspec
+import zmq
+
+from data_plane.config import EngineConfig
+from data_plane.engine.core.process_main import CPUS_ENV
+from data_plane.engine.core.threads import available_cpus, core_cpus, core_environment, core_threads
+
+logger = logging.getLogger(__name__)
+StartMessage = tuple[EngineConfig, str]  # (config, log level): the first message, before the engine's wire types
+SECRETS = ("admin_token", "api_key", "control_plane_token")  # config fields the core needs none of
+_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|CREDENTIAL|API_KEY|ACCESS_KEY", re.IGNORECASE)
+
+
+@dataclass
+class CoreProcess:
+    """The started core process and this side's two sockets to it."""
+
+    config: EngineConfig  # what the core runs with (core_config)
+    process: subprocess.Popen
+    cpus: list[int] | None  # what the core is bound to (None: not bound)
+    context: zmq.Context
+    to_core: zmq.Socket  # PUSH
+    from_core: zmq.Socket  # PULL
+    ipc_dir: str
+
+    @classmethod
+    def spawn(cls, config: EngineConfig) -> CoreProcess:
+        """Start the core for `config` (the API's); it loads the model once it gets its Start message."""
+        config = core_config(config)
+        ipc_dir = tempfile.mkdtemp(prefix="loraplane-core-")
+        context = zmq.Context()
+        to_core, from_core = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+        to_core.setsockopt(zmq.SNDHWM, 0)  # never block a send: a dead core is noticed by its exit instead
+        from_core.setsockopt(zmq.RCVHWM, 0)
+        to_core.bind(f"ipc://{ipc_dir}/in")
+        from_core.bind(f"ipc://{ipc_dir}/out")
+        cpus = available_cpus()
+        env = core_environment(core_env(os.environ), config.num_threads or 1)
+        bind = core_cpus(config.omp_threads_bind, config.num_threads or 1, cpus)
+        if bind is not None:
+            env[CPUS_ENV] = ",".join(map(str, bind))
+        args = [f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", str(os.getpid())]
+        process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.process_main", *args], env=env)
+        logger.info("engine core: process %d, %s torch threads, CPUs %s", process.pid,
+                    config.num_threads or "default", bind if bind is not None else "unbound")
+        atexit.register(_kill, process)  # however the API process ends, the core goes with it
+        # the Start message: the core loads the model on it, while this process goes on importing the API
+        log_level = logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        to_core.send(msgspec.msgpack.encode((config, log_level)))
+        return cls(config, process, bind, context, to_core, from_core, ipc_dir)
+
+    def kill(self) -> None:
+        _kill(self.process)
+
+    def close(self) -> None:
+        self.to_core.close(linger=0)
+        self.from_core.close(linger=0)
+        self.context.term()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        from data_plane.engine.core.adapter_transfer import sweep  # torch: only once the API runs
+
+        sweep(os.getpid())
+
+
+def core_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The API process's environment without its secrets: the core calls nobody and serves no one."""
+    return {k: v for k, v in environ.items() if not _SECRET_ENV.search(k)}
+
+
+def core_config(config: EngineConfig) -> EngineConfig:
+    """What the core runs with: the threads chosen for it, and no secrets."""
+    threads = config.num_threads
+    if threads is None and config.tensor_parallel_size == 1:  # TP ranks split the CPUs themselves
+        threads = core_threads(None, available_cpus())
+    return replace(config, num_threads=threads, **dict.fromkeys(SECRETS))
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
