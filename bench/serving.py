@@ -78,7 +78,9 @@ class Server:
             cmd += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(args.rank),
                     "--lora-modules", *(f"a{i}={p}" for i, p in enumerate(adapters))]
         self.log = log
-        env = {**os.environ, "OMP_WAIT_POLICY": args.omp_wait_policy} if args.omp_wait_policy else None
+        # "default": an empty OMP_WAIT_POLICY, which the core keeps and libgomp reads as unset (spin a while, then sleep)
+        policy = "" if args.omp_wait_policy == "default" else args.omp_wait_policy
+        env = {**os.environ, "OMP_WAIT_POLICY": policy} if args.omp_wait_policy else None
         with log.open("w") as out:
             self.process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.url = self._wait()
@@ -201,7 +203,7 @@ def main() -> int:
     parser.add_argument("--servers", nargs="+", choices=["core", "thread"], default=["core", "thread"],
                         help="core: engine-core process; thread: --no-engine-core-process (the old path)")
     parser.add_argument("--omp-threads-bind", default="auto", help="passed to the servers")
-    parser.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"],
+    parser.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE", "default"],
                         help="OMP_WAIT_POLICY of the servers (default: the core's own choice, PASSIVE)")
     parser.add_argument("--adapters", type=int, default=0, help="spread requests over N adapters (0: base model)")
     parser.add_argument("--rank", type=int, default=16)

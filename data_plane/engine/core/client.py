@@ -53,7 +53,8 @@ def _wait_ready(core: CoreProcess) -> m.Ready:
         if core.from_core.poll(200):
             msg = m.client_decoder.decode(core.from_core.recv())
             if isinstance(msg, m.StartFailed):
-                core.process.wait(30)
+                with contextlib.suppress(subprocess.TimeoutExpired):  # it exits on its own; else it is killed
+                    core.process.wait(30)
                 raise msg.error.to_exception()
             assert isinstance(msg, m.Ready), msg
             return msg
