@@ -163,6 +163,8 @@ class MergedGenerations:
         return self
 
     async def __anext__(self) -> tuple[int, RequestOutput]:
+        if len(self.generations) == 1:  # one prompt: no task and no wait() per output, just its next one
+            return 0, await anext(self.generations[0])
         if not self._started:
             self._started = True
             for i in range(len(self.generations)):
