@@ -36,7 +36,10 @@ class EngineConfig:
     # Scheduling
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     max_num_seqs: int = 128
-    max_num_batched_tokens: int | None = None  # defaults to max(max_model_len, 2048)
+    # tokens per step; defaults to 2048 with chunked prefill, else max(max_model_len, 2048)
+    max_num_batched_tokens: int | None = None
+    # a long prompt is computed a chunk per step beside the running decodes (vLLM's flag, on by default)
+    enable_chunked_prefill: bool = True
     max_waiting_requests: int = 1024  # waiting *sequences* (n per request); past this the API answers 503
     max_n: int | None = None  # samples per request; defaults to (and is capped by) max_num_seqs
     max_stop_strings: int = 16
@@ -147,12 +150,20 @@ class EngineConfig:
         if self.max_model_len is None:
             self.max_model_len = model_max_len
         if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(self.max_model_len, 2048)
+            self.max_num_batched_tokens = 2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
         if self.max_prompt_chars is None:
             self.max_prompt_chars = self.max_model_len * PROMPT_CHARS_PER_TOKEN
-        if self.max_num_batched_tokens < self.max_model_len:
+        if self.enable_chunked_prefill:
+            # every running sequence decodes one token per step, within the budget
+            if self.max_num_batched_tokens < self.max_num_seqs:
+                raise ConfigError(
+                    f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be at least "
+                    f"--max-num-seqs ({self.max_num_seqs})"
+                )
+        elif self.max_num_batched_tokens < self.max_model_len:
             # no chunked prefill: a whole prompt must fit in one step
             raise ConfigError(
                 f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be at least "
-                f"--max-model-len ({self.max_model_len}); lower --max-model-len or raise the token budget"
+                f"--max-model-len ({self.max_model_len}) without chunked prefill; lower --max-model-len, raise the "
+                "token budget or leave --enable-chunked-prefill on"
             )

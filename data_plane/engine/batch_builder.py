@@ -20,7 +20,8 @@ class BatchBuilder:
         self.lora_slots = lora_slots
 
     def build(self, sched: SchedulerOutput) -> tuple[StepInput, list[Sequence]]:
-        """The step input and the sequences in the order of its logits rows."""
+        """The step input and the sequences in the order of its logits rows: every decode and each
+        prefill whose chunk reaches its last token (a prefill chunk short of it samples nothing)."""
         token_ids: list[int] = []
         positions: list[int] = []
         logits_indices: list[int] = []
@@ -38,15 +39,20 @@ class BatchBuilder:
         prefill_entries: list[PrefillEntry] = []
         for item in sched.prefills:
             seq, start = item.seq, item.seq.num_computed_tokens
-            token_ids.extend(seq.all_token_ids[start:])
-            positions.extend(range(start, len(seq)))
-            logits_indices.append(len(token_ids) - 1)
-            prefill_entries.append(PrefillEntry(seq.block_table, start, item.num_new_tokens))
-            seqs.append(seq)
+            end = start + item.num_new_tokens
+            token_ids.extend(seq.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            if item.completes_prompt:
+                logits_indices.append(len(token_ids) - 1)
+                seqs.append(seq)
+            # only the blocks up to the chunk's end: attention gathers no blocks it cannot see yet
+            table = seq.block_table[: -(-end // self.block_size)]
+            prefill_entries.append(PrefillEntry(table, start, item.num_new_tokens))
 
         attn = build_attention_metadata(decode_entries, prefill_entries, self.block_size, self.device)
+        adapter_ids = [s.adapter_id for s in sched.decodes] + [p.seq.adapter_id for p in sched.prefills]
         lora = None
-        if self.lora_slots is not None and any(s.adapter_id for s in seqs):  # base-only steps skip LoRA entirely
+        if self.lora_slots is not None and any(adapter_ids):  # base-only steps skip LoRA entirely
             token_slots: list[int] = []
             for seq in sched.decodes:
                 token_slots.append(self._slot(seq))
@@ -59,7 +65,7 @@ class BatchBuilder:
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
             attn=attn,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),
-            adapter_ids=[s.adapter_id for s in seqs],
+            adapter_ids=adapter_ids,
             lora=lora,
         ), seqs
 

@@ -86,7 +86,10 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.lora_slots = lora_slots
         self.block_manager = BlockManager(runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, lora_slots)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, lora_slots,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
         self.builder = BatchBuilder(config.block_size, runner.device, lora_slots)
         self.sampler = Sampler(tokenizer.eos_token_ids)
         self.outputs = OutputProcessor(tokenizer, config.max_model_len)
@@ -163,23 +166,28 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return self._fail_unschedulable()
-        seqs = sched.decodes + [item.seq for item in sched.prefills]
+        scheduled = sched.decodes + [item.seq for item in sched.prefills]
         try:
-            step_input, seqs = self.builder.build(sched)
+            step_input, seqs = self.builder.build(sched)  # seqs: those sampled, in logits-row order
             used = len({a for a in step_input.adapter_ids if a})
             self.step_adapters[used] = self.step_adapters.get(used, 0) + 1
             logits = self.runner.forward(step_input)  # [S, vocab]
-            sampled = self.sampler(logits, sampling_rows(seqs))
+            sampled = self.sampler(logits, sampling_rows(seqs)) if seqs else None
         except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
             raise
         except Exception as exc:  # a failing batch fails its requests, never the engine
-            logger.exception("step failed; failing the %d requests of this batch", len(seqs))
-            return self.fail_requests({s.request.request_id for s in seqs}, exc)
+            logger.exception("step failed; failing the %d requests of this batch", len(scheduled))
+            return self.fail_requests({s.request.request_id for s in scheduled}, exc)
 
+        for seq in sched.decodes:
+            seq.num_computed_tokens = len(seq)
+        for item in sched.prefills:  # a chunk short of the prompt's end samples nothing yet
+            item.seq.num_computed_tokens += item.num_new_tokens
+        for seq in scheduled:
+            self.block_manager.cache_full_blocks(seq)
         touched: dict[str, _RequestState] = {}
         for row, seq in enumerate(seqs):
-            seq.num_computed_tokens = len(seq)
-            self.block_manager.cache_full_blocks(seq)
+            assert sampled is not None
             self.outputs.append_token(seq, sampled.token_ids[row], sampled.logprobs[row] if sampled.logprobs else None)
             if seq.is_finished:
                 self.scheduler.remove(seq)

@@ -5,6 +5,18 @@ sequence cap (`max_num_seqs`). When a running sequence needs a KV block and none
 recently admitted running sequence is preempted: its blocks are freed and it goes back to the front
 of the waiting queue, to be recomputed (its prefix blocks are often still cached).
 
+Chunked prefill (`enable_chunked_prefill`, vLLM's): a prompt longer than what is left of the step's
+token budget is computed a chunk per step, beside the running decodes, instead of waiting for a step
+of its own that would stall them. Each step spends the budget in this order:
+
+    1. one token for every decoding sequence (len(seq) - num_computed_tokens == 1)
+    2. the next chunk of every running sequence still in its prefill, oldest first
+    3. waiting sequences (the admission passes below); the last one admitted may get a partial chunk
+
+A sequence gets KV blocks for its whole prompt when it is admitted, so a prefill in progress never
+needs a block mid-way; it samples its first token in the step whose chunk reaches its last token.
+Without chunking a prompt is admitted only when all its new tokens fit the budget left.
+
 With LoRA, an adapter's sequence can run only while the adapter holds one of the few device slots.
 So that one load serves every waiting request of an adapter, admission goes in two passes over the
 waiting queue, each in arrival order:
@@ -58,7 +70,20 @@ class _Admission:
 @dataclass
 class ScheduledPrefill:
     seq: Sequence
-    num_new_tokens: int  # tokens computed this step (those not served by the prefix cache)
+    # tokens computed this step, from seq.num_computed_tokens on: all those not served by the prefix
+    # cache, or the next chunk of them
+    num_new_tokens: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        """The chunk reaches the sequence's last token, so its logits are sampled (read before the step
+        advances num_computed_tokens)."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+
+
+def is_prefilling(seq: Sequence) -> bool:
+    """A running sequence with more than one token left to compute: a chunked prefill in progress."""
+    return len(seq) - seq.num_computed_tokens > 1
 
 
 @dataclass
@@ -79,12 +104,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         lora_slots: LoRASlotManager | None = None,
         max_slot_wait_steps: int = MAX_SLOT_WAIT_STEPS,
+        enable_chunked_prefill: bool = False,
     ) -> None:
         self.block_manager = block_manager
         self.lora_slots = lora_slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_slot_wait_steps = max_slot_wait_steps
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -101,7 +128,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._schedule_decodes(out)
-        self._admit_waiting(out, token_budget=self.max_num_batched_tokens - len(out.decodes))
+        token_budget = self._continue_prefills(out, self.max_num_batched_tokens - len(out.decodes))
+        self._admit_waiting(out, token_budget)
         return out
 
     def _schedule_decodes(self, out: SchedulerOutput) -> None:
@@ -109,6 +137,9 @@ class Scheduler:
         queue = list(self.running)
         while queue:
             seq = queue.pop(0)
+            if is_prefilling(seq):  # it holds blocks for its whole prompt: nothing to append
+                running.append(seq)
+                continue
             while not self.block_manager.can_append_slot(seq):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim)
@@ -119,6 +150,17 @@ class Scheduler:
                 running.append(seq)
                 out.decodes.append(seq)
         self.running = running
+
+    def _continue_prefills(self, out: SchedulerOutput, token_budget: int) -> int:
+        """The next chunk of each running prefill, oldest first, within the budget; answers what is left."""
+        for seq in self.running:
+            if token_budget <= 0:
+                break
+            if is_prefilling(seq):
+                chunk = min(len(seq) - seq.num_computed_tokens, token_budget)
+                out.prefills.append(ScheduledPrefill(seq, chunk))
+                token_budget -= chunk
+        return token_budget
 
     def _admit_waiting(self, out: SchedulerOutput, token_budget: int) -> None:
         if not self.waiting:
@@ -160,7 +202,11 @@ class Scheduler:
         if not resident and not load:
             return _Verdict.NOT_RESIDENT
         num_new = self.block_manager.plan_allocation(seq)
-        if len(self.running) >= self.max_num_seqs or num_new is None or num_new > step.token_budget:
+        if len(self.running) >= self.max_num_seqs or num_new is None:
+            return _Verdict.NO_ROOM
+        if self.enable_chunked_prefill:
+            num_new = min(num_new, step.token_budget)  # the first chunk; the rest in later steps
+        if num_new <= 0 or num_new > step.token_budget:
             return _Verdict.NO_ROOM
         if not resident and not self.lora_slots.ensure_resident(adapter, seq.request.lora, step.busy):
             return _Verdict.NO_SLOT

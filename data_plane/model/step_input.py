@@ -18,5 +18,5 @@ class StepInput:
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # [S] int64: flat index of the token whose logits are sampled, per sequence
-    adapter_ids: list[int]  # [S] per sequence; 0 = base model
+    adapter_ids: list[int]  # per scheduled sequence (decodes, then prefills); 0 = base model
     lora: LoRABatch | None = None  # which slot each token uses; None when no token uses an adapter

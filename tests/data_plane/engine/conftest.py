@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
@@ -34,3 +36,24 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, arr
         steps += 1
         assert steps < 10_000, "engine made no progress"
     return [tokens[f"r{i}"] for i in range(len(prompts))]
+
+
+def load_hf(path: Path):
+    """transformers' model of the checkpoint (the oracle), set to run as the engine does with ignore_eos."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int, **generate_kwargs) -> list[list[int]]:
+    """Greedy tokens of a transformers (or PEFT) model, one prompt at a time."""
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=0, **generate_kwargs)
+        out.append(gen[0, len(prompt):].tolist())
+    return out

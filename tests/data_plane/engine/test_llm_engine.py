@@ -5,12 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-from tests.data_plane.engine.conftest import greedy, make_engine, run
+from tests.data_plane.engine.conftest import greedy, hf_greedy, load_hf, make_engine, run
 
 FAMILIES = ["llama", "qwen2", "qwen3"]
 
@@ -21,16 +19,7 @@ def _prompts(vocab: int, lengths: list[int], seed: int = 1) -> list[list[int]]:
 
 
 def _hf_greedy(path, prompts: list[list[int]], max_new_tokens: int, **generate_kwargs) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # the engine runs with ignore_eos
-    out = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=0, **generate_kwargs)
-        out.append(gen[0, len(prompt):].tolist())
-    return out
+    return hf_greedy(load_hf(path), prompts, max_new_tokens, **generate_kwargs)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
