@@ -204,7 +204,7 @@ def main() -> int:
                         help="core: engine-core process; thread: --no-engine-core-process (the old path)")
     parser.add_argument("--omp-threads-bind", default="auto", help="passed to the servers")
     parser.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE", "default"],
-                        help="OMP_WAIT_POLICY of the servers (default: the core's own choice, PASSIVE)")
+                        help="OMP_WAIT_POLICY of the servers (default: unset, libgomp's own)")
     parser.add_argument("--adapters", type=int, default=0, help="spread requests over N adapters (0: base model)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -294,7 +294,7 @@ def main() -> int:
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "repeats": args.repeats,
         "min_requests": args.min_requests, "adapters": args.adapters, "rank": args.rank if args.adapters else None,
-        "omp_threads_bind": args.omp_threads_bind, "omp_wait_policy": args.omp_wait_policy or "default (PASSIVE)",
+        "omp_threads_bind": args.omp_threads_bind, "omp_wait_policy": args.omp_wait_policy or "unset",
         "results": results,
     }))
     with contextlib.suppress(OSError):

@@ -51,7 +51,7 @@ class EngineConfig:
     max_request_body_bytes: int = 8 * 1024 * 1024
     admin_token: str | None = None
     api_key: str | None = None  # bearer key for the inference endpoints (vLLM's --api-key); None = open
-    num_threads: int | None = None  # torch intra-op threads on CPU; None = torch's default (core process: CPUs - 1)
+    num_threads: int | None = None  # torch intra-op threads on CPU; None: torch's default (core process: threads.py)
     # the engine core (scheduler, model, step loop) in its own process (data_plane/engine/core); False:
     # a thread of the API process, as before
     engine_core_process: bool = True

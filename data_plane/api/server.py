@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-request-body-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument(
         "--num-threads", type=int,
-        help="torch intra-op threads on CPU (default with the engine-core process: one per CPU but one for the API)",
+        help="torch intra-op threads on CPU (default with the engine-core process: one per CPU, "
+        "but one left to the API process from 4 CPUs up)",
     )
     p.add_argument(
         "--engine-core-process", action=argparse.BooleanOptionalAction, default=True,

@@ -1,18 +1,23 @@
 """CPU threads of the engine-core process: torch's intra-op threads, OpenMP's wait policy, core binding.
 
-The API process (HTTP, tokenizing, SSE) and the core share the machine's cores. Measured with
-bench/serving.py on a 2-core machine (see the numbers in the commit that set these defaults):
+The API process (HTTP, tokenizing, SSE), the clients on the same host and the core share the cores.
+Chosen by measurement (bench/serving.py, 2 CPUs, 32 clients, the issue-13 model; figures in the
+commit that set these defaults):
 
-- OMP_WAIT_POLICY=PASSIVE: OpenMP workers sleep when a parallel region ends instead of spinning for
-  the next one, so between two matmuls they leave the core to the API process and the client instead
-  of burning it. Set in the core's environment before torch is imported (libgomp reads it once).
+- OpenMP wait policy: left to libgomp (unset: a worker spins a short while after a parallel region,
+  then sleeps). PASSIVE (sleep at once) made every step pay futex wake-ups: 0.76x in-process over
+  HTTP at 2 threads against 0.97x unset. ACTIVE (spin forever) keeps an idle engine burning every
+  core it has. The operator's OMP_WAIT_POLICY / GOMP_SPINCOUNT reach the core unchanged.
+- torch threads: `num_threads` when given; else one per CPU below 4 CPUs (on 2 CPUs, 2 unbound
+  threads served 1391 tok/s over HTTP against 994 for 1 thread bound beside the API), and one per
+  CPU but one for the API process from 4 CPUs up (as vLLM reserves cores for its API server).
 - `omp_threads_bind` (--omp-threads-bind, $LORAPLANE_CPU_OMP_THREADS_BIND, like vLLM's
   VLLM_CPU_OMP_THREADS_BIND): "auto" binds the core to the last `threads` CPUs it may run on when
   that leaves at least one for the API process, and does not bind otherwise; "nobind" never binds;
   a CPU list such as "1-3" or "2,3" binds the core to exactly those. When "auto" binds the core,
   `loraplane engine` keeps its API process on the other CPUs (api_cpus), so neither preempts the other.
-- torch threads: `num_threads` when given; else, in a core process, one per CPU but one left to the
-  API process (at least 1).
+  Several engines on one host: give each its own list (or nobind), or "auto" puts every core on the
+  same last CPUs.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-OMP_WAIT_POLICY = "PASSIVE"
+RESERVE_API_CPU_FROM = 4  # CPUs from which the core leaves one to the API process by default
 
 
 def available_cpus() -> list[int]:
@@ -47,8 +52,10 @@ def check_bind(value: str) -> None:
 
 
 def core_threads(num_threads: int | None, cpus: list[int]) -> int:
-    """Torch intra-op threads of the core: as configured, else every CPU but one for the API process."""
-    return num_threads if num_threads else max(1, len(cpus) - 1)
+    """Torch intra-op threads of the core: as configured, else every CPU (but one for the API from 4 up)."""
+    if num_threads:
+        return num_threads
+    return len(cpus) - 1 if len(cpus) >= RESERVE_API_CPU_FROM else max(1, len(cpus))
 
 
 def core_cpus(bind: str, threads: int, cpus: list[int]) -> list[int] | None:
@@ -77,8 +84,8 @@ def bind_this_process(cpus: list[int]) -> None:
 
 
 def core_environment(base: dict[str, str], threads: int) -> dict[str, str]:
-    """The core's environment: OpenMP's wait policy and thread count unless the operator set them."""
+    """The core's environment: OpenMP's thread count unless the operator set it (its wait policy is
+    libgomp's own unless the operator set OMP_WAIT_POLICY)."""
     env = dict(base)
-    env.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     return env

@@ -17,11 +17,12 @@ def test_cpu_lists_parse_as_vllm_writes_them():
             parse_cpu_list(bad)
 
 
-def test_threads_default_to_every_cpu_but_one():
-    assert core_threads(None, [0, 1]) == 1
+def test_threads_default_to_every_cpu_and_leave_the_api_one_from_four_up():
+    assert core_threads(None, [0, 1]) == 2  # measured: both threads beat one bound beside the API
     assert core_threads(None, [0]) == 1
+    assert core_threads(None, [0, 1, 2, 3]) == 3
     assert core_threads(None, list(range(8))) == 7
-    assert core_threads(2, [0, 1]) == 2
+    assert core_threads(1, [0, 1]) == 1
 
 
 def test_auto_binds_only_when_a_cpu_is_left_for_the_api():
@@ -33,8 +34,9 @@ def test_auto_binds_only_when_a_cpu_is_left_for_the_api():
 
 
 def test_the_operator_s_openmp_settings_win():
-    assert core_environment({}, 3) == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "3"}
-    assert core_environment({"OMP_WAIT_POLICY": "ACTIVE"}, 1)["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert core_environment({}, 3) == {"OMP_NUM_THREADS": "3"}  # the wait policy stays libgomp's
+    assert core_environment({"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}, 2) == {
+        "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
 
 
 def test_the_config_refuses_a_bad_bind(demo_model_dir):
