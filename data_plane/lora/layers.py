@@ -5,7 +5,9 @@ separate HF projections map to: QKV has lanes q_proj/k_proj/v_proj, gate_up has 
 o_proj and down_proj have one lane each. Weights are kept zero-padded past each adapter's rank with
 the scale folded into B, so an empty slot or an untargeted lane adds exactly zero. Stored input-major
 (see ops.py): the lanes' A stacked into one [max_loras, in, L * max_rank], B as one
-[max_loras, max_rank, out] whose columns are the lanes' outputs.
+[max_loras, max_rank, out] whose columns are the lanes' outputs; once the slot manager is built both
+are views of its slot pool (slot_pool.py). The mixed-adapter ops run on the device's kernels
+(kernels/select.py), chosen when the layer is built.
 
 Tensor parallelism is a parameter, not another class. Column-parallel layers (qkv, gate_up) keep A
 whole and this rank's rows of each lane's B (`Lane.source_offset`, with GQA's replicated kv heads).
