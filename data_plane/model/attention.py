@@ -50,9 +50,13 @@ class PagedAttention(nn.Module):
             out[:nd] = o.reshape(nd, self.num_heads, self.head_dim)
         if attn.num_prefill_seqs:
             q_pad = q[nd:][attn.prefill_query_index].transpose(1, 2)  # [Bp, H, Qp, D]
-            keys, values = self._gather(
-                kv_cache, attn.prefill_block_tables, attn.prefill_context_len, attn.block_size, q.dtype
-            )
+            if attn.prefill_keys_in_step:  # fresh prompts: Lp == Qp, pads are masked or past the causal edge
+                keys = k[nd:][attn.prefill_query_index].transpose(1, 2)  # [Bp, Hkv, Qp, D]
+                values = v[nd:][attn.prefill_query_index].transpose(1, 2)
+            else:
+                keys, values = self._gather(
+                    kv_cache, attn.prefill_block_tables, attn.prefill_context_len, attn.block_size, q.dtype
+                )
             o_pad = F.scaled_dot_product_attention(
                 q_pad,
                 keys,

@@ -29,6 +29,8 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None  # [Bp, 1, Qp, Lp] bool: causal with cached-prefix offset; None = plain causal
     prefill_query_index: torch.Tensor | None  # [Bp, Qp] int64: flat prefill-token index (0-based), pads -> 0
     prefill_query_valid: torch.Tensor | None  # [Bp, Qp] bool
+    # no prefill has cached tokens: its keys are exactly this step's, so attention need not gather them
+    prefill_keys_in_step: bool = False
 
 
 @dataclass
@@ -107,4 +109,5 @@ def build_attention_metadata(
         prefill_mask=dev(prefill_mask),
         prefill_query_index=dev(query_index),
         prefill_query_valid=dev(query_valid),
+        prefill_keys_in_step=bool(prefill) and not any(p.num_computed for p in prefill),
     )

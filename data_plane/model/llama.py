@@ -81,13 +81,14 @@ class LlamaAttention(nn.Module):
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x, lora)  # [T, (H + 2 Hkv) * D]
         q, k, v = qkv.split(self.qkv_split, dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = apply_rotary(q, cos, sin).reshape(num_tokens, -1)  # [T, H * D]
-        k = apply_rotary(k, cos, sin).reshape(num_tokens, -1)  # [T, Hkv * D]
+            q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim))  # [T, H, D]
+            k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
+            qk = torch.cat((q, k), dim=1)  # [T, H + Hkv, D]
+        else:  # q and k sit side by side in qkv: one rotary over both heads at once
+            qk = qkv[:, : self.qkv_split[0] + self.qkv_split[1]].view(num_tokens, -1, self.head_dim)
+        qk = apply_rotary(qk, cos, sin).reshape(num_tokens, -1)  # [T, (H + Hkv) * D]
+        q, k = qk.split(self.qkv_split[:2], dim=-1)  # [T, H * D], [T, Hkv * D]
         out = self.attn(q, k, v, kv_cache, attn)  # [T, H * D]
         return self.o_proj(out, lora)
 

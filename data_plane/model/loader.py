@@ -17,6 +17,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 
 from data_plane.model.config import ModelConfig
+from data_plane.model.layers.linear import store_weights_column_major
 from data_plane.model.llama import LlamaForCausalLM
 from shared.errors import UnsupportedModelError
 
@@ -90,4 +91,6 @@ def load_model(
     with _default_dtype(torch_dtype), torch.device(device):
         model = LlamaForCausalLM(config, tp_rank=tp_rank, tp_size=tp_size)
     model.load_weights(iter_safetensors(files))
+    if torch.device(device).type == "cpu":
+        store_weights_column_major(model)
     return model.eval(), config
