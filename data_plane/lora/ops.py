@@ -34,11 +34,12 @@ class LoRAKernels(Protocol):
     """The mixed-adapter half of the ops; every backend computes exactly the module docstring's math."""
 
     def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, num_lanes: int, rank: int) -> None:
-        """For each i: v[index[i]] = x[index[i]] @ A[slots[i]] (ranked lanes); v: [T, L * rank]."""
+                    slots: torch.Tensor, num_lanes: int, rank: int, rows_from_zero: bool = False) -> None:
+        """For each i: v[index[i]] = x[index[i]] @ A[slots[i]] (ranked lanes); v: [T, L * rank].
+        rows_from_zero: index is 0..len(index)-1 (a hint a backend may use to slice instead of scatter)."""
 
     def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, lanes: Lanes, rank: int) -> None:
+                    slots: torch.Tensor, lanes: Lanes, rank: int, rows_from_zero: bool = False) -> None:
         """For each i and lane l: y[index[i], cols_l] += v[index[i], lane l's block] @ B[slots[i], :rank, cols_l]."""
 
     def sgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch,
@@ -59,25 +60,33 @@ def _ranked(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
 class TorchKernels:
     """Plain torch: decode tokens gather their slots' weights (a copy per token), segments run one mm each."""
 
-    def bgmv_shrink(self, v, x, lora_a, index, slots, num_lanes, rank) -> None:
-        dim = x.shape[1]
-        a = _ranked(lora_a, num_lanes, rank).index_select(0, slots).view(len(slots), dim, num_lanes * rank)  # [Nd, in, L*rank]
-        v_decode = torch.bmm(x.index_select(0, index).unsqueeze(1), a).squeeze(1)  # [Nd, L * rank]
-        v.index_copy_(0, index, v_decode)
+    def bgmv_shrink(self, v, x, lora_a, index, slots, num_lanes, rank, rows_from_zero=False) -> None:
+        n, dim = len(slots), x.shape[1]
+        a = _ranked(lora_a, num_lanes, rank).index_select(0, slots).view(n, dim, num_lanes * rank)  # [Nd, in, L*rank]
+        x_rows = x[:n] if rows_from_zero else x.index_select(0, index)  # [Nd, in]
+        v_decode = torch.bmm(x_rows.unsqueeze(1), a).squeeze(1)  # [Nd, L * rank]
+        if rows_from_zero:
+            v[:n] = v_decode
+        else:
+            v.index_copy_(0, index, v_decode)
 
-    def bgmv_expand(self, y, v, lora_b, index, slots, lanes, rank) -> None:
+    def bgmv_expand(self, y, v, lora_b, index, slots, lanes, rank, rows_from_zero=False) -> None:
+        n = len(slots)
         b = lora_b[:, :rank].index_select(0, slots)  # [Nd, rank, out]
-        v_rows = v.index_select(0, index).unsqueeze(1)  # [Nd, 1, L * rank]
+        v_rows = (v[:n] if rows_from_zero else v.index_select(0, index)).unsqueeze(1)  # [Nd, 1, L * rank]
         # each bmm into a fresh tensor, then one add: bmm or baddbmm_ writing into a strided view of y
         # falls back to one small matmul per token on CPU
         if len(lanes) == 1:
             delta = torch.bmm(v_rows, b).squeeze(1)  # [Nd, out]
         else:
-            delta = y.new_empty(len(slots), y.shape[1])
+            delta = y.new_empty(n, y.shape[1])
             for lane, (offset, width) in enumerate(lanes):
                 cols = slice(offset, offset + width)
                 delta[:, cols] = torch.bmm(v_rows[:, :, lane * rank : (lane + 1) * rank], b[:, :, cols]).squeeze(1)
-        y.index_add_(0, index, delta)
+        if rows_from_zero:  # the usual case: every decode token uses an adapter
+            y[:n] += delta
+        else:
+            y.index_add_(0, index, delta)
 
     def sgmv_shrink(self, v, x, lora_a, batch, num_lanes) -> None:
         a_ranked, dim = _ranked(lora_a, num_lanes, batch.rank), x.shape[1]
@@ -100,7 +109,7 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, num_lanes: int, batch: Lo
         return x @ _ranked(lora_a, num_lanes, rank)[batch.single_slot].reshape(dim, -1)
     v = x.new_zeros(x.shape[0], num_lanes * rank)
     if batch.decode_index is not None:
-        kernels.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, rank)
+        kernels.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, rank, batch.decode_contiguous)
     if batch.prefill_segments:
         kernels.sgmv_shrink(v, x, lora_a, batch, num_lanes)
     return v
@@ -114,7 +123,7 @@ def lora_expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, lanes: L
         _expand_one(y, v, lora_b[batch.single_slot, :rank], lanes, rank)
         return
     if batch.decode_index is not None:
-        kernels.bgmv_expand(y, v, lora_b, batch.decode_index, batch.decode_slots, lanes, rank)
+        kernels.bgmv_expand(y, v, lora_b, batch.decode_index, batch.decode_slots, lanes, rank, batch.decode_contiguous)
     if batch.prefill_segments:
         kernels.sgmv_expand(y, v, lora_b, batch, lanes)
 

@@ -33,12 +33,12 @@ class CPUKernels(TorchKernels):
         self._ops = torch.ops.loraplane_lora
 
     def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, num_lanes: int, rank: int) -> None:
+                    slots: torch.Tensor, num_lanes: int, rank: int, rows_from_zero: bool = False) -> None:
         """v[index[i]] = x[index[i]] @ A[slots[i]] per lane, the first `rank` columns of each."""
         self._ops.bgmv_shrink(v, x, lora_a, index, slots, num_lanes, rank)
 
     def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, lanes: Lanes, rank: int) -> None:
+                    slots: torch.Tensor, lanes: Lanes, rank: int, rows_from_zero: bool = False) -> None:
         """y[index[i], cols_l] += v[index[i], lane l's block] @ B[slots[i], :rank, cols_l]."""
         offsets, widths = zip(*lanes, strict=True)
         self._ops.bgmv_expand(y, v, lora_b, index, slots, list(offsets), list(widths), rank)

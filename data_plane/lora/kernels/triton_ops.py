@@ -115,14 +115,14 @@ class TritonKernels:
     """LoRAKernels in Triton: one launch per op (per lane for the expands), weights read in place."""
 
     def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, num_lanes: int, rank: int) -> None:
+                    slots: torch.Tensor, num_lanes: int, rank: int, rows_from_zero: bool = False) -> None:
         _rows_contiguous(x, lora_a, v)
         _bgmv_shrink_kernel[(len(index), num_lanes)](
             x, lora_a, v, index, slots, x.shape[1], rank, lora_a.shape[2] // num_lanes,
             x.stride(0), lora_a.stride(0), lora_a.stride(1), v.stride(0), BLOCK_K=BLOCK_K, BLOCK_R=_block_rank(rank))
 
     def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, lanes: Lanes, rank: int) -> None:
+                    slots: torch.Tensor, lanes: Lanes, rank: int, rows_from_zero: bool = False) -> None:
         _rows_contiguous(y, v, lora_b)
         for lane, (offset, width) in enumerate(lanes):
             _bgmv_expand_kernel[(len(index), triton.cdiv(width, BLOCK_N))](
