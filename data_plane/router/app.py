@@ -2,7 +2,9 @@
 
 Thin handlers over RouterService (service.py). Every error, Litestar's own included (unknown route, a body
 over the size limit), leaves in OpenAI's shape (shared/http_errors.py). With client keys configured
-(LORAPLANE_API_KEYS) the inference routes and the model list need one; /health and /metrics stay open.
+(LORAPLANE_API_KEYS) the inference routes and the model list need one; with --require-api-key a static
+key or a tenant key (tenancy.py), and the model list shows a tenant key what it may use; /health and
+/metrics stay open.
 
 The two inference routes are the hot path, and Litestar's per-request machinery (request object, guards,
 kwargs, response object) cost more than the proxying itself (~0.3 ms of CPU a request). Litestar still
@@ -15,20 +17,21 @@ like any other.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import msgspec
-from litestar import Litestar, Response, get, post
+from litestar import Litestar, Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
+from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from data_plane.router.config import RouterConfig
 from data_plane.router.errors import model_not_found
+from data_plane.router.keys import OPERATOR, Caller
 from data_plane.router.metrics import CONTENT_TYPE
-from data_plane.router.request import check_client_key
 from data_plane.router.service import RouterService
 from shared.http_errors import exception_handlers
 from shared.openapi import document_app, route_doc
@@ -67,14 +70,33 @@ class RoutingTableHealth(msgspec.Struct):
     models: int
 
 
+class QuotaHealth(msgspec.Struct):
+    redis: Literal["ok", "unreachable", "unknown", "unconfigured"]
+    on_failure: Literal["closed", "open"]  # what requests with quotas get while Redis is unreachable
+    error: str | None = None
+
+
+class TenancyHealth(msgspec.Struct):
+    require_api_key: bool
+    quotas: QuotaHealth
+    revocations: Literal["subscribed", "not subscribed"]
+
+
 class Health(msgspec.Struct):
-    status: str  # ok | degraded (the control plane has not confirmed the table lately)
+    status: str  # ok | degraded (the control plane has not confirmed the table lately, or Redis is down)
     routing_table: RoutingTableHealth
     reason: str | None = None
+    tenancy: TenancyHealth | None = None  # with --require-api-key
 
 
-def client_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    check_client_key(connection.headers.get("authorization"), connection.app.state.router.config.api_keys)
+async def client_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """The caller (keys.py), kept in the request's state for the model list to filter by."""
+    caller = await connection.app.state.router.tenancy.caller(connection.headers.get("authorization"))
+    connection.scope.setdefault("state", {})["loraplane_caller"] = caller
+
+
+def _caller(request: Request) -> Caller:
+    return request.scope.get("state", {}).get("loraplane_caller", OPERATOR)
 
 
 _ERRORS = (400, 404, 413, 502, 503)
@@ -113,17 +135,18 @@ async def create_completion() -> Response[Any]:
 
 
 @get("/v1/models", operation_id="listModels", guards=[client_key_guard], opt=route_doc(response=ModelList))
-async def list_models(state: State) -> dict[str, Any]:
-    """The fleet's base models and active adapters (`parent`: an adapter's base model), from the routing table."""
-    return {"object": "list", "data": state.router.cards()}
+async def list_models(state: State, request: Request) -> dict[str, Any]:
+    """The fleet's base models and active adapters (`parent`: an adapter's base model), from the routing
+    table; for a tenant key, only those it may use (the base models, its tenant's and public adapters)."""
+    return {"object": "list", "data": state.router.cards(_caller(request))}
 
 
 @get("/v1/models/{model_id:path}", operation_id="retrieveModel", guards=[client_key_guard],
      opt=route_doc(response=ModelCard, errors=[404]))
-async def retrieve_model(model_id: str, state: State) -> dict[str, Any]:
-    """One model of the routing table by name (404 when the fleet has no such model)."""
+async def retrieve_model(model_id: str, state: State, request: Request) -> dict[str, Any]:
+    """One model of the routing table by name (404 when the fleet has no such model, or the key may not use it)."""
     name = model_id.lstrip("/")
-    card = next((c for c in state.router.cards() if c["id"] == name), None)
+    card = next((c for c in state.router.cards(_caller(request)) if c["id"] == name), None)
     if card is None:
         raise model_not_found(name)
     return card
@@ -144,6 +167,15 @@ async def metrics(state: State) -> Response[bytes]:
     return Response(state.router.metrics.render(), media_type=CONTENT_TYPE)
 
 
+def _key_errors(config: RouterConfig, handler: HTTPRouteHandler) -> list[int]:
+    """What keys add to a guarded route: 401 (no or a wrong key); with --require-api-key also 403 (a key
+    without the inference scope) and, on the inference routes, 429 (a quota)."""
+    if client_key_guard not in (handler.guards or ()) or not (config.api_keys or config.require_api_key):
+        return []
+    inference = fast_path in (handler.middleware or ())
+    return [401] + ([403, 429] if config.require_api_key and inference else [403] if config.require_api_key else [])
+
+
 def create_app(config: RouterConfig) -> Litestar:
     service = RouterService(config)
     app = Litestar(
@@ -156,5 +188,5 @@ def create_app(config: RouterConfig) -> Litestar:
         openapi_config=OpenAPIConfig(title="loraplane router", version=__version__),
         logging_config=None,  # the process configures logging at its edge (cli.py)
     )
-    document_app(app, extra_errors=lambda h: [401] if config.api_keys and client_key_guard in (h.guards or ()) else [])
+    document_app(app, extra_errors=lambda h: _key_errors(config, h))
     return app

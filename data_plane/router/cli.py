@@ -5,7 +5,8 @@
 Secrets come from the environment, or from a file named by the same variable with `_FILE` appended
 (never from flags, which every user sees in `ps`): LORAPLANE_ROUTER_TOKEN (this router's token at the
 control plane: one of its LORAPLANE_ROUTER_TOKENS), LORAPLANE_ENGINE_API_KEY (the engines' --api-key),
-LORAPLANE_API_KEYS (comma-separated keys clients must send; unset, the router is open).
+LORAPLANE_API_KEYS (comma-separated keys clients must send; unset, the router is open), LORAPLANE_REDIS_URL
+(tenants' quota counters and key revocations, with --require-api-key).
 """
 
 from __future__ import annotations
@@ -42,6 +43,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--read-timeout-s", type=float, default=d["read_timeout_s"].default,
                    help="longest wait for an engine's next bytes")
     p.add_argument("--max-request-body-bytes", type=int, default=d["max_request_body_bytes"].default)
+    p.add_argument("--require-api-key", action="store_true",
+                   help="every client sends a key: a static one (LORAPLANE_API_KEYS) or a tenant key, whose "
+                   "adapters and quotas the control plane keeps (quotas counted in Redis: LORAPLANE_REDIS_URL)")
+    p.add_argument("--redis-prefix", default=d["redis_prefix"].default,
+                   help="of every Redis key and channel (the control plane's LORAPLANE_REDIS_PREFIX)")
+    p.add_argument("--quota-failure", choices=["closed", "open"], default=d["quota_failure"].default,
+                   help="Redis unreachable: refuse requests with quotas (503) or admit them uncounted")
+    p.add_argument("--key-cache-ttl-s", type=float, default=d["key_cache_ttl_s"].default,
+                   help="a verified tenant key is checked with the control plane again after this long "
+                   "(the bound on a revocation Redis did not carry)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_log_format_argument(p)
     return p
@@ -68,6 +79,8 @@ def main(argv: list[str]) -> int:
             connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
             max_request_body_bytes=args.max_request_body_bytes, log_level=args.log_level,
             log_format=args.log_format, name=args.router_name, advertise_url=args.advertise_url,
+            require_api_key=args.require_api_key, redis_prefix=args.redis_prefix,
+            quota_failure=args.quota_failure, key_cache_ttl_s=args.key_cache_ttl_s,
             **secrets_from_env(),  # type: ignore[arg-type]
         )
         sock = _bind(config.host, config.port)
@@ -83,6 +96,9 @@ def main(argv: list[str]) -> int:
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     keys = f"{len(config.api_keys)} client key(s)" if config.api_keys else "open (no LORAPLANE_API_KEYS)"
+    if config.require_api_key:
+        quotas = "quotas in Redis" if config.redis_url else "no LORAPLANE_REDIS_URL: quotas fail " + config.quota_failure
+        keys = f"API keys required (tenant keys, {len(config.api_keys)} static), {quotas}"
     print(f"loraplane router: serving on {url}, routes from {config.control_plane_url}, {keys}", flush=True)
     # uvloop's event loop and httptools' C parser: the router's own cost is per request and per chunk, and
     # uvicorn's pure-Python h11 parser and asyncio's loop were most of it (base dependencies, so never absent)

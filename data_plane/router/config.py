@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 ROUTER_TOKEN_ENV = "LORAPLANE_ROUTER_TOKEN"  # router → control plane (its LORAPLANE_ROUTER_TOKENS)
 ENGINE_API_KEY_ENV = "LORAPLANE_ENGINE_API_KEY"  # router → engines (their --api-key)
 API_KEYS_ENV = "LORAPLANE_API_KEYS"  # clients → router: static keys, comma-separated
+REDIS_URL_ENV = "LORAPLANE_REDIS_URL"  # quota counters and revocations (may hold a password)
 
 
 class RouterConfigError(ValueError):
@@ -47,7 +48,15 @@ class RouterConfig:
     prefix_cache_size: int = 16384  # prompt prefixes remembered (least recently used forgotten)
     affinity_slack: int = 8  # a remembered engine is skipped when it has this many more requests than the least busy
     engine_down_s: float = 2.0  # an engine that refused a connection is tried last for this long
-    max_model_labels: int = 100  # distinct `model` metric labels before "other"
+    max_model_labels: int = 100  # distinct `model` metric labels before "other" (and `tenant` labels)
+    # tenants (issue 14): with require_api_key every client sends a static key (LORAPLANE_API_KEYS) or a
+    # tenant key (lp_…, checked with the control plane), and tenant keys' quotas are counted in Redis
+    require_api_key: bool = False
+    redis_url: str | None = field(default=None, repr=False)  # LORAPLANE_REDIS_URL (may hold a password)
+    redis_prefix: str = "loraplane:"  # of every Redis key and channel: one per fleet sharing a Redis
+    quota_failure: str = "closed"  # Redis unreachable: closed (503) or open (admit, uncounted)
+    key_cache_ttl_s: float = 5.0  # a verified key is checked again after this long: revocation's worst case
+    concurrency_lease_s: float = 900.0  # a concurrent-request slot a crashed router held frees itself after this
     log_level: str = "info"
     log_format: str = "text"
 
@@ -78,6 +87,10 @@ class RouterConfig:
         for name, value in counts.items():
             if value < 1:
                 raise RouterConfigError(f"{name} must be at least 1, got {value}")
+        if self.quota_failure not in ("closed", "open"):
+            raise RouterConfigError(f"--quota-failure must be closed or open, got {self.quota_failure!r}")
+        if not (self.key_cache_ttl_s > 0 and self.concurrency_lease_s > 0):
+            raise RouterConfigError("key_cache_ttl_s and concurrency_lease_s must be positive")
         if self.affinity_slack < 0:
             raise RouterConfigError(f"affinity_slack must not be negative, got {self.affinity_slack}")
 
@@ -103,4 +116,5 @@ def secrets_from_env(env: Mapping[str, str] | None = None) -> dict[str, object]:
         "router_token": read_secret(env, ROUTER_TOKEN_ENV),
         "engine_api_key": read_secret(env, ENGINE_API_KEY_ENV),
         "api_keys": frozenset(k.strip() for k in (keys or "").split(",") if k.strip()),
+        "redis_url": read_secret(env, REDIS_URL_ENV),
     }

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from yarl import URL
 from data_plane.router.balancer import Balancer, Candidate
 from data_plane.router.errors import NoEngineError, UpstreamError
 from data_plane.router.metrics import RouterMetrics
+from data_plane.router.usage import UsageTap
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ class Exchange:
     response: aiohttp.ClientResponse
     sent_at: float
     proxy: Proxy
+    extra_headers: Sequence[tuple[bytes, bytes]] = ()  # e.g. a tenant key's x-ratelimit-* headers
+    tap: UsageTap | None = None  # reads the answer's token usage (tenant keys' quotas)
     _open: bool = field(default=True)
 
     @property
@@ -116,7 +119,7 @@ class Exchange:
     def _headers(self, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
         content_type = self.response.headers.get("Content-Type", "application/json")
         return [(b"content-type", content_type.encode("latin-1")), (ENGINE_HEADER.encode(), self.engine.encode()),
-                *extra]
+                *self.extra_headers, *extra]
 
     async def _whole(self, send: Send) -> None:
         self.first_byte()
@@ -127,6 +130,8 @@ class Exchange:
             logger.warning("engine %s broke off its answer: %s: %s", self.engine, type(exc).__name__, exc)
             raise UpstreamError(f"The engine `{self.engine}` broke off its answer; retry.") from None
         self.close("ok" if self.status < 400 else "error")
+        if self.tap is not None:
+            self.tap.whole(body)
         await send({"type": "http.response.start", "status": self.status,
                     "headers": self._headers((b"content-length", str(len(body)).encode()))})
         await send({"type": "http.response.body", "body": body})
@@ -139,10 +144,12 @@ class Exchange:
                 if first:
                     self.first_byte()
                     first = False
+                if self.tap is not None and not (chunk := self.tap.feed(chunk)):
+                    continue  # held back (a usage event the client did not ask for, or part of one)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = chunk[-2:]
             outcome = "ok" if self.status < 400 else "error"
-            last = b""
+            last = self.tap.flush() if self.tap is not None else b""
         except _UPSTREAM_ERRORS as exc:
             outcome = "error"
             logger.warning("engine %s broke off its stream: %s: %s", self.engine, type(exc).__name__, exc)
@@ -165,10 +172,13 @@ class Proxy:
         self._urls: dict[tuple[str, str], URL] = {}
 
     async def forward(self, candidates: list[Candidate], path: str, body: bytes, model: str, send: Send, *,
-                      kind: str, affinity: int | None) -> None:
+                      kind: str, affinity: int | None, headers: Sequence[tuple[bytes, bytes]] = (),
+                      tap: UsageTap | None = None) -> None:
         """Relay the answer of the first candidate that answers; `kind` (base, adapter) says which affinity
-        the choice is counted for, and the engine that answers is remembered for `affinity` (balancer.py)."""
+        the choice is counted for, and the engine that answers is remembered for `affinity` (balancer.py).
+        `headers` go on the answer; `tap` sees its body as it passes (usage.py)."""
         exchange = await self._open(candidates, path, body, model)
+        exchange.extra_headers, exchange.tap = headers, tap
         if kind == "adapter":
             self.metrics.affinity.labels("hit" if exchange.candidate.residency == "device" else "miss").inc()
         elif affinity is not None:

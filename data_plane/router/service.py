@@ -1,6 +1,7 @@
 """RouterService: one request's way through the router, and the parts it is made of.
 
     client key → body (at most max_request_body_bytes) → parse_head (model, stream, prompt prefix)
+         → [a tenant key: Tenancy.admit (may it use the model? within its quotas?)]
          → Placer.route_for (table, or a placement) → Balancer.order (residency, outstanding, the
          affinity) → Proxy.forward (retries, then the engine's answer relayed to the client)
 
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import msgspec
 from litestar.exceptions import HTTPException
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
@@ -31,11 +33,16 @@ from data_plane.router.balancer import Balancer
 from data_plane.router.config import RouterConfig
 from data_plane.router.demand import DemandReporter, Presence
 from data_plane.router.errors import ClientDisconnected, NoEngineError
+from data_plane.router.keys import OPERATOR, Caller
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
 from data_plane.router.proxy import Proxy, Send, engine_session
-from data_plane.router.request import adapter_key, check_client_key, parse_head, prefix_key
+from data_plane.router.quotas import RateLimited
+from data_plane.router.request import adapter_key, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
+from data_plane.router.tenancy import Tenancy, Ticket
+from data_plane.router.tenant_metrics import TenantMetrics
+from data_plane.router.usage import UsageTap
 from shared.disconnect import until_disconnect
 from shared.errors import LoraplaneError
 
@@ -61,6 +68,7 @@ class RouterService:
                                        Presence(config.name, config.advertise_url, config.presence_interval_s))
         self.proxy = Proxy(self.balancer, self.metrics, engine_api_key=config.engine_api_key,
                            max_attempts=config.max_attempts)
+        self.tenancy = Tenancy(config, self.control_plane, TenantMetrics(self.metrics.registry, config.max_model_labels))
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -70,12 +78,13 @@ class RouterService:
                                             max_connections=config.max_connections)
         await self.refresher.refresh()  # a table before the first request, if the control plane answers
         self._tasks = [asyncio.create_task(self.refresher.run(), name="router:routes"),
-                       asyncio.create_task(self.reporter.run(), name="router:demand")]
+                       asyncio.create_task(self.reporter.run(), name="router:demand"), *await self.tenancy.start()]
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.tenancy.stop()
         if self.proxy.session is not None:
             await self.proxy.session.close()
         await self.control_plane.aclose()
@@ -85,21 +94,40 @@ class RouterService:
         model = ""
         try:
             authorization, length = _headers(scope)
-            check_client_key(authorization, self.config.api_keys)
+            caller = await self.tenancy.caller(authorization)
             body = await _body(receive, length, self.config.max_request_body_bytes)
             head = parse_head(body)
             model = head.model
-            work = self._route(scope["path"], body, head.model, prefix_key(head, self.config.prefix_chars), send)
+            prefix = prefix_key(head, self.config.prefix_chars)
+            if caller.tenant is None:  # an operator's static key, or an open router
+                work = self._route(scope["path"], body, head.model, prefix, send)
+            else:
+                route = self.table.route(head.model)
+                ticket = await self.tenancy.admit(caller, head.model, route is not None and route.kind == "base",
+                                                  body, head.stream)
+                work = self._route_ticket(ticket, scope["path"], head.model, prefix, send)
             await until_disconnect(receive, work, _gone)
         except ClientDisconnected:
             return  # nobody reads an answer now; the engine's request (if any) was aborted and counted
+        except RateLimited as exc:
+            self.metrics.request(model, "", "rejected")
+            await _send_rate_limited(exc, send)
         except (LoraplaneError, HTTPException) as exc:
             status = exc.status_code
             if not isinstance(exc, NoEngineError):  # counted where it happens
                 self.metrics.request(model if status != 404 else "", "", "not_found" if status == 404 else "rejected")
             raise
 
-    async def _route(self, path: str, body: bytes, model: str, prefix: int | None, send: Send) -> None:
+    async def _route_ticket(self, ticket: Ticket, path: str, model: str, prefix: int | None, send: Send) -> None:
+        outcome = "error"
+        try:
+            await self._route(path, ticket.body, model, prefix, send, headers=ticket.headers, tap=ticket.tap)
+            outcome = "ok"
+        finally:
+            self.tenancy.settle(ticket, outcome)
+
+    async def _route(self, path: str, body: bytes, model: str, prefix: int | None, send: Send, *,
+                     headers: list[tuple[bytes, bytes]] | None = None, tap: UsageTap | None = None) -> None:
         route = await self.placer.route_for(model)
         # an adapter's requests go where it was last served (it is likely still in a device slot there),
         # whatever their prompts; base-model ones where their prompt prefix was
@@ -108,13 +136,16 @@ class RouterService:
         if not candidates:
             self.metrics.request(model, "", "unavailable")
             raise NoEngineError(f"No engine holding `{model}` is available now; retry later.")
-        await self.proxy.forward(candidates, path, body, model, send, kind=route.kind, affinity=affinity)
+        await self.proxy.forward(candidates, path, body, model, send, kind=route.kind, affinity=affinity,
+                                 headers=headers or (), tap=tap)
 
-    def cards(self) -> list[dict[str, Any]]:
-        """GET /v1/models: the fleet's base models and active adapters, as the table lists them."""
+    def cards(self, caller: Caller = OPERATOR) -> list[dict[str, Any]]:
+        """GET /v1/models: the fleet's base models and active adapters, as the table lists them; for a
+        tenant key, those it may use."""
         return [{"id": m.model, "object": "model", "created": 0, "owned_by": "loraplane", "root": m.model,
                  "parent": None if m.kind == "base" else m.base_model}
-                for m in sorted(self.table.models.values(), key=lambda m: (m.kind != "base", m.model))]
+                for m in sorted(self.table.models.values(), key=lambda m: (m.kind != "base", m.model))
+                if self.tenancy.may_use(caller, m.model, m.kind == "base")]
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """200 ok; 200 degraded once the table is stale (routing goes on by it); 503 before any table."""
@@ -128,7 +159,23 @@ class RouterService:
         if status == "degraded":
             body["reason"] = (f"the control plane has not confirmed the routing table for {age:.0f}s; "
                               "routing by the last one")
+        tenancy, why = self.tenancy.health(), self.tenancy.degraded()
+        if tenancy is not None:
+            body["tenancy"] = tenancy
+        if why is not None:
+            body["status"] = "degraded"
+            body["reason"] = "; ".join(filter(None, [body.get("reason"), why]))
         return 200, body
+
+
+async def _send_rate_limited(exc: RateLimited, send: Send) -> None:
+    """429 in OpenAI's shape with Retry-After and the x-ratelimit headers (answered here: the app's error
+    handlers know no headers)."""
+    body = msgspec.json.encode(exc.to_body())
+    await send({"type": "http.response.start", "status": 429, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(max(1, round(exc.retry_after_s))).encode()), *exc.headers]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _gone() -> ClientDisconnected:

@@ -24,7 +24,8 @@ def test_secrets_from_the_environment_or_files(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("k1, k2,\n")
     env = {"LORAPLANE_ROUTER_TOKEN": "rt", "LORAPLANE_API_KEYS_FILE": str(keys)}
-    assert secrets_from_env(env) == {"router_token": "rt", "engine_api_key": None, "api_keys": frozenset({"k1", "k2"})}
+    assert secrets_from_env(env) == {"router_token": "rt", "engine_api_key": None, "api_keys": frozenset({"k1", "k2"}),
+                                     "redis_url": None}
     assert secrets_from_env({})["api_keys"] == frozenset()  # no keys: an open router
     with pytest.raises(RouterConfigError, match="LORAPLANE_ENGINE_API_KEY_FILE"):
         secrets_from_env({"LORAPLANE_ENGINE_API_KEY_FILE": str(tmp_path / "missing")})
@@ -33,5 +34,7 @@ def test_secrets_from_the_environment_or_files(tmp_path: Path) -> None:
 
 
 def test_no_flag_takes_a_secret() -> None:
-    flags = {option for action in _parser()._actions for option in action.option_strings}
-    assert not any(word in flag for flag in flags for word in ("token", "key"))
+    # a flag may name keys (--require-api-key, --key-cache-ttl-s) but not take one: no string value
+    flags = {option for action in _parser()._actions for option in action.option_strings
+             if action.nargs != 0 and action.type in (None, str)}
+    assert not any(word in flag for flag in flags for word in ("token", "key", "redis-url"))

@@ -1,0 +1,125 @@
+"""Tenants at the router (--require-api-key): one object for the service to ask, per request,
+
+    caller(authorization)            who it is (keys.py): an operator's static key, or a tenant key
+    admit(caller, model, is_base, body, stream) → Ticket
+                                     404 unless the key may use `model` (access.py); 429 past a quota,
+                                     503 (or an uncounted admission) when Redis is down (quotas.py);
+                                     the ticket holds the body to send (asking a stream for its usage),
+                                     the x-ratelimit headers and the tap that reads the usage
+    settle(ticket, outcome)          the tokens the engine counted, against the reservation; the
+                                     concurrency lease freed (in a task of its own: off the answer's path)
+
+and what runs beside the requests: the access table's refresh, Redis pings, the revocation listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from data_plane.router.access import AdapterAccessTable
+from data_plane.router.config import RouterConfig
+from data_plane.router.errors import model_not_found
+from data_plane.router.keys import Caller, KeyVerifier, RevocationListener
+from data_plane.router.quotas import Admission, QuotaStore, QuotaUnavailable, RateLimited
+from data_plane.router.tenant_metrics import TenantMetrics
+from data_plane.router.usage import UsageTap, ask_for_usage, reservation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Ticket:
+    """One admitted request of a tenant key, until it is settled."""
+
+    admission: Admission
+    body: bytes
+    tap: UsageTap
+    label: str  # the tenant's metric label
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+class Tenancy:
+    def __init__(self, config: RouterConfig, control_plane: httpx.AsyncClient, metrics: TenantMetrics) -> None:
+        self.required = config.require_api_key
+        self.metrics = metrics
+        self.keys = KeyVerifier(control_plane, config.api_keys, required=config.require_api_key,
+                                ttl_s=config.key_cache_ttl_s)
+        self.access = AdapterAccessTable(control_plane, config.refresh_interval_s)
+        self.quotas = QuotaStore(config.redis_url if config.require_api_key else None, config.redis_prefix,
+                                 failure=config.quota_failure, lease_s=config.concurrency_lease_s)
+        self.revocations = RevocationListener(config.redis_url if config.require_api_key else None,
+                                              config.redis_prefix, self.keys)
+        self._settling: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> list[asyncio.Task[None]]:
+        if not self.required:
+            return []
+        await self.access.refresh()
+        return [asyncio.create_task(self.access.run(), name="router:access"),
+                asyncio.create_task(self.quotas.run(), name="router:redis-ping"),
+                asyncio.create_task(self.revocations.run(), name="router:revocations")]
+
+    async def stop(self) -> None:
+        await asyncio.gather(*self._settling, return_exceptions=True)
+        await self.quotas.aclose()
+
+    async def caller(self, authorization: str | None) -> Caller:
+        return await self.keys.caller(authorization)
+
+    def may_use(self, caller: Caller, model: str, is_base: bool) -> bool:
+        return caller.tenant is None or self.access.may_use(caller.tenant, model, is_base)
+
+    async def admit(self, caller: Caller, model: str, is_base: bool, body: bytes, stream: bool) -> Ticket:
+        assert caller.tenant is not None
+        label = self.metrics.label(caller.tenant)
+        if not self.may_use(caller, model, is_base):
+            self.metrics.requests.labels(label, "not_found").inc()
+            raise model_not_found(model)  # word for word an unknown model's 404: nothing leaks
+        reserved, asked = reservation(body)
+        try:
+            admission = await self.quotas.admit(caller.tenant, caller.key_id, caller.tenant_limits, caller.limits,
+                                                reserved)
+        except RateLimited as exc:
+            self.metrics.requests.labels(label, "rate_limited").inc()
+            self.metrics.rate_limited.labels(label, exc.error_type).inc()
+            raise
+        except QuotaUnavailable:
+            self.metrics.requests.labels(label, "unavailable").inc()
+            self.metrics.quota_failures.labels("refused").inc()
+            raise
+        if self.quotas.reachable is False and not admission.counted:
+            self.metrics.quota_failures.labels("admitted").inc()
+        if stream and not asked:
+            body = ask_for_usage(body)
+        return Ticket(admission, body, UsageTap(strip=stream and not asked), label, admission.headers)
+
+    def settle(self, ticket: Ticket, outcome: str) -> None:
+        """Count the request and its tokens, and settle its quota in a task of its own."""
+        self.metrics.requests.labels(ticket.label, outcome).inc()
+        usage = ticket.tap.usage
+        if usage is not None:
+            self.metrics.tokens.labels(ticket.label, "prompt").inc(usage.prompt_tokens)
+            self.metrics.tokens.labels(ticket.label, "completion").inc(usage.completion_tokens)
+        if ticket.admission.counted:
+            used = usage.total_tokens if usage is not None else None
+            task = asyncio.create_task(self.quotas.settle(ticket.admission, used))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+
+    def health(self) -> dict[str, Any] | None:
+        if not self.required:
+            return None
+        return {"require_api_key": True, "quotas": self.quotas.health(),
+                "revocations": "subscribed" if self.revocations.subscribed.is_set() else "not subscribed"}
+
+    def degraded(self) -> str | None:
+        """Why /health says degraded, when tenancy is the reason."""
+        if self.required and self.quotas.reachable is False:
+            what = "refused (503)" if self.quotas.failure == "closed" else "admitted uncounted"
+            return f"Redis is unreachable: requests of tenant keys with quotas are {what}"
+        return None

@@ -1,0 +1,255 @@
+"""Tenants end to end over loopback (issue 14 §3): `loraplane control` (SQLite) publishing to the real Redis
+at 127.0.0.1:6379, one real engine registered with it, and routers with --require-api-key in front: in a
+thread of this process (serve_router) or, where two replicas must share a quota, as processes of their own.
+
+Two tenants with a private adapter each and one public adapter: each key lists and uses exactly what it may
+through the official openai client (another tenant's adapter is the 404 of a model that does not exist);
+a revoked key stops within the bound (at once through Redis; within the key cache TTL without it); two
+router processes share one requests-per-minute quota (their admissions add up to it, never more);
+Redis unreachable (a closed port) fails closed or open as configured and /health says so; no secret is
+in any process's log, in an answer but its creation's, or in the audit trail.
+
+Every test uses its own Redis key prefix and deletes its keys.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.lora.demo_adapters import write_demo_adapters
+from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine
+from tests.data_plane.router.support import serve_router, wait_until
+from tests.e2e.test_control_plane_engines import (
+    ADMIN,
+    CP_TOKENS,
+    ENGINE_TOKEN,
+    _free_port,
+    control_plane,
+    started,
+)
+
+openai = pytest.importorskip("openai")
+
+ROUTER_TOKEN = "router-token-for-tests"  # tests.data_plane.router.support's, which serve_router sends
+REDIS_URL = "redis://127.0.0.1:6379/0"
+ONE_TOKEN = {"prompt": "The quick brown fox", "max_tokens": 1, "temperature": 0}
+
+
+@dataclass
+class Fleet:
+    cp: str
+    prefix: str
+    admin: httpx.Client
+    logs: list[Path]
+    keys: dict[str, str]  # tenant -> an inference key
+    secrets: list[str]  # every key made, to look for in logs
+
+    def make_key(self, tenant: str, **limits: int) -> str:
+        r = self.admin.post(f"{self.cp}/v1/tenants/{tenant}/keys", json={"name": "test", "limits": limits})
+        assert r.status_code == 201, r.text
+        self.secrets.append(r.json()["key"])
+        return r.json()["key"]
+
+    def make_tenant(self, name: str, **limits: int) -> str:
+        r = self.admin.post(f"{self.cp}/v1/tenants", json={"name": name, "limits": limits})
+        assert r.status_code == 201, r.text
+        return self.make_key(name)
+
+
+def redis_ok() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    if not redis_ok():
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    tmp = tmp_path_factory.mktemp("tenants")
+    base = tmp / "models" / "demo"
+    write_demo_model(base, seed=0)
+    root = tmp / "adapters"
+    paths = write_demo_adapters(base, root)
+    prefix = f"lptest:{uuid.uuid4().hex[:8]}:"
+    admin = httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120)
+    with contextlib.ExitStack() as stack:
+        cp = stack.enter_context(control_plane(tmp, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN,
+                                               LORAPLANE_REDIS_URL=REDIS_URL, LORAPLANE_REDIS_PREFIX=prefix,
+                                               LORAPLANE_LOG_LEVEL="info"))
+        engine_log = tmp / "e1.log"
+        stack.enter_context(run_engine(base, engine_log, "--enable-lora", "--lora-roots", str(root), "--admin-token",
+                                       ENGINE_TOKEN, "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS,
+                                       "--heartbeat-interval-s", "0.5",
+                                       env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
+        wait_until(lambda: any(e["state"] == "healthy" for e in admin.get(cp + "/v1/engines").json()["data"]),
+                   "the engine to register")
+        fleet = Fleet(cp, prefix, admin, [tmp / "control.log", engine_log], {}, [])
+        for tenant in ("team-a", "team-b"):
+            fleet.keys[tenant] = fleet.make_tenant(tenant)
+        owners = {"demo-pirate": "team-a", "demo-poet": "team-b", "demo-short": None}
+        for name, owner in owners.items():
+            r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(paths[name]),
+                                                               "base_model": "demo"})
+            assert r.status_code == 200, r.text
+            r = admin.put(f"{cp}/v1/tenancy/adapters/{name}", json={"owner": owner, "public": owner is None})
+            assert r.status_code == 200, r.text
+        yield fleet
+    client = redis.Redis.from_url(REDIS_URL)
+    leftover = list(client.scan_iter(prefix + "*"))
+    if leftover:
+        client.delete(*leftover)
+
+
+def client_of(router: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=router + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def tenant_router(fleet: Fleet, **config: object) -> contextlib.AbstractContextManager:
+    settings = {"require_api_key": True, "redis_url": REDIS_URL, "redis_prefix": fleet.prefix, **config}
+    return serve_router(fleet.cp, **settings)
+
+
+def test_each_key_sees_and_uses_exactly_what_it_may(fleet: Fleet) -> None:
+    mine = {"team-a": "demo-pirate", "team-b": "demo-poet"}
+    with tenant_router(fleet, api_keys=frozenset({"operator-static-key"})) as router:
+        wait_until(lambda: len(router.service.tenancy.access.adapters) == 3, "the access table")
+        for tenant, key in fleet.keys.items():
+            client = client_of(router.url, key)
+            assert {m.id for m in client.models.list()} == {"demo", mine[tenant], "demo-short"}
+            for model in ("demo", mine[tenant], "demo-short"):
+                text = client.completions.create(model=model, prompt="Hello", max_tokens=4, temperature=0)
+                assert text.choices[0].text is not None
+            other = next(m for t, m in mine.items() if t != tenant)
+            with pytest.raises(openai.NotFoundError) as hidden:
+                client.completions.create(model=other, prompt="Hello", max_tokens=4)
+            with pytest.raises(openai.NotFoundError) as absent:
+                client.completions.create(model="no-such-adapter", prompt="Hello", max_tokens=4)
+            # word for word the answer for a model that does not exist: a private adapter's name does not leak
+            assert hidden.value.body["message"].replace(other, "X") == absent.value.body["message"].replace(
+                "no-such-adapter", "X")
+            with pytest.raises(openai.NotFoundError):
+                client.models.retrieve(other)
+            # a stream the client did not ask usage of has none (the router asked the engine for it)
+            chunks = list(client.chat.completions.create(model=mine[tenant], messages=[{"role": "user", "content": "hi"}],
+                                                         max_tokens=4, stream=True))
+            assert chunks and all(c.choices for c in chunks) and all(c.usage is None for c in chunks)
+            asked = list(client.completions.create(model=mine[tenant], prompt="hi", max_tokens=3, stream=True,
+                                                   stream_options={"include_usage": True}))
+            assert asked[-1].usage is not None and not asked[-1].choices
+        # an operator's static key: everything; no key, another fleet's key: 401
+        operator = client_of(router.url, "operator-static-key")
+        assert {m.id for m in operator.models.list()} >= {"demo", "demo-pirate", "demo-poet", "demo-short"}
+        for key in ("", "lp_0123456789ab_" + "x" * 43, "not-a-key"):
+            r = httpx.post(router.api + "/completions", json={"model": "demo", **ONE_TOKEN},
+                           headers={"Authorization": f"Bearer {key}"} if key else {})
+            assert r.status_code == 401, r.text
+        body = httpx.get(router.url + "/health").json()
+        assert body["tenancy"]["quotas"]["redis"] in ("ok", "unknown") and body["status"] == "ok"
+
+
+def test_a_revoked_key_stops_within_the_bound(fleet: Fleet) -> None:
+    for through_redis in (True, False):
+        key = fleet.make_key("team-a")
+        key_id = key.split("_")[1]
+        # through Redis the message alone can stop it in time (a TTL of a minute); without, the TTL (1 s)
+        config: dict[str, object] = {"key_cache_ttl_s": 60.0 if through_redis else 1.0}
+        if not through_redis:
+            config["redis_url"] = None
+        with tenant_router(fleet, **config) as router:
+            def works(key: str = key) -> bool:
+                r = httpx.post(router.api + "/completions", json={"model": "demo", **ONE_TOKEN},
+                               headers={"Authorization": f"Bearer {key}"}, timeout=60)
+                assert r.status_code in (200, 401), r.text
+                return r.status_code == 200
+
+            if through_redis:
+                wait_until(router.service.tenancy.revocations.subscribed.is_set, "the revocation subscription")
+            assert works()
+            r = fleet.admin.delete(f"{fleet.cp}/v1/tenants/team-a/keys/{key_id}")
+            assert r.status_code == 200, r.text
+            wait_until(lambda: not works(), "the revoked key to stop", timeout_s=5.0)  # the stated bound
+            r = httpx.get(router.api + "/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
+
+
+def test_two_router_processes_share_one_quota(fleet: Fleet, tmp_path: Path) -> None:
+    quota = 6
+    key = fleet.make_tenant("team-q", requests_per_minute=quota)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
+           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL}
+    routers = []
+    with contextlib.ExitStack() as stack:
+        for i in range(2):
+            port, log = _free_port(), tmp_path / f"router-{i}.log"
+            url = f"http://127.0.0.1:{port}"
+            fleet.logs.append(log)
+            stack.enter_context(started(
+                [sys.executable, "-m", "shared.cli", "router", "--control-plane", fleet.cp, "--port", str(port),
+                 "--require-api-key", "--redis-prefix", fleet.prefix, "--log-level", "debug"], log, env,
+                lambda u=url: httpx.get(u + "/health", timeout=2).json()["routing_table"]["engines"] == 1,
+                f"router {i}"))
+            routers.append(url)
+
+        def send(i: int) -> httpx.Response:
+            return httpx.post(routers[i % 2] + "/v1/completions", json={"model": "demo-short", **ONE_TOKEN},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(send, range(2 * quota + 4)))
+        statuses = [r.status_code for r in answers]
+        assert set(statuses) <= {200, 429}, [r.text for r in answers if r.status_code not in (200, 429)]
+        # the bucket refills at quota/60 per second: at most one more for each 10 s the burst took
+        assert statuses.count(200) == quota, statuses
+        assert {r.headers["x-ratelimit-limit-requests"] for r in answers} == {str(quota)}
+        refused = next(r for r in answers if r.status_code == 429)
+        error = refused.json()["error"]
+        assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+        assert int(refused.headers["retry-after"]) >= 1 and refused.headers["x-ratelimit-remaining-requests"] == "0"
+        with pytest.raises(openai.RateLimitError):
+            client_of(routers[0], key).completions.create(model="demo", prompt="x", max_tokens=1)
+        metrics = httpx.get(routers[0] + "/metrics").text
+        assert 'loraplane_router_tenant_rate_limited_total{limit="requests",tenant="team-q"}' in metrics
+
+
+def test_redis_unreachable_fails_as_configured_and_health_says_so(fleet: Fleet) -> None:
+    quota_key = fleet.make_tenant("team-r", requests_per_minute=1000)
+    free_key = fleet.keys["team-a"]  # no quota: Redis is not needed for it
+    closed = f"redis://127.0.0.1:{_free_port()}/0"  # nothing listens there
+    for failure, quota_status in (("closed", 503), ("open", 200)):
+        with tenant_router(fleet, redis_url=closed, quota_failure=failure) as router:
+            wait_until(lambda: router.service.tenancy.quotas.reachable is False, "the first ping to fail")
+            health = httpx.get(router.url + "/health").json()
+            assert health["status"] == "degraded" and "Redis is unreachable" in health["reason"]
+            assert health["tenancy"]["quotas"] == {"redis": "unreachable", "on_failure": failure,
+                                                   "error": "ConnectionError"}
+            for key, expected in ((quota_key, quota_status), (free_key, 200)):
+                r = httpx.post(router.api + "/completions", json={"model": "demo", **ONE_TOKEN},
+                               headers={"Authorization": f"Bearer {key}"}, timeout=60)
+                assert r.status_code == expected, (failure, r.text)
+
+
+def test_no_secret_in_logs_answers_or_the_audit_trail(fleet: Fleet) -> None:
+    """Runs last in this module: it reads every log the other tests left."""
+    assert fleet.secrets
+    keys = fleet.admin.get(f"{fleet.cp}/v1/tenants/team-a/keys").text
+    audit = fleet.admin.get(f"{fleet.cp}/v1/audit", params={"limit": 500}).text
+    logs = "".join(path.read_text() for path in fleet.logs if path.exists())
+    assert "create_api_key" in audit and len(logs) > 0
+    for key in fleet.secrets:
+        secret = key.split("_", 2)[2]
+        for where, text in (("key listing", keys), ("audit trail", audit), ("logs", logs)):
+            assert secret not in text, where
