@@ -1,8 +1,11 @@
 """Engine vs transformers `generate` on the same batch, in the same process: output tokens/s and ratio.
 
-    .venv/bin/python bench/throughput.py [--model DIR] [--batch-sizes 16 32] [--prompt-len 128] [--output-len 128]
+    .venv/bin/python bench/throughput.py [--model DIR | --shape 512,1408,6,8,2,384] [--batch-sizes 16 32]
+        [--prompt-len 128] [--output-len 128]
 
-Without --model a demo-size model is generated in a temporary directory. Prints one JSON object.
+Without --model a demo model is generated in a temporary directory: the demo shape, or --shape
+(hidden,intermediate,layers,heads,kv_heads,vocab; issue 13's model is 512,1408,6,8,2,384).
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from data_plane.config import EngineConfig
-from data_plane.demo.model_builder import write_demo_model
+from data_plane.demo.model_builder import DemoModelShape, write_demo_model
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
@@ -57,6 +60,7 @@ def run_transformers(model, prompts: list[list[int]], output_len: int) -> tuple[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path)
+    parser.add_argument("--shape", help="hidden,intermediate,layers,heads,kv_heads,vocab of the generated model")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -70,7 +74,12 @@ def main() -> int:
     if args.model is None:
         tmp = tempfile.TemporaryDirectory()
         args.model = Path(tmp.name) / "demo"
-        write_demo_model(args.model, seed=args.seed)
+        if args.shape:
+            hidden, intermediate, layers, heads, kv_heads, vocab = (int(x) for x in args.shape.split(","))
+            shape = DemoModelShape(layers, hidden, heads, kv_heads, intermediate)
+            write_demo_model(args.model, seed=args.seed, shape=shape, vocab_size=vocab)
+        else:
+            write_demo_model(args.model, seed=args.seed)
     engine = LLMEngine.from_config(EngineConfig(model=str(args.model), device="cpu", max_num_seqs=max(args.batch_sizes)))
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None  # both sides generate exactly output_len tokens
@@ -107,7 +116,7 @@ def main() -> int:
         })
     print(json.dumps({
         "benchmark": "throughput",
-        "model": str(args.model) if tmp is None else "demo (generated)",
+        "model": str(args.model) if tmp is None else f"demo (generated{', shape ' + args.shape if args.shape else ''})",
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
         "prompt_len": args.prompt_len,
