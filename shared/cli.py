@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engines": ("control_plane.admin_cli.engines", "list, drain, remove engines"),
     "stats": ("control_plane.admin_cli.stats", "per-adapter figures across the engines (--watch to follow)"),
     "audit": ("control_plane.admin_cli.audit", "the audit trail of admin calls, newest first"),
+    "tenants": ("control_plane.admin_cli.tenants", "tenants, their API keys and quotas; move adapters between them"),
 }
 # Commands that run the engine (or write a torch checkpoint): they need `pip install 'loraplane[engine]'`.
 NEEDS_ENGINE = frozenset({"engine", "up", "demo-model"})

@@ -1,0 +1,129 @@
+"""`loraplane tenants list|show|create|set-limits|keys|create-key|revoke-key|move`: tenants, their API
+keys and quotas, and which tenant owns an adapter. A key's secret is printed once, by create-key."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import click
+
+from control_plane.admin_cli import render
+from control_plane.admin_cli.options import Session, connected, run
+
+_LIMITS = (("requests_per_minute", "--rpm", "requests per minute"),
+           ("tokens_per_minute", "--tpm", "tokens per minute (prompt + generated)"),
+           ("concurrent_requests", "--concurrent", "requests in flight at once"))
+
+
+def limit_options(command):  # noqa: ANN001, ANN201 (a click decorator)
+    for field, flag, what in reversed(_LIMITS):
+        command = click.option(flag, field, type=click.IntRange(min=1), help=f"{what} (left out: unlimited)")(command)
+    return command
+
+
+def _limits(values: dict) -> dict:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _show_limits(limits: dict) -> str:
+    shown = [f"{k.replace('_', ' ')} {v}" for k, v in limits.items() if v is not None]
+    return ", ".join(shown) or "unlimited"
+
+
+@click.group(help="Tenants, their API keys and quotas: list, show, create, set-limits, keys, create-key, "
+                  "revoke-key, move (an adapter to a tenant).")
+def tenants() -> None:
+    pass
+
+
+@tenants.command("list")
+@connected
+def list_(session: Session) -> int:
+    """Every tenant with its quotas, adapters owned and keys not revoked."""
+    return session.finish(session.api.get("/v1/tenants"), lambda body: render.show(render.table(
+        ("NAME", "DISPLAY NAME", "ADAPTERS", "KEYS", "LIMITS"),
+        [(t["name"], t["display_name"], t["adapters"], t["keys"], _show_limits(t["limits"])) for t in body["data"]])))
+
+
+@tenants.command()
+@click.argument("name")
+@click.option("--display-name", default="")
+@click.option("--adapters", type=click.IntRange(min=1), help="adapters it may own (left out: unlimited)")
+@limit_options
+@connected
+def create(session: Session, name: str, display_name: str, adapters: int | None, **limits: int | None) -> int:
+    """Create tenant NAME with its quotas."""
+    body = {"name": name, "display_name": display_name, "limits": _limits({**limits, "adapters": adapters})}
+    return session.finish(session.api.call("POST", "/v1/tenants", json=body),
+                          lambda t: render.show(f"created tenant {t['name']}: {_show_limits(t['limits'])}"))
+
+
+@tenants.command("set-limits")
+@click.argument("name")
+@click.option("--adapters", type=click.IntRange(min=1), help="adapters it may own (left out: unlimited)")
+@limit_options
+@connected
+def set_limits(session: Session, name: str, adapters: int | None, **limits: int | None) -> int:
+    """Replace NAME's quotas (each one left out becomes unlimited)."""
+    body = {"limits": _limits({**limits, "adapters": adapters})}
+    return session.finish(session.api.call("PATCH", f"/v1/tenants/{quote(name, safe='')}", json=body),
+                          lambda t: render.show(f"{t['name']}: {_show_limits(t['limits'])}"))
+
+
+@tenants.command()
+@click.argument("name")
+@connected
+def keys(session: Session, name: str) -> int:
+    """NAME's keys (ids, never secrets)."""
+    return session.finish(session.api.get(f"/v1/tenants/{quote(name, safe='')}/keys"), lambda body: render.show(
+        render.table(("KEY ID", "NAME", "SCOPES", "LIMITS", "EXPIRES", "LAST USED", "REVOKED"),
+                     [(k["key_id"], k["name"], " ".join(k["scopes"]), _show_limits(k["limits"]),
+                       render.when(k["expires_at"]), render.when(k["last_used_at"]), render.when(k["revoked_at"]))
+                      for k in body["data"]])))
+
+
+@tenants.command("create-key")
+@click.argument("tenant")
+@click.option("--name", "key_name", required=True, help="what the key is for")
+@click.option("--scope", "scopes", multiple=True, default=("inference",), show_default=True,
+              help="inference and/or admin:<tenant>; repeat for several")
+@click.option("--expires-at", help="RFC 3339 time with its offset, e.g. 2027-01-01T00:00:00Z")
+@limit_options
+@connected
+def create_key(session: Session, tenant: str, key_name: str, scopes: tuple[str, ...], expires_at: str | None,
+               **limits: int | None) -> int:
+    """Create a key for TENANT; the key is printed this once and never shown again."""
+    body: dict = {"name": key_name, "scopes": list(scopes), "limits": _limits(limits)}
+    if expires_at:
+        body["expires_at"] = expires_at
+    reply = session.api.call("POST", f"/v1/tenants/{quote(tenant, safe='')}/keys", json=body)
+    return session.finish(reply, lambda b: render.show(
+        f"key {b['api_key']['key_id']} of {tenant} ({' '.join(b['api_key']['scopes'])}):\n{b['key']}\n"
+        "(shown once: store it now)"))
+
+
+@tenants.command("revoke-key")
+@click.argument("tenant")
+@click.argument("key_id")
+@connected
+def revoke_key(session: Session, tenant: str, key_id: str) -> int:
+    """Revoke TENANT's key KEY_ID (routers refuse it within 5 s)."""
+    reply = session.api.call("DELETE", f"/v1/tenants/{quote(tenant, safe='')}/keys/{quote(key_id, safe='')}")
+    return session.finish(reply, lambda k: render.show(f"revoked {k['key_id']}"))
+
+
+@tenants.command()
+@click.argument("adapter")
+@click.argument("tenant", required=False)
+@click.option("--public/--private", default=False, help="whether every tenant may use it")
+@connected
+def move(session: Session, adapter: str, tenant: str | None, public: bool) -> int:
+    """Give ADAPTER to TENANT (left out: to nobody), public or private."""
+    reply = session.api.call("PUT", f"/v1/tenancy/adapters/{quote(adapter, safe='/')}",
+                             json={"owner": tenant, "public": public})
+    return session.finish(reply, lambda a: render.show(
+        f"{a['name']}: owner {a['owner'] or 'nobody'}, {'public' if a['public'] else 'private'}"))
+
+
+def main(argv: list[str]) -> int:
+    return run(tenants, argv, "loraplane tenants")

@@ -1,0 +1,55 @@
+"""`loraplane tenants …` as an operator runs it (a subprocess, URL and token in the environment) against a
+real `loraplane control` process: create a tenant with quotas, create a key (printed once), list keys
+(ids only), set limits, move an adapter to the tenant and make it public, revoke the key; a read token's
+create is exit code 2 with the server's 403."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from data_plane.demo.model_builder import write_demo_model
+from data_plane.lora.demo_adapters import write_demo_adapters
+from shared.tenants import split_key
+from tests.data_plane.api.conftest import REPO_ROOT
+from tests.e2e.test_control_plane_engines import ADMIN, READ, control_plane
+
+
+def test_tenants_commands(tmp_path: Path) -> None:
+    base = tmp_path / "models" / "demo"
+    write_demo_model(base, seed=0)
+    root = tmp_path / "adapters"
+    adapters = write_demo_adapters(base, root)
+    with control_plane(tmp_path, root) as url:
+        def cli(*argv: str, token: str = ADMIN) -> subprocess.CompletedProcess[str]:
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")},
+                   "LORAPLANE_URL": url, "LORAPLANE_TOKEN": token, "LORAPLANE_CONFIG": str(tmp_path / "none.toml")}
+            return subprocess.run([sys.executable, "-m", "shared.cli", "tenants", *argv], capture_output=True,
+                                  text=True, env=env, cwd=REPO_ROOT, timeout=60)
+
+        made = cli("create", "team-a", "--display-name", "Team A", "--rpm", "60", "--adapters", "3")
+        assert made.returncode == 0 and "requests per minute 60" in made.stdout, made.stderr
+        refused = cli("create", "team-b", token=READ)
+        assert refused.returncode == 2 and "403" in refused.stderr
+        key = cli("create-key", "team-a", "--name", "ci", "--scope", "inference", "--tpm", "1000")
+        assert key.returncode == 0, key.stderr
+        secret_line = next(line for line in key.stdout.splitlines() if line.startswith("lp_"))
+        key_id, secret = split_key(secret_line.strip())
+        listed = cli("keys", "team-a")
+        assert key_id in listed.stdout and secret not in listed.stdout
+        assert cli("set-limits", "team-a", "--tpm", "5000").returncode == 0
+        r = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "demo-poet", "lora_path": str(
+            adapters["demo-poet"]), "base_model": "demo"}, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        moved = cli("move", "demo-poet", "team-a", "--public")
+        assert moved.returncode == 0 and "owner team-a, public" in moved.stdout, moved.stderr
+        listing = cli("list")
+        assert "team-a" in listing.stdout and "tokens per minute 5000" in listing.stdout
+        assert cli("revoke-key", "team-a", key_id).returncode == 0
+        keys = httpx.get(url + "/v1/tenants/team-a/keys", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+        assert [k["revoked_at"] is not None for k in keys["data"]] == [True]
+        assert cli("revoke-key", "team-a", "000000000000").returncode == 2
