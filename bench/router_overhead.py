@@ -10,7 +10,11 @@ request by request (1-token) or run by run (streams), so that both see the same 
 - p50 of a 1-token non-streaming completion of the adapter, via the router and direct; the overhead is
   their difference (target ≤ 2 ms);
 - output tokens/s of --streams concurrent streams of --stream-tokens tokens, via the router over direct
-  (target ≥ 0.95).
+  (target ≥ 0.95);
+- tenant keys (issue 14 §4): a second router with --require-api-key and Redis (127.0.0.1:6379, a prefix of
+  its own, deleted at the end) serves a tenant key whose tenant and key have requests, tokens and
+  concurrency quotas (large enough never to refuse); the p50 of 1-token completions through it and
+  through the plain router, alternated request by request: what key checks and quotas add (target ≤ 1 ms).
 
 Prints one JSON object; figures are medians over the repeats with [min, max].
 """
@@ -31,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import redis
 from stack import free_port, process  # bench/stack.py: run as `python bench/router_overhead.py`
 
 from data_plane.demo.model_builder import write_demo_model
@@ -38,6 +43,7 @@ from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
 ENGINE = "bench-engine"
+REDIS_URL = "redis://127.0.0.1:6379/0"
 ADAPTER = "a00"
 ENGINE_FLAGS = ("--device", "cpu", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--max-model-len",
                 "512", "--num-kv-blocks", "512", "--log-level", "warning")
@@ -53,15 +59,18 @@ def cli(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def running(tmp: Path) -> Iterator[tuple[str, str]]:
-    """Control plane, engine (the adapter loaded through the control plane) and router; yields (router, engine)."""
+def running(tmp: Path) -> Iterator[tuple[str, str, str, str]]:
+    """Control plane, engine (the adapter loaded through the control plane), the router, and a router with
+    --require-api-key; yields (router, engine, tenant router, tenant key)."""
     base = tmp / "base"
     write_demo_model(base, seed=0)
     adapter = write_lora_adapter(base, tmp / "adapters" / ADAPTER,
                                  DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES), seed=100)
     admin, router_token, engine_admin, engine_cp = (secrets.token_urlsafe(16) for _ in range(4))
-    cp, engine, router = (f"http://127.0.0.1:{free_port()}" for _ in range(3))
-    cp_env = {**os.environ, "LORAPLANE_ADMIN_TOKENS": admin, "LORAPLANE_ROUTER_TOKENS": router_token,
+    cp, engine, router, tenant_router = (f"http://127.0.0.1:{free_port()}" for _ in range(4))
+    prefix = f"lpbench:{secrets.token_hex(4)}:"
+    cp_env = {**os.environ, "LORAPLANE_REDIS_URL": REDIS_URL, "LORAPLANE_REDIS_PREFIX": prefix,
+              "LORAPLANE_ADMIN_TOKENS": admin, "LORAPLANE_ROUTER_TOKENS": router_token,
               "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE}={engine_cp}",
               "LORAPLANE_DATABASE_URL": f"sqlite:///{tmp / 'cp.db'}", "LORAPLANE_LOG_LEVEL": "warning"}
     engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
@@ -82,36 +91,54 @@ def running(tmp: Path) -> Iterator[tuple[str, str]]:
                                                            "base_model": "demo"})
             if r.status_code != 200:
                 raise SystemExit(f"loading {ADAPTER} answered {r.status_code}: {r.text[:300]}")
+            huge = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "concurrent_requests": 10**6}
+            client.post("/v1/tenants", json={"name": "bench", "limits": huge}).raise_for_status()
+            key = client.post("/v1/tenants/bench/keys", json={"name": "bench", "limits": huge}).json()["key"]
+            client.put(f"/v1/tenancy/adapters/{ADAPTER}", json={"owner": "bench"}).raise_for_status()
         stack.enter_context(process(cli("router", "--control-plane", cp, "--port", router.rsplit(":", 1)[1],
                                         "--log-level", "warning"),
                                     {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router))
-        deadline = time.monotonic() + 60
-        while httpx.post(f"{router}/v1/completions", timeout=60, json={"model": ADAPTER, "prompt": "hi",
-                                                                       "max_tokens": 1}).status_code != 200:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the router does not serve {ADAPTER}; see {tmp / 'router.log'}")
-            time.sleep(0.5)
-        yield router, engine
+        stack.enter_context(process(cli("router", "--control-plane", cp, "--port", tenant_router.rsplit(":", 1)[1],
+                                        "--log-level", "warning", "--require-api-key", "--redis-prefix", prefix),
+                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_REDIS_URL": REDIS_URL},
+                                    tmp / "tenant-router.log", tenant_router))
+        stack.callback(forget_redis, prefix)
+        for url, headers in ((router, {}), (tenant_router, {"Authorization": f"Bearer {key}"})):
+            deadline = time.monotonic() + 60
+            while httpx.post(f"{url}/v1/completions", timeout=60, headers=headers,
+                             json={"model": ADAPTER, "prompt": "hi", "max_tokens": 1}).status_code != 200:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{url} does not serve {ADAPTER}; see the router logs in {tmp}")
+                time.sleep(0.5)
+        yield router, engine, tenant_router, key
 
 
-async def one_token(http: httpx.AsyncClient, url: str) -> float:
+def forget_redis(prefix: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(prefix + "*"))
+    if keys:
+        client.delete(*keys)
+
+
+async def one_token(http: httpx.AsyncClient, url: str, key: str | None = None) -> float:
     body = {"model": ADAPTER, "prompt": "hello", "max_tokens": 1, "temperature": 0}
     started = time.perf_counter()
-    r = await http.post(f"{url}/v1/completions", json=body)
+    r = await http.post(f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"} if key else {})
     if r.status_code != 200:
         raise SystemExit(f"{url} answered {r.status_code}: {r.text[:300]}")
     return time.perf_counter() - started
 
 
-async def overhead(router: str, engine: str, n: int) -> tuple[float, float]:
-    """p50 seconds of a 1-token completion via the router and direct, alternated request by request."""
+async def overhead(router: str, engine: str, n: int, key: str | None = None) -> tuple[float, float]:
+    """p50 seconds of a 1-token completion via `router` (with `key`) and via `engine` (another URL,
+    without one), alternated request by request."""
     via, direct = [], []
     async with httpx.AsyncClient(timeout=60) as http:
         for _ in range(10):  # warm: connections open on both paths
-            await one_token(http, router)
+            await one_token(http, router, key)
             await one_token(http, engine)
         for _ in range(n):
-            via.append(await one_token(http, router))
+            via.append(await one_token(http, router, key))
             direct.append(await one_token(http, engine))
     return statistics.median(via), statistics.median(direct)
 
@@ -145,14 +172,17 @@ def main() -> int:
     parser.add_argument("--stream-tokens", type=int, default=128)
     parser.add_argument("--stream-runs", type=int, default=2, help="router/direct stream run pairs per repeat")
     args = parser.parse_args()
-    via_p50, direct_p50, ratios, via_tps, direct_tps = [], [], [], [], []
-    with tempfile.TemporaryDirectory() as tmp_name, running(Path(tmp_name)) as (router, engine):
+    via_p50, direct_p50, ratios, via_tps, direct_tps, tenant_p50, plain_p50 = [], [], [], [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp_name, running(Path(tmp_name)) as (router, engine, tenant_router, key):
         asyncio.run(streaming(router, args.streams, 16))  # warm-up, not counted
         asyncio.run(streaming(engine, args.streams, 16))
         for rep in range(args.repeats):
             via, direct = asyncio.run(overhead(router, engine, args.requests))
             via_p50.append(1e3 * via)
             direct_p50.append(1e3 * direct)
+            keyed, plain = asyncio.run(overhead(tenant_router, router, args.requests, key))
+            tenant_p50.append(1e3 * keyed)
+            plain_p50.append(1e3 * plain)
             pairs = []
             for run in range(args.stream_runs):  # which path goes first alternates
                 order = (router, engine) if (rep + run) % 2 == 0 else (engine, router)
@@ -171,6 +201,8 @@ def main() -> int:
         "streaming_throughput_ratio": spread(ratios, 3) | {
             "via_router_tokens_per_s": spread(via_tps, 1), "direct_tokens_per_s": spread(direct_tps, 1),
             "target": ">= 0.95"},
+        "keys_and_quotas_added_1_token_p50_ms": spread([t - p for t, p in zip(tenant_p50, plain_p50, strict=True)], 2)
+        | {"tenant_key_router_ms": spread(tenant_p50, 2), "plain_router_ms": spread(plain_p50, 2), "target": "<= 1"},
     }))
     return 0
 

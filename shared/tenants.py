@@ -31,6 +31,7 @@ _KEY = re.compile(rf"^{KEY_PREFIX}([0-9a-f]{{{KEY_ID_HEX}}})_([A-Za-z0-9_-]{{20,
 TenantName = Annotated[str, msgspec.Meta(pattern=TENANT_NAME_PATTERN,
                                          description="1–63 of lower-case letters, digits, `_` and `-`")]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=1 << 40)]
+Count = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]  # what the database's integer columns hold
 Scope = Annotated[str, msgspec.Meta(pattern=r"^(inference|admin:[a-z0-9][a-z0-9_-]{0,62})$",
                                     description="`inference` or `admin:<tenant>` (the key's own tenant)")]
 
@@ -40,8 +41,8 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     requests_per_minute: Limit | None = None
     tokens_per_minute: Limit | None = None  # prompt + generated
-    concurrent_requests: Limit | None = None
-    adapters: Limit | None = None  # adapters the tenant owns (a tenant's limit only; the control plane's)
+    concurrent_requests: Count | None = None
+    adapters: Count | None = None  # adapters the tenant owns (a tenant's limit only; the control plane's)
 
 
 class KeyRecord(msgspec.Struct, kw_only=True):
