@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from litestar import Controller, Request, Response, delete, get, patch, post, put
+from litestar import Controller, Request, Response, delete, get, patch, post, put, route
 from litestar.datastructures import State
 from litestar.di import Provide
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -27,7 +27,7 @@ from control_plane.domain.adapters.schemas import AdapterName
 from control_plane.domain.tenants import schemas
 from control_plane.domain.tenants.service import TenantService
 from control_plane.uow import Mutation
-from shared.openapi import decode_body, route_doc
+from shared.openapi import decode_body, options_response, route_doc
 from shared.tenants import ACCESS_PATH, KEYS_PATH, AccessTable, AdapterAccess, KeyRecord, TenantName
 
 _TENANT_ROLE = {"tenant_role": "tenant"}  # a tenant key with admin:<tenant> may call it for its own tenant
@@ -44,6 +44,13 @@ class TenantController(Controller):
     tags = ["tenants"]
     guards = [read_guard]
     dependencies = {"service": Provide(provide_tenant_service), "principal": Provide(provide_principal)}
+
+    @route(["/", "/{tenant:str}", "/{tenant:str}/keys", "/{tenant:str}/keys/{key_id:str}", "/{tenant:str}/adapters"],
+           http_method="OPTIONS", include_in_schema=False)
+    async def _options(self, request: Request) -> Response[None]:
+        """The methods documented for the path (GET and POST of one path are two handlers here). Named to
+        sort first: Litestar gives the first handler registered on a path its own OPTIONS, which wins."""
+        return options_response(request)
 
     @post("/", status_code=201, guards=[admin_guard], operation_id="createTenant",
           opt={"audit_action": "create_tenant",
@@ -124,6 +131,12 @@ class TenancyController(Controller):
         """What a router needs to check a key: tenant, scopes, expiry, revocation, the key's and the
         tenant's quotas and the secret's argon2 hash (a router or admin token only)."""
         return await service.key_record(key_id)
+
+    @route([KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}", ACCESS_PATH.removeprefix("/v1/tenancy"),
+            ACCESS_PATH.removeprefix("/v1/tenancy") + "/{name:path}"], http_method="OPTIONS", include_in_schema=False)
+    async def _options(self, request: Request) -> Response[None]:
+        """The methods documented for the path (see TenantController._options)."""
+        return options_response(request)
 
     @get(ACCESS_PATH.removeprefix("/v1/tenancy"), guards=[router_guard], operation_id="getAdapterAccess",
          opt=route_doc(response=AccessTable))

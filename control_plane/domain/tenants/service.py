@@ -128,6 +128,7 @@ class TenantService:
                               updated_at=tenant.updated_at)
 
     async def create_key(self, tenant_name: str, req: schemas.ApiKeyCreate, actor: Principal) -> schemas.ApiKeyCreated:
+        await read(self.session, lambda: require_tenant(self.session, tenant_name), f"tenant {tenant_name!r}")  # 404 first
         for scope in req.scopes:
             if scope.startswith(ADMIN_SCOPE_PREFIX) and scope != ADMIN_SCOPE_PREFIX + tenant_name:
                 raise InvalidRequestError(f"a key of tenant {tenant_name!r} may hold admin:{tenant_name} only",
