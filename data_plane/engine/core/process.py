@@ -21,8 +21,7 @@ import msgspec
 import zmq
 
 from data_plane.config import EngineConfig
-from data_plane.engine.core.process_main import CPUS_ENV
-from data_plane.engine.core.threads import available_cpus, core_cpus, core_environment, core_threads
+from data_plane.engine.core.threads import CPUS_ENV, available_cpus, core_cpus, core_environment, core_threads
 
 logger = logging.getLogger(__name__)
 StartMessage = tuple[EngineConfig, str]  # (config, log level): the first message, before the engine's wire types

@@ -14,7 +14,8 @@ import signal
 import sys
 import threading
 
-CPUS_ENV = "LORAPLANE_CORE_CPUS"
+from data_plane.engine.core.threads import CPUS_ENV  # torch-free: imported before the binding
+
 PARENT_POLL_S = 0.5
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+CPUS_ENV = "LORAPLANE_CORE_CPUS"  # the CPUs process.py binds the core to; process_main reads it before torch
+
 RESERVE_API_CPU_FROM = 4  # CPUs from which the core leaves one to the API process by default
 
 
