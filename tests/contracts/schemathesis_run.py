@@ -18,6 +18,9 @@ def run_schemathesis(base_url: str, config: Path, env: dict[str, str], max_time_
         "--checks", "all",
         "--phases", "examples,coverage,fuzzing,stateful",
         "--max-time", str(max_time_s),
+        # a completion of max_tokens on 2 busy cores may take over the default 10 s; as long as the
+        # request timeout, so a hang still fails
+        "--max-response-time", "30",
     ]  # fmt: skip
     return subprocess.run(cmd, cwd=REPO_ROOT, env={**env, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True,
                           text=True, timeout=max_time_s + 120)

@@ -330,7 +330,7 @@ def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[
     router = find(docs, "Deployment", "loraplane-router")["spec"]["template"]["spec"]["containers"][0]
     assert secrets_from_env(resolved_env(router, secrets)) == {
         "router_token": "dev-router-token", "engine_api_key": "dev-engine-api-key",
-        "api_keys": frozenset({"dev-client-key"})}
+        "api_keys": frozenset({"dev-client-key"}), "redis_url": None}  # no tenant quotas in dev: no Redis
 
     engine = engines["spec"]["template"]["spec"]["containers"][0]
     env = resolved_env(engine, secrets)
