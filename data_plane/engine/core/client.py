@@ -36,7 +36,7 @@ from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.tokenizer import Tokenizer
-from shared.errors import EngineDeadError, LoraplaneError
+from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0  # then the core is killed
@@ -184,7 +184,12 @@ class EngineCoreClient:
 
     def _send(self, msg: object) -> None:
         try:
-            self.core.to_core.send(m.encoder.encode(msg), zmq.NOBLOCK)
+            encoded = m.encoder.encode(msg)
+        except OverflowError:  # msgpack holds 64-bit integers; the API's schemas leave some unbounded
+            raise InvalidRequestError("A number in the request is out of range (integers must fit in 64 bits, "
+                                      "e.g. stop_token_ids, seed, max_tokens).") from None
+        try:
+            self.core.to_core.send(encoded, zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # closed, or the core's side is gone: its exit is noticed on its own
             logger.warning("could not send %s to the engine core: %s", type(msg).__name__, exc)
 

@@ -81,3 +81,16 @@ def test_the_engine_thread_is_kept_with_no_engine_core_process(start_engine):
     assert children(server.process.pid) == set()
     ok = httpx.post(server.url + COMPLETIONS, json={"model": "demo", "prompt": "Hi", "max_tokens": 3}, timeout=60)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_number_the_wire_cannot_carry_is_a_400_and_the_engine_serves_on(start_engine):
+    """msgpack holds 64-bit integers; a schema-valid request with a larger one (found by the contract run)
+    is refused with a 400 naming the problem instead of a 500, and the core keeps serving."""
+    server = start_engine()
+    for body in ({"stop_token_ids": [2**70]}, {"stop_token_ids": [1, 2**65]}):
+        r = httpx.post(server.url + COMPLETIONS, json={"model": "demo", "prompt": "Hi", "max_tokens": 3, **body},
+                       timeout=60)
+        assert r.status_code == 400, r.text
+        assert "64 bits" in r.json()["error"]["message"]
+    ok = httpx.post(server.url + COMPLETIONS, json={"model": "demo", "prompt": "Hi", "max_tokens": 3}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
