@@ -3,6 +3,7 @@ the control plane served over real HTTP for them (engines fetch adapter versions
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -39,18 +40,29 @@ def lora_engine(base: Path, adapter_root: Path, log: Path, *flags: str, name: st
 
 @contextlib.contextmanager
 def engine_pair(demo: dict[str, Path], logs: Path, control_plane: str) -> Iterator[list[EngineServer]]:
-    """Engines `ea` and `eb` (`lora_engine`), registering at `control_plane`."""
-    with lora_engine(demo["base"], demo["root"], logs / "a.log", name="ea", control_plane=control_plane) as a, \
-            lora_engine(demo["base"], demo["root"], logs / "b.log", name="eb", control_plane=control_plane) as b:
+    """Engines `ea` and `eb` (`lora_engine`), registering at `control_plane` (heartbeats every second, so
+    that a control plane started on a fresh database hears from them soon)."""
+    beat = ("--heartbeat-interval-s", "1")
+    with lora_engine(demo["base"], demo["root"], logs / "a.log", *beat, name="ea", control_plane=control_plane) as a, \
+            lora_engine(demo["base"], demo["root"], logs / "b.log", *beat, name="eb", control_plane=control_plane) as b:
         yield [a, b]
 
 
 async def register_pair(client: httpx.AsyncClient, engines: list[EngineServer], headers: dict[str, str]) -> None:
-    """Register `engine_pair`'s engines now (they would on their own within a heartbeat interval)."""
-    for name, server in zip(("ea", "eb"), engines, strict=True):
-        body = {"name": name, "url": server.url, "base_model": "demo", "slots_total": 4}
-        r = await client.post("/v1/engines/register", json=body, headers=headers)
+    """Wait until `engine_pair`'s engines have registered themselves at `client`'s control plane (a fresh
+    database answers their heartbeat 404, and they register). Not a registration written here: one that
+    said less than theirs (no host-cache slots) would change each engine's capacity when theirs arrived,
+    and the fleet pass would rebalance adapters onto the one that registered itself first."""
+    want = {"ea": engines[0].url, "eb": engines[1].url}
+    deadline = time.monotonic() + 30
+    while True:
+        r = await client.get("/v1/engines", headers=headers)
         assert r.status_code == 200, r.text
+        seen = {e["name"]: e for e in r.json()["data"]}
+        if all(n in seen and seen[n]["url"] == u and seen[n]["max_cpu_loras"] > 0 for n, u in want.items()):
+            return
+        assert time.monotonic() < deadline, f"the engines did not register: {sorted(seen)}"
+        await asyncio.sleep(0.1)
 
 
 def engine_credentials() -> dict[str, str]:
