@@ -2,11 +2,18 @@
 
 An engine that returns (or joins) holds nothing, while the adapters it held were re-placed elsewhere.
 Each fleet pass moves at most `budget` placements (`--rebalance-max-moves`, counting moves still under
-way) from the fullest engine to the emptiest one, and only while their free capacity differs by two or
-more: after a move the difference has shrunk, so a move never calls for its reverse and the passes come
-to rest. The adapter moved is the one on the full engine that ranks the empty engine highest in
-rendezvous order (by the names' hash alone), so a returning engine gets back the adapters that hash to
-it, as when it left.
+way) from the fullest engine to the emptiest one, under two rules that make the passes come to rest:
+
+- only where the target's free capacity exceeds the source's by the gap: `MIN_GAP`, or `REL_GAP` of the
+  mean an engine holds, whichever is more. Rendezvous hashing spreads N adapters over E engines with
+  a natural spread of about 6·sqrt(N/E) between the fullest and the emptiest (123 at 100,000 over 200);
+  a fixed gap of 2 took that spread for imbalance and moved 4 placements every other pass for ever. A
+  gap relative to the mean leaves the natural spread alone and still sees an engine that came back empty;
+- only an adapter that ranks the target above the source in rendezvous order (by the names' hash
+  alone): a move takes an adapter nearer its own first choice, so no later pass wants its reverse, and
+  since every move strictly lowers the adapters' total distance from their first choices, the moves run
+  out. Of those, the adapter that ranks the target highest moves, so a returning engine gets back the
+  adapters that hash to it, as when it left (about 1/N of them), and no others.
 
 A move is make-before-break: the new placement is added, the old one marked leaving and released by a
 later pass only once the adapter has its desired replicas observed loaded (replicas.releasable), so it
@@ -16,13 +23,15 @@ being re-placed stay where they are.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from control_plane.domain.placements.rendezvous import unit_hash
 from control_plane.domain.placements.replicas import AdapterPlacement, EngineLoad
 
 MIN_GAP = 2  # free capacity between the two engines; a move shrinks the gap by two
+REL_GAP = 0.25  # ... or this share of what an engine holds on average, whichever is more
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,12 @@ class Move:
     adapter_id: int
     source: int  # engine ids
     target: int
+
+
+def gap(engines: Iterable[EngineLoad]) -> int:
+    """How much more free capacity than the average a target needs, and than its source."""
+    held = [e.pinned + e.loaded for e in engines if e.healthy]
+    return max(MIN_GAP, math.ceil(REL_GAP * sum(held) / len(held))) if held else MIN_GAP
 
 
 def plan_moves(adapters: Iterable[AdapterPlacement], engines: dict[int, EngineLoad], budget: int,
@@ -45,34 +60,63 @@ def plan_moves(adapters: Iterable[AdapterPlacement], engines: dict[int, EngineLo
         for engine_id in adapter.serving(engines):
             on_engine.setdefault(engine_id, []).append(adapter)
     moves: list[Move] = []
-    moved: set[int] = set()
+    search = _Search(on_engine)
     while len(moves) < budget:
-        move = _best_move(on_engine, engines, moved)
+        move = search.best_move(engines)
         if move is None:
             break
         moves.append(move)
-        moved.add(move.adapter_id)
+        search.moved.add(move.adapter_id)
         engines[move.source].loaded -= 1
         engines[move.target].loaded += 1
     return moves
 
 
-def _best_move(on_engine: dict[int, list[AdapterPlacement]], engines: dict[int, EngineLoad],
-               moved: set[int]) -> Move | None:
-    healthy = sorted((e for e in engines.values() if e.healthy), key=lambda e: (e.free, e.name))
-    for target in reversed(healthy):  # the emptiest first
-        for source in healthy:  # the fullest first
-            if target.free - source.free < MIN_GAP:
+class _Search:
+    """One pass's search for moves, with what it hashed kept: at rest a pass scans every pair of engines
+    whose gap is wide enough, and the same pairs again for each move of the budget."""
+
+    def __init__(self, on_engine: dict[int, list[AdapterPlacement]]) -> None:
+        self.on_engine = on_engine
+        self.moved: set[int] = set()
+        self._hashes: dict[tuple[str, str], float] = {}
+        self._matching: dict[int, frozenset[int]] = {}  # by id() of the list: a pass shares one per base model
+
+    def _u(self, adapter: str, engine: str) -> float:
+        u = self._hashes.get((adapter, engine))
+        if u is None:
+            u = self._hashes[(adapter, engine)] = unit_hash(adapter, engine)
+        return u
+
+    def _matches(self, matching: Sequence[int], engine_id: int) -> bool:
+        found = self._matching.get(id(matching))
+        if found is None:
+            found = self._matching[id(matching)] = frozenset(matching)
+        return engine_id in found
+
+    def best_move(self, engines: dict[int, EngineLoad]) -> Move | None:
+        healthy = sorted((e for e in engines.values() if e.healthy), key=lambda e: (e.free, e.name))
+        if not healthy:
+            return None
+        least = gap(healthy)
+        floor = sum(e.free for e in healthy) / len(healthy) + least  # a target holds much less than the average
+        for target in reversed(healthy):  # the emptiest first
+            if target.free < floor:
                 break
-            best: tuple[float, AdapterPlacement] | None = None
-            for adapter in on_engine.get(source.id, ()):
-                if adapter.id in moved or target.id not in adapter.matching or not target.takes(adapter.rank):
-                    continue
-                if any(h.engine_id == target.id for h in adapter.holders):
-                    continue
-                u = unit_hash(adapter.name, target.name)
-                if best is None or u > best[0]:  # the highest u ranks the target highest (equal weights)
-                    best = (u, adapter)
-            if best is not None:
-                return Move(best[1].id, source.id, target.id)
-    return None
+            for source in healthy:  # the fullest first
+                if target.free - source.free < least:
+                    break
+                best: tuple[float, AdapterPlacement] | None = None
+                for adapter in self.on_engine.get(source.id, ()):
+                    if (adapter.id in self.moved or not target.takes(adapter.rank)
+                            or not self._matches(adapter.matching, target.id)
+                            or any(h.engine_id == target.id for h in adapter.holders)):
+                        continue
+                    u = self._u(adapter.name, target.name)
+                    if u <= self._u(adapter.name, source.name):
+                        continue  # it prefers where it is: the next pass would want it back
+                    if best is None or u > best[0]:  # the highest u ranks the target highest (equal weights)
+                        best = (u, adapter)
+                if best is not None:
+                    return Move(best[1].id, source.id, target.id)
+        return None

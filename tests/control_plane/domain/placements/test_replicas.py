@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from control_plane.domain.placements.rebalance import plan_moves
+from control_plane.domain.placements.rendezvous import unit_hash
 from control_plane.domain.placements.replicas import (
     LAST_RESORT_WEIGHT,
     AdapterPlacement,
@@ -85,18 +86,22 @@ def test_rebalancing_is_bounded_moves_from_full_to_empty_and_comes_to_rest() -> 
         holder = Holder(100 + i, 1 + i % 2, pinned=False, loaded=True)
         adapters.append(adapter(i, [1, 2, 3], [holder]))
         loads[holder.engine_id].loaded += 1
-    first = plan_moves(adapters, loads, budget=3, busy=set())
-    assert len(first) == 3 and {m.target for m in first} == {3}
-    for move in first:
-        a = next(x for x in adapters if x.id == move.adapter_id)
-        assert a.holders[0].engine_id == move.source
-        a.holders = [Holder(a.holders[0].placement_id, move.target, False, True)]
-    rest = plan_moves(adapters, loads, budget=100, busy=set())
-    assert len(rest) == 1  # 6/6/0 → 4/4/4 takes four moves in all, then nothing more
-    for move in rest:
-        a = next(x for x in adapters if x.id == move.adapter_id)
-        a.holders = [Holder(a.holders[0].placement_id, move.target, False, True)]
-    assert sorted(e.loaded for e in loads.values()) == [4, 4, 4]
+    first = plan_moves(adapters, loads, budget=2, busy=set())
+    assert len(first) == 2 and {m.target for m in first} == {3}
+    moved = 0
+    while True:
+        moves = plan_moves(adapters, loads, budget=2, busy=set()) if moved else first
+        if not moves:
+            break
+        for move in moves:
+            a = next(x for x in adapters if x.id == move.adapter_id)
+            assert a.holders[0].engine_id == move.source
+            # only towards the adapter's own preference: the reverse is never wanted
+            assert unit_hash(a.name, "e3") > unit_hash(a.name, f"e{move.source}")
+            a.holders = [Holder(a.holders[0].placement_id, move.target, False, True)]
+            moved += 1
+        assert moved <= 12
+    assert 2 <= loads[3].loaded <= 4 and loads[1].loaded + loads[2].loaded + loads[3].loaded == 12
     assert plan_moves(adapters, loads, budget=100, busy=set()) == []
 
 
