@@ -53,6 +53,7 @@ class ChatMessage(msgspec.Struct):
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: every chunk carries the usage so far (with include_usage)
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -84,6 +85,11 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Every chunk carries the usage so far, as vLLM's (the router meters tenants' streams by it)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     def _sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Build (and so validate) the engine's parameters; None fields take the engine defaults."""

@@ -144,9 +144,13 @@ def _choice_body(index: int, c: _Choice, ctx: _Context) -> dict[str, Any]:
 async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[str, Any]]:
     req = ctx.req
 
+    completion_tokens = cached = 0
+
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         body = {**ctx.header("chat.completion.chunk"), "choices": [choice]}
-        if req.include_usage:
+        if req.continuous_usage:
+            body["usage"] = usage(len(ctx.prompt_token_ids), completion_tokens, cached)
+        elif req.include_usage:
             body["usage"] = None  # only the final chunk carries usage
         return body
 
@@ -163,7 +167,6 @@ async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[s
         if req.return_token_ids and index == 0:
             first["prompt_token_ids"] = ctx.prompt_token_ids
         yield first
-    completion_tokens = cached = 0
     async for output in generation:
         cached = max(cached, output.num_cached_tokens)
         for d in output.deltas:

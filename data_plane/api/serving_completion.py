@@ -190,7 +190,9 @@ async def _chunks(merged: MergedGenerations, ctx: _Context) -> AsyncIterator[dic
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
         body = {**ctx.header(), "choices": [choice]}
-        if req.include_usage:
+        if req.continuous_usage:
+            body["usage"] = ctx.usage()  # the usage so far (vLLM's continuous_usage_stats)
+        elif req.include_usage:
             body["usage"] = None
         return body
 

@@ -9,6 +9,12 @@ record is fetched again (argon2 runs again only if the hash changed), so a revok
 `ttl_s` even when the control plane's Redis message is lost; with the message (`RevocationListener`),
 at once. A control plane that cannot be reached keeps verified keys working (retried every second);
 unknown ones are 503 until it answers.
+
+Refusals are remembered too (`Misses`, at most MAX_MISSES for `miss_ttl_s`, 1 s): a key id the control
+plane does not know and a revoked key by key id, a wrong secret by the digest of the whole key; within
+the TTL the same offer is refused without a control-plane call or an argon2 hash. A key whose id was
+refused (created after a client tried it) works at most `miss_ttl_s` after it exists. A malformed key
+never reaches the control plane (split_key refuses it first).
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from redis.exceptions import RedisError
 from data_plane.router.request import check_client_key
 from shared import key_secrets
 from shared.errors import AuthenticationError, OverloadedError, PermissionDeniedError
-from shared.tenants import INFERENCE, KEYS_PATH, KeyRecord, Limits, revocation_channel, split_key
+from shared.tenants import INFERENCE, KEY_PREFIX, KEYS_PATH, KeyRecord, Limits, revocation_channel, split_key
 
 logger = logging.getLogger(__name__)
 _MAX_CACHED = 100_000
+MAX_MISSES = 10_000
+MISS_TTL_S = 1.0
 _RETRY_S = 1.0  # a control plane that did not answer is asked again after this long
 _record = msgspec.json.Decoder(KeyRecord)
 _INVALID = ("Incorrect API key provided: send `Authorization: Bearer <key>` with a key of this fleet "
@@ -59,13 +67,42 @@ class _Verified:
     checked_at: float  # time.monotonic() of the last record fetched
 
 
+class Misses:
+    """Refusals kept for `ttl_s`, at most `size` (the oldest go first): what a miss answered, by key."""
+
+    def __init__(self, size: int, ttl_s: float) -> None:
+        self.size = size
+        self.ttl_s = ttl_s
+        self._until: dict[bytes, tuple[float, str]] = {}  # insertion order = age
+
+    def get(self, key: bytes) -> AuthenticationError | None:
+        found = self._until.get(key)
+        if found is None:
+            return None
+        if found[0] <= time.monotonic():
+            del self._until[key]
+            return None
+        return AuthenticationError(found[1], code="invalid_api_key")  # a new one: a raised error keeps its frames
+
+    def put(self, key: bytes, message: str) -> AuthenticationError:
+        self._until.pop(key, None)
+        while len(self._until) >= self.size:
+            del self._until[next(iter(self._until))]
+        self._until[key] = (time.monotonic() + self.ttl_s, message)
+        return AuthenticationError(message, code="invalid_api_key")
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+
 class KeyVerifier:
     def __init__(self, control_plane: httpx.AsyncClient, static_keys: frozenset[str], *, required: bool,
-                 ttl_s: float) -> None:
+                 ttl_s: float, miss_ttl_s: float = MISS_TTL_S) -> None:
         self.control_plane = control_plane
         self.static_keys = static_keys
         self.required = required
         self.ttl_s = ttl_s
+        self.misses = Misses(MAX_MISSES, miss_ttl_s)
         self._cache: dict[str, _Verified] = {}
         self._pending: dict[str, asyncio.Future[KeyRecord | None]] = {}  # one fetch per key id at a time
 
@@ -85,6 +122,9 @@ class KeyVerifier:
         key_id, secret = parts
         entry = self._cache.get(key_id)
         if entry is None or time.monotonic() - entry.checked_at >= self.ttl_s:
+            miss = self.misses.get(key_id.encode()) or self.misses.get(key_secrets.digest(offered))
+            if miss is not None:
+                raise miss
             entry = await self._refresh(key_id, secret, entry)
         if not key_secrets.same_secret(entry.digest, secret):
             raise AuthenticationError(_INVALID, code="invalid_api_key")
@@ -102,14 +142,13 @@ class KeyVerifier:
             return entry
         if record is None or record.revoked:
             self._cache.pop(key_id, None)
-            raise AuthenticationError(_INVALID if record is None else "This API key has been revoked.",
-                                      code="invalid_api_key")
+            raise self.misses.put(key_id.encode(), _INVALID if record is None else "This API key has been revoked.")
         if INFERENCE not in record.scopes:
             raise PermissionDeniedError("This API key has no `inference` scope.", code="insufficient_scope")
         same = entry is not None and entry.secret_hash == record.secret_hash and key_secrets.same_secret(
             entry.digest, secret)
         if not same and not await asyncio.to_thread(key_secrets.verify, record.secret_hash, secret):
-            raise AuthenticationError(_INVALID, code="invalid_api_key")
+            raise self.misses.put(key_secrets.digest(f"{KEY_PREFIX}{key_id}_{secret}"), _INVALID)
         caller = Caller(tenant=record.tenant, key_id=key_id, limits=record.limits, tenant_limits=record.tenant_limits)
         if len(self._cache) >= _MAX_CACHED:
             self._cache.clear()

@@ -10,8 +10,15 @@ sorted set (score: when the lease lapses, so a router that died holding some fre
             reservation, at most the limit, so a request larger than the quota still passes a full
             bucket) and each set has room; otherwise every bucket pays and every set gets the lease,
             all in one Lua script (atomic: two routers can never both spend the last unit)
-    settle: the token buckets get back the reservation and pay what the engine says was used
-            (a bucket may go below zero: the next requests wait for it); the leases go
+    charge: while a stream runs, its token buckets pay the difference between what the engine's
+            usage says so far (exact prompt tokens, completion tokens as generated) and what the
+            request has paid (tenancy.py batches these: one call per ~100 ms or 128 tokens at most);
+            a bucket may go below zero, and other requests on every replica wait for it
+    settle: the token buckets pay the difference to what the engine says was used in the end (the
+            reservation comes back when less was used); the leases go
+
+Each bucket also counts `charged`: every unit it was charged since it was created (it goes, like the
+bucket, after two idle minutes), what operators (and tests) read to see what a tenant was billed.
 
 Time is Redis's (TIME), so replicas' clocks do not matter. Redis unreachable: `failure` "closed"
 answers 503, "open" admits uncounted; after a failure Redis is left alone for RETRY_S, and a ping every
@@ -48,8 +55,9 @@ local function level_of(key, limit)
   local at = tonumber(state[2]) or now
   return math.min(limit, level + (now - at) * limit / 60000)
 end
-local function store(key, level)
+local function store(key, level, charged)
   redis.call('HSET', key, 'level', tostring(level), 'at', now)
+  redis.call('HINCRBY', key, 'charged', charged)
   redis.call('PEXPIRE', key, BUCKET_TTL_MS)
 end
 """.replace("BUCKET_TTL_MS", str(_BUCKET_TTL_MS))
@@ -76,8 +84,9 @@ if refused == 0 then
 end
 if refused == 0 then
   for i = 1, n do
-    levels[i] = levels[i] - tonumber(ARGV[4 + 2 * i])
-    store(KEYS[i], levels[i])
+    local cost = tonumber(ARGV[4 + 2 * i])
+    levels[i] = levels[i] - cost
+    store(KEYS[i], levels[i], cost)
   end
   for j = 1, m do
     redis.call('ZADD', KEYS[n + j], now + lease_ms, lease)
@@ -93,7 +102,7 @@ _SETTLE = _BUCKETS + """
 local n, m, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 for i = 1, n do
   local limit, delta = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-  store(KEYS[i], math.min(limit, level_of(KEYS[i], limit) - delta))
+  store(KEYS[i], math.min(limit, level_of(KEYS[i], limit) - delta), delta)
 end
 for j = 1, m do redis.call('ZREM', KEYS[n + j], lease) end
 return 1
@@ -132,7 +141,7 @@ class Admission:
     lease: str = ""
     tokens: list[Bucket] = field(default_factory=list)
     sets: list[str] = field(default_factory=list)
-    reserved: int = 0
+    charged: int = 0  # tokens its token buckets have been charged (the reservation, then what charge adds)
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     @property
@@ -222,18 +231,31 @@ class QuotaStore:
             b = sets[refused - len(buckets) - 1]
             raise RateLimited(f"Too many concurrent requests for {b.who}: Limit {b.limit}. Please try again in 1s.",
                               kind="requests", retry_after_s=wait_s, headers=headers)
-        return Admission(tenant, lease, tokens, [b.key for b in sets], reserved, headers)
+        return Admission(tenant, lease, tokens, [b.key for b in sets], reserved if tokens else 0, headers)
+
+    async def charge(self, admission: Admission, delta: int) -> None:
+        """The token buckets pay `delta` more (less when negative) for a request still running."""
+        if admission.tokens and delta:
+            admission.charged += delta  # before the await: the next charge or the settle counts from here
+            await self._pay(admission, delta, [])
 
     async def settle(self, admission: Admission, used_tokens: int | None) -> None:
-        """Give the reservation back and pay what was used (None: unknown, the reservation stands)."""
-        if not admission.counted or self._settle is None:
+        """Pay what was used, against what was charged (None: unknown, the charges stand); free the leases."""
+        if not admission.counted:
             return
-        used = admission.reserved if used_tokens is None else used_tokens
-        args: list[int | str] = [len(admission.tokens), len(admission.sets), admission.lease]
-        for b in admission.tokens:
-            args += [b.limit, used - admission.reserved]
+        delta = 0 if used_tokens is None else used_tokens - admission.charged
+        admission.charged += delta
+        await self._pay(admission, delta, admission.sets)
+
+    async def _pay(self, admission: Admission, delta: int, sets: list[str]) -> None:
+        tokens = admission.tokens if delta else []
+        if self._settle is None or not (tokens or sets):
+            return
+        args: list[int | str] = [len(tokens), len(sets), admission.lease]
+        for b in tokens:
+            args += [b.limit, delta]
         try:
-            await self._settle(keys=[b.key for b in admission.tokens] + admission.sets, args=args)
+            await self._settle(keys=[b.key for b in tokens] + sets, args=args)
         except (RedisError, OSError) as exc:  # the leases lapse by themselves
             self._failed(exc)
 

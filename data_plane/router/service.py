@@ -100,13 +100,12 @@ class RouterService:
             model = head.model
             prefix = prefix_key(head, self.config.prefix_chars)
             if caller.tenant is None:  # an operator's static key, or an open router
-                work = self._route(scope["path"], body, head.model, prefix, send)
+                await until_disconnect(receive, self._route(scope["path"], body, head.model, prefix, send), _gone)
             else:
                 route = self.table.route(head.model)
                 ticket = await self.tenancy.admit(caller, head.model, route is not None and route.kind == "base",
                                                   body, head.stream)
-                work = self._route_ticket(ticket, scope["path"], head.model, prefix, send)
-            await until_disconnect(receive, work, _gone)
+                await self._route_ticket(ticket, scope["path"], head.model, prefix, receive, send)
         except ClientDisconnected:
             return  # nobody reads an answer now; the engine's request (if any) was aborted and counted
         except RateLimited as exc:
@@ -118,11 +117,18 @@ class RouterService:
                 self.metrics.request(model if status != 404 else "", "", "not_found" if status == 404 else "rejected")
             raise
 
-    async def _route_ticket(self, ticket: Ticket, path: str, model: str, prefix: int | None, send: Send) -> None:
+    async def _route_ticket(self, ticket: Ticket, path: str, model: str, prefix: int | None, receive: Receive,
+                            send: Send) -> None:
+        """_route for an admitted tenant request, settled here whatever ends it: settling inside the routed
+        work alone would miss a client that left before that work ever ran (its lease held to expiry)."""
         outcome = "error"
         try:
-            await self._route(path, ticket.body, model, prefix, send, headers=ticket.headers, tap=ticket.tap)
+            work = self._route(path, ticket.body, model, prefix, send, headers=ticket.headers, tap=ticket.tap)
+            await until_disconnect(receive, work, _gone)
             outcome = "ok"
+        except ClientDisconnected:
+            outcome = "abort"
+            raise
         finally:
             self.tenancy.settle(ticket, outcome)
 

@@ -6,16 +6,28 @@
                                      503 (or an uncounted admission) when Redis is down (quotas.py);
                                      the ticket holds the body to send (asking a stream for its usage),
                                      the x-ratelimit headers and the tap that reads the usage
-    settle(ticket, outcome)          the tokens the engine counted, against the reservation; the
-                                     concurrency lease freed (in a task of its own: off the answer's path)
+    settle(ticket, outcome)          the tokens the engine counted, against what was charged; the
+                                     concurrency lease freed (in a task of its own: off the answer's path).
+                                     The caller settles every ticket it was given, exactly once, whatever
+                                     happens after admission (an error, the client leaving)
 
 and what runs beside the requests: the access table's refresh, Redis pings, the revocation listener.
+
+A stream is metered while it runs (`StreamMeter`): each chunk's usage (usage.py) says how many tokens
+the request has used so far; what it owes beyond what it has paid (the reservation at admission: an
+estimated prompt plus max_tokens) is charged to the token buckets at most every CHARGE_EVERY_S, or at
+once past CHARGE_TOKENS, so that one long stream over its tenant's tokens-per-minute quota makes the
+tenant's next requests wait on every replica before it ends. The first charge also trues the prompt's
+estimate up (or down) to the engine's exact count. A running stream is never cut: like OpenAI's, the
+quota is enforced at admission, and what a stream overran is paid back by the requests that follow.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +39,11 @@ from data_plane.router.errors import model_not_found
 from data_plane.router.keys import Caller, KeyVerifier, RevocationListener
 from data_plane.router.quotas import Admission, QuotaStore, QuotaUnavailable, RateLimited
 from data_plane.router.tenant_metrics import TenantMetrics
-from data_plane.router.usage import UsageTap, ask_for_usage, reservation
+from data_plane.router.usage import Usage, UsageTap, ask_for_usage, reservation
 
 logger = logging.getLogger(__name__)
+CHARGE_EVERY_S = 0.1  # a running stream's tokens reach Redis at most this often …
+CHARGE_TOKENS = 128  # … unless it owes this many more
 
 
 @dataclass
@@ -41,6 +55,34 @@ class Ticket:
     tap: UsageTap
     label: str  # the tenant's metric label
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    settled: bool = False
+
+
+class StreamMeter:
+    """Called with each usage a stream's chunks carry; charges what the request owes, in batches."""
+
+    def __init__(self, tenancy: Tenancy, admission: Admission, generated: int) -> None:
+        self.tenancy = tenancy
+        self.admission = admission
+        self.generated = generated  # the reservation's max_tokens: paid already, used or not
+        self._last = time.monotonic()
+        self._charging = False
+
+    def __call__(self, usage: Usage) -> None:
+        owed = usage.prompt_tokens + max(self.generated, usage.completion_tokens) - self.admission.charged
+        if not owed or self._charging:
+            return
+        now = time.monotonic()
+        if abs(owed) < CHARGE_TOKENS and now - self._last < CHARGE_EVERY_S:
+            return
+        self._last, self._charging = now, True
+        self.tenancy.spawn(self._charge(owed))
+
+    async def _charge(self, owed: int) -> None:
+        try:
+            await self.tenancy.quotas.charge(self.admission, owed)
+        finally:
+            self._charging = False
 
 
 class Tenancy:
@@ -54,7 +96,7 @@ class Tenancy:
                                  failure=config.quota_failure, lease_s=config.concurrency_lease_s)
         self.revocations = RevocationListener(config.redis_url if config.require_api_key else None,
                                               config.redis_prefix, self.keys)
-        self._settling: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # charges and settlements under way
 
     async def start(self) -> list[asyncio.Task[None]]:
         if not self.required:
@@ -65,7 +107,7 @@ class Tenancy:
                 asyncio.create_task(self.revocations.run(), name="router:revocations")]
 
     async def stop(self) -> None:
-        await asyncio.gather(*self._settling, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.quotas.aclose()
 
     async def caller(self, authorization: str | None) -> Caller:
@@ -80,10 +122,10 @@ class Tenancy:
         if not self.may_use(caller, model, is_base):
             self.metrics.requests.labels(label, "not_found").inc()
             raise model_not_found(model)  # word for word an unknown model's 404: nothing leaks
-        reserved, asked = reservation(body)
+        reserved = reservation(body)
         try:
             admission = await self.quotas.admit(caller.tenant, caller.key_id, caller.tenant_limits, caller.limits,
-                                                reserved)
+                                                reserved.tokens)
         except RateLimited as exc:
             self.metrics.requests.labels(label, "rate_limited").inc()
             self.metrics.rate_limited.labels(label, exc.error_type).inc()
@@ -94,22 +136,31 @@ class Tenancy:
             raise
         if self.quotas.reachable is False and not admission.counted:
             self.metrics.quota_failures.labels("admitted").inc()
-        if stream and not asked:
+        if not stream:
+            return Ticket(admission, body, UsageTap(), label, admission.headers)
+        if not reserved.asked_continuous:
             body = ask_for_usage(body)
-        return Ticket(admission, body, UsageTap(strip=stream and not asked), label, admission.headers)
+        meter = StreamMeter(self, admission, reserved.generated) if admission.tokens else None
+        return Ticket(admission, body, UsageTap(reserved, meter), label, admission.headers)
+
+    def spawn(self, work: Coroutine[None, None, None]) -> None:
+        """Run a Redis call off the answer's path (kept until done, awaited at stop)."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def settle(self, ticket: Ticket, outcome: str) -> None:
-        """Count the request and its tokens, and settle its quota in a task of its own."""
+        """Count the request and its tokens, and settle its quota in a task of its own (once)."""
+        if ticket.settled:
+            return
+        ticket.settled = True
         self.metrics.requests.labels(ticket.label, outcome).inc()
         usage = ticket.tap.usage
         if usage is not None:
             self.metrics.tokens.labels(ticket.label, "prompt").inc(usage.prompt_tokens)
             self.metrics.tokens.labels(ticket.label, "completion").inc(usage.completion_tokens)
         if ticket.admission.counted:
-            used = usage.total_tokens if usage is not None else None
-            task = asyncio.create_task(self.quotas.settle(ticket.admission, used))
-            self._settling.add(task)
-            task.add_done_callback(self._settling.discard)
+            self.spawn(self.quotas.settle(ticket.admission, usage.total_tokens if usage is not None else None))
 
     def health(self) -> dict[str, Any] | None:
         if not self.required:

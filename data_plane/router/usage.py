@@ -1,26 +1,39 @@
-"""How many tokens a request used, read from the engine's answer as it passes, and what to reserve first.
+"""How many tokens a request uses, read from the engine's answer as it passes, and what to reserve first.
 
-Admission reserves `reservation(body)` tokens: the prompt's bytes / 4 (a tokenizer-free upper estimate
-for the usual text, which the engines' usage then corrects) plus `max_tokens` (or `max_completion_tokens`;
-16, OpenAI's completions default, when neither is given). After the answer the reservation is settled
-against the engine's `usage.total_tokens`.
+Admission reserves `Reservation.tokens`: the prompt's bytes / 4 (a tokenizer-free estimate; the engine's
+exact count replaces it as soon as its usage arrives) plus `max_tokens` (or `max_completion_tokens`;
+16, OpenAI's completions default, when neither is given).
 
-Non-streamed answers carry `usage` in their JSON. Streams carry it in a last event with no choices when
-the request says `stream_options: {"include_usage": true}`: `ask_for_usage` adds that to a streamed
-request that does not ask itself, and `UsageTap` then takes that event out of the stream (the client
-did not ask for it), keeping its figures.
+Non-streamed answers carry `usage` in their JSON. Streams of tenant keys are asked for vLLM's
+`stream_options: {"include_usage": true, "continuous_usage_stats": true}` (`ask_for_usage`): every
+chunk then carries the usage so far (exact prompt tokens from the first chunk on, completion tokens as
+they are generated) and a last event with no choices the final one. `UsageTap` reads each event's usage
+as it passes (calling `on_usage`, which meters the stream) and gives the client what it asked for:
+
+    client asked                      chunks' "usage"        the last usage event
+    nothing                           taken out              taken out
+    include_usage                     null (as OpenAI's)     passed on
+    include_usage + continuous        passed on              passed on
+
+The engines put `usage` last in a chunk (`…,"usage":{…}}`), so it is found and cut by one `rfind` per
+event, without decoding or re-encoding the chunk. An engine that does not send continuous usage is
+metered by its last usage event alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 DEFAULT_MAX_TOKENS = 16
 _BYTES_PER_TOKEN = 4
-_MARK = b'"usage":{'
-_TAIL = 8192  # the usage event (a few hundred bytes) comes just before [DONE]
+_KEY = b',"usage":'
+_NULL = b',"usage":null'
+_FINAL = b'"choices":[]'  # what comes just before `usage` in the last event
+_DATA = b"data: {"
 
 
 class Usage(msgspec.Struct):
@@ -29,40 +42,58 @@ class Usage(msgspec.Struct):
     total_tokens: int = 0
 
 
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
 class _Sized(msgspec.Struct):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     prompt: msgspec.Raw = msgspec.Raw(b"")
     messages: msgspec.Raw = msgspec.Raw(b"")
-    stream_options: dict[str, Any] | None = None
+    stream_options: _StreamOptions | None = None
 
 
 class _Answer(msgspec.Struct):
     usage: Usage | None = None
-    choices: list[msgspec.Raw] = msgspec.field(default_factory=list)
 
 
 _sized = msgspec.json.Decoder(_Sized)
 _answer = msgspec.json.Decoder(_Answer)
+_usage = msgspec.json.Decoder(Usage)
 
 
-def reservation(body: bytes) -> tuple[int, bool]:
-    """(tokens to reserve at admission, whether the request asks for stream usage itself)."""
+@dataclass(frozen=True)
+class Reservation:
+    prompt: int  # estimated prompt tokens
+    generated: int  # max_tokens, or the default
+    asked_usage: bool = False  # the client's stream_options.include_usage
+    asked_continuous: bool = False  # … and continuous_usage_stats
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.generated
+
+
+def reservation(body: bytes) -> Reservation:
+    """What to reserve at admission, and what usage the client itself asked its stream for."""
     try:
         sized = _sized.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return DEFAULT_MAX_TOKENS, False
-    generated = sized.max_tokens or sized.max_completion_tokens or DEFAULT_MAX_TOKENS
+        return Reservation(1, DEFAULT_MAX_TOKENS)
+    generated = max(1, sized.max_tokens or sized.max_completion_tokens or DEFAULT_MAX_TOKENS)
     prompt = (len(sized.messages) or len(sized.prompt)) // _BYTES_PER_TOKEN + 1
-    asked = bool(sized.stream_options and sized.stream_options.get("include_usage"))
-    return max(1, generated) + prompt, asked
+    options = sized.stream_options
+    asked = bool(options and options.include_usage)
+    return Reservation(prompt, generated, asked, asked and bool(options and options.continuous_usage_stats))
 
 
 def ask_for_usage(body: bytes) -> bytes:
-    """The request with `stream_options.include_usage` set (re-encoded: streams of tenant keys only)."""
-    request = msgspec.json.decode(body)
+    """The request with include_usage and continuous_usage_stats set (re-encoded: tenant keys' streams)."""
+    request: dict[str, Any] = msgspec.json.decode(body)
     options = request.get("stream_options") or {}
-    request["stream_options"] = {**options, "include_usage": True}
+    request["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
     return msgspec.json.encode(request)
 
 
@@ -76,48 +107,50 @@ def usage_of(body: bytes) -> Usage | None:
 
 class UsageTap:
     """What the proxy shows an answer to: a whole JSON body (`whole`), or every chunk of an SSE answer
-    (`feed` returns what to pass on, `flush` what is left at the end); `usage` is set once it went by.
-    With `strip`, a stream's usage event (a chunk with no choices and a usage) is held back."""
+    (`feed` returns what to pass on, `flush` what is left at the end). `usage` is the latest seen (the
+    final one once the stream ended); `on_usage` is called with each."""
 
-    def __init__(self, strip: bool) -> None:
-        self.strip = strip
+    def __init__(self, reserved: Reservation | None = None, on_usage: Callable[[Usage], None] | None = None) -> None:
+        asked = reserved or Reservation(0, 0, True, True)
+        self.keep_all = asked.asked_continuous
+        self.keep_final = asked.asked_usage
+        self.on_usage = on_usage
         self.usage: Usage | None = None
-        self._pending = b""  # an event not complete yet (only while stripping, or near a usage mark)
+        self._pending = b""  # the start of an event not complete yet
 
     def whole(self, body: bytes) -> None:
         self.usage = usage_of(body)
 
     def feed(self, chunk: bytes) -> bytes:
-        if not self.strip:  # the client asked for it: pass everything, read the tail at the end
-            self._pending = (self._pending + chunk)[-_TAIL:]
-            return chunk
-        data = self._pending + chunk
+        data = self._pending + chunk if self._pending else chunk
         head, sep, self._pending = data.rpartition(b"\n\n")
         if not sep:
             self._pending = data
             return b""
-        if _MARK not in head:
+        events = [self._event(e) for e in head.split(b"\n\n")]
+        if self.keep_all:
             return head + sep
-        return b"".join(e + b"\n\n" for e in head.split(b"\n\n") if not self._take(e))
+        return b"".join(e + b"\n\n" for e in events if e)
 
     def flush(self) -> bytes:
-        """What is still held at the end of the stream."""
+        """What is still held at the end of the stream (an event without its blank line)."""
         rest, self._pending = self._pending, b""
-        if not self.strip:
-            for event in rest.split(b"\n\n"):
-                self._take(event)
-            return b""
-        return b"" if self._take(rest) else rest
+        return self._event(rest) if rest else b""
 
-    def _take(self, event: bytes) -> bool:
-        """Whether `event` is the usage event (its figures kept)."""
-        if _MARK not in event or not event.startswith(b"data: {"):
-            return False
+    def _event(self, event: bytes) -> bytes:
+        """The event as the client gets it (b"" to drop it); its usage read on the way."""
+        at = event.rfind(_KEY)
+        if at < 0 or not event.startswith(_DATA) or not event.endswith(b"}}"):
+            return event
         try:
-            answer = _answer.decode(event[6:])
+            usage = _usage.decode(event[at + len(_KEY):-1])
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return False
-        if answer.usage is None or answer.choices:
-            return False
-        self.usage = answer.usage
-        return True
+            return event  # not a usage we know: pass it on untouched
+        self.usage = usage
+        if self.on_usage is not None:
+            self.on_usage(usage)
+        if self.keep_all:
+            return event
+        if event[at - len(_FINAL):at] == _FINAL:  # the last event: no choices, then the usage
+            return event if self.keep_final else b""
+        return event[:at] + (_NULL if self.keep_final else b"") + b"}"

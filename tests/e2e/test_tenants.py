@@ -9,6 +9,12 @@ router processes share one requests-per-minute quota (their admissions add up to
 Redis unreachable (a closed port) fails closed or open as configured and /health says so; no secret is
 in any process's log, in an answer but its creation's, or in the audit trail.
 
+Token quotas: a long stream is charged while it runs (seen in Redis while its lease is held, and by
+another replica's 429), and what a tenant is charged in the end is the engine's own count (the openai
+client's usage, or the engine's token ids), whatever the prompt's estimate at admission was. A refused
+key is remembered briefly (no control-plane call per request, counted on the router's own client). A
+concurrency slot is free again at once when the client leaves, or the engine refuses the request.
+
 Every test uses its own Redis key prefix and deletes its keys.
 """
 
@@ -17,7 +23,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import secrets
+import socket
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -253,3 +263,174 @@ def test_no_secret_in_logs_answers_or_the_audit_trail(fleet: Fleet) -> None:
         secret = key.split("_", 2)[2]
         for where, text in (("key listing", keys), ("audit trail", audit), ("logs", logs)):
             assert secret not in text, where
+
+
+def _bucket(fleet: Fleet, tenant: str, kind: str) -> str:
+    return f"{fleet.prefix}q:tenant:{tenant}:{kind}"
+
+
+def charged(fleet: Fleet, tenant: str) -> int:
+    """Tokens charged to the tenant's tokens-per-minute bucket (quotas.py counts them beside its level)."""
+    return int(redis.Redis.from_url(REDIS_URL).hget(_bucket(fleet, tenant, "tpm"), "charged") or 0)
+
+
+class LeaseWatch:
+    """Samples (tokens charged, the tenant's requests in flight) from Redis atomically, in a thread."""
+
+    def __init__(self, fleet: Fleet, tenant: str) -> None:
+        self.keys = (_bucket(fleet, tenant, "tpm"), _bucket(fleet, tenant, "inflight"))
+        self.samples: list[tuple[int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        client = redis.Redis.from_url(REDIS_URL)
+        while not self._stop.is_set():
+            pipe = client.pipeline(transaction=True)  # MULTI: one moment of both keys
+            pipe.hget(self.keys[0], "charged")
+            pipe.zcard(self.keys[1])
+            spent, inflight = pipe.execute()
+            self.samples.append((int(spent or 0), inflight))
+            time.sleep(0.002)
+
+    def __enter__(self) -> LeaseWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_a_long_stream_is_charged_while_it_runs(fleet: Fleet) -> None:
+    quota = 100
+    streamer = fleet.make_tenant("team-s", tokens_per_minute=quota, concurrent_requests=100)
+    other = fleet.make_key("team-s")
+    with tenant_router(fleet) as one, tenant_router(fleet) as two, LeaseWatch(fleet, "team-s") as watch:
+        # no max_tokens: admission reserves 16 + the prompt's estimate; the engine goes on to the context's end
+        stream = client_of(one.url, streamer).chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "Tell me a long story"}], n=2, stream=True,
+            stream_options={"include_usage": True}, temperature=0, extra_body={"ignore_eos": True})
+        chunks, refused = [], None
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 3 * quota:  # ≥ 300 tokens generated: the tenant is far past its quota
+                with pytest.raises(openai.RateLimitError) as refused:  # … which the other replica knows
+                    client_of(two.url, other).completions.create(model="demo", prompt="x", max_tokens=1)
+        assert refused is not None and refused.value.body["type"] == "tokens"
+    final = chunks[-1].usage
+    assert final is not None and not chunks[-1].choices and final.completion_tokens >= 3 * quota
+    assert all(c.usage is None for c in chunks[:-1])  # the per-chunk usage the router asked for is not shown
+    # while the stream still held its lease, it had been charged past the quota (the old way charged 16 +
+    # the estimate until the end); once it ended, exactly the engine's count
+    assert max(spent for spent, inflight in watch.samples if inflight == 1) > quota
+    wait_until(lambda: charged(fleet, "team-s") == final.total_tokens, "the stream's settlement")
+
+
+def test_the_tokens_charged_are_the_engines_count(fleet: Fleet) -> None:
+    key = fleet.make_tenant("team-t", tokens_per_minute=10**9)
+    expected = []
+    with tenant_router(fleet) as router:
+        client = client_of(router.url, key)
+        long_prompt = "The quick brown fox jumps over the lazy dog. " * 8
+        r = client.completions.create(model="demo", prompt=long_prompt, max_tokens=5, temperature=0)
+        assert r.usage.prompt_tokens != len(long_prompt) // 4 + 1  # the admission's estimate was off
+        expected.append(r.usage.total_tokens)
+        chat = client.chat.completions.create(model="demo-short", messages=[{"role": "user", "content": long_prompt}],
+                                              max_tokens=40, temperature=0, stream=True,
+                                              stream_options={"include_usage": True})
+        expected.append(list(chat)[-1].usage.total_tokens)
+        # a stream that asked for no usage: none shown; the engine's token ids are the oracle
+        ids = list(client.completions.create(model="demo", prompt=long_prompt, max_tokens=30, stream=True,
+                                             temperature=0, extra_body={"return_token_ids": True}))
+        assert all(c.usage is None and c.choices for c in ids)
+        expected.append(len(ids[0].choices[0].model_extra["prompt_token_ids"])
+                        + sum(len(c.choices[0].model_extra["token_ids"]) for c in ids))
+        # a client that asks for continuous usage itself gets every chunk's, as the engine sent it
+        every = list(client.completions.create(model="demo", prompt="Hi", max_tokens=6, stream=True,
+                                               stream_options={"include_usage": True,
+                                                               "continuous_usage_stats": True}))
+        assert all(c.usage is not None for c in every) and every[-1].usage.completion_tokens == 6
+        expected.append(every[-1].usage.total_tokens)
+        wait_until(lambda: charged(fleet, "team-t") == sum(expected), f"{sum(expected)} tokens charged")
+        metrics = httpx.get(router.url + "/metrics").text
+        assert 'loraplane_router_tenant_tokens_total{kind="completion",tenant="team-t"}' in metrics
+
+
+def test_a_refused_key_is_remembered_briefly(fleet: Fleet) -> None:
+    key = fleet.make_key("team-a")
+    key_id = key.split("_")[1]
+    with tenant_router(fleet) as router:
+        asked: list[str] = []
+
+        async def count(request: httpx.Request) -> None:
+            if "/tenancy/keys/" in request.url.path:
+                asked.append(request.url.path.rsplit("/", 1)[1])
+
+        router.service.control_plane.event_hooks["request"].append(count)
+        misses = router.service.tenancy.keys.misses
+        misses.ttl_s = 60.0  # long enough that every repeat below falls within it
+
+        def status(offered: str) -> int:
+            return httpx.post(router.api + "/completions", json={"model": "demo", **ONE_TOKEN},
+                              headers={"Authorization": f"Bearer {offered}"}, timeout=60).status_code
+
+        unknown_id = secrets.token_hex(6)
+        wrong_secret = f"lp_{key_id}_{'x' * 43}"
+        for offered in (f"lp_{unknown_id}_{'y' * 43}", f"lp_{unknown_id}_{'z' * 43}", wrong_secret,
+                        "lp_nothex_short"):
+            assert [status(offered) for _ in range(4)] == [401] * 4
+        # one control-plane call for the unknown id (any secret), one (and one argon2 hash) for the wrong secret,
+        # none for a malformed key
+        assert asked == [unknown_id, key_id]
+        assert status(key) == 200 and asked == [unknown_id, key_id, key_id]  # the right secret is not refused
+        # past the TTL the control plane is asked again: a key made with that id would work by then
+        misses.ttl_s = 0.2
+        later = f"lp_{secrets.token_hex(6)}_{'y' * 43}"
+        assert status(later) == 401
+        time.sleep(0.3)
+        assert status(later) == 401 and asked.count(later.split("_")[1]) == 2
+
+
+@contextlib.contextmanager
+def _raw_request(router_url: str, key: str, body: bytes) -> Iterator[socket.socket]:
+    """A request sent on a socket of its own, closed when the block ends (whether answered or not)."""
+    host, port = router_url.removeprefix("http://").split(":")
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        yield sock
+
+
+def test_a_slot_is_free_at_once_when_the_client_leaves_or_the_engine_refuses(fleet: Fleet) -> None:
+    key = fleet.make_tenant("team-c", concurrent_requests=1)
+    inflight = redis.Redis.from_url(REDIS_URL)
+    with tenant_router(fleet, concurrency_lease_s=600.0) as router:
+        client = client_of(router.url, key)
+
+        def free() -> bool:
+            return inflight.zcard(_bucket(fleet, "team-c", "inflight")) == 0
+
+        assert client.completions.create(model="demo", prompt="x", max_tokens=1).choices  # the key is cached now
+        # a non-streamed answer starts when it is whole: the client leaves while the router waits for it
+        long = b'{"model": "demo", "prompt": "Once", "max_tokens": 240, "n": 4, "ignore_eos": true}'
+        with _raw_request(router.url, key, long):
+            wait_until(lambda: not free(), "the request's admission")
+        registry = router.service.metrics.registry
+        wait_until(lambda: registry.get_sample_value("loraplane_router_tenant_requests_total",
+                                                     {"tenant": "team-c", "outcome": "abort"}) == 1,
+                   "the router to see the client leave before the engine answered")
+        wait_until(free, "the slot of the request whose client left (its lease lasts 10 minutes)")
+        # the engine refuses (max_tokens past the context): the slot is free for the next request
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="demo", prompt="x", max_tokens=100_000)
+        wait_until(free, "the slot of the refused request")
+        assert client.completions.create(model="demo", prompt="x", max_tokens=1).choices
+        # a client that leaves mid-stream
+        stream = client.completions.create(model="demo", prompt="x", max_tokens=200, stream=True,
+                                           extra_body={"ignore_eos": True})
+        next(iter(stream))
+        stream.close()
+        wait_until(free, "the slot of the stream whose client left")
+        assert client.completions.create(model="demo", prompt="x", max_tokens=1).choices

@@ -1,0 +1,82 @@
+"""usage.py against a real engine's stream bytes: the router reads every chunk's usage (vLLM's
+continuous_usage_stats) and gives the client what it asked for, however the bytes are cut into reads.
+
+The oracle is the stream as the engine sent it, parsed with the json module: what the client gets is
+each event with its `usage` taken out (asked nothing), set to null (asked include_usage), or untouched
+(asked continuous usage too), the last usage event only when asked; and the usage seen is each chunk's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from data_plane.router.usage import Reservation, Usage, UsageTap, ask_for_usage, reservation
+from tests.data_plane.api.conftest import EngineServer
+
+
+@pytest.fixture(scope="module")
+def engine_stream(lora_engine: EngineServer) -> bytes:
+    body = ask_for_usage(json.dumps({"model": "demo", "prompt": "The sea", "max_tokens": 6, "n": 2, "stream": True,
+                                     "temperature": 0, "ignore_eos": True}).encode())
+    r = httpx.post(lora_engine.api + "/completions", content=body, headers={"Content-Type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    return r.content
+
+
+def events(data: bytes) -> list[bytes]:
+    return [e for e in data.split(b"\n\n") if e]
+
+
+def through(tap: UsageTap, data: bytes, cut: int) -> bytes:
+    """The stream fed to the tap in reads of `cut` bytes (the last read shorter)."""
+    out = b"".join(tap.feed(data[i:i + cut]) for i in range(0, len(data), cut))
+    return out + tap.flush()
+
+
+@pytest.mark.parametrize(("asked", "continuous"), [(False, False), (True, False), (True, True)])
+def test_the_client_gets_what_it_asked_and_the_router_every_usage(engine_stream: bytes, asked: bool,
+                                                                 continuous: bool) -> None:
+    sent = events(engine_stream)
+    chunks = [json.loads(e[6:]) for e in sent if e != b"data: [DONE]"]
+    assert all("usage" in c for c in chunks) and chunks[-1]["choices"] == []
+    expected = []
+    for chunk in chunks:
+        if not chunk["choices"]:
+            if asked:
+                expected.append(chunk)
+            continue
+        if not continuous:
+            chunk = {k: v for k, v in chunk.items() if k != "usage"}
+            if asked:
+                chunk["usage"] = None
+        expected.append(chunk)
+    for cut in (1, 7, 64, len(engine_stream)):
+        seen: list[Usage] = []
+        tap = UsageTap(Reservation(1, 6, asked, continuous), seen.append)
+        got = events(through(tap, engine_stream, cut))
+        assert got[-1] == b"data: [DONE]"
+        assert [json.loads(e[6:]) for e in got[:-1]] == expected, cut
+        assert [(u.prompt_tokens, u.completion_tokens) for u in seen] == [
+            (c["usage"]["prompt_tokens"], c["usage"]["completion_tokens"]) for c in chunks]
+        assert tap.usage == seen[-1] and tap.usage.completion_tokens == 2 * 6
+
+
+def test_an_event_that_is_not_a_usage_passes_untouched() -> None:
+    odd = (b'data: {"error":{"message":"x","type":"y","param":null,"code":null}}\n\n'
+           b'data: {"choices":[{"text":"\\",\\"usage\\":{}"}],"usage":"weird"}\n\n')
+    tap = UsageTap(Reservation(1, 1), lambda u: pytest.fail("no usage here"))
+    assert through(tap, odd, 5) == odd and tap.usage is None
+
+
+def test_reservation_reads_max_tokens_the_prompt_and_what_the_stream_asked() -> None:
+    r = reservation(b'{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":40,'
+                    b'"stream_options":{"include_usage":true,"continuous_usage_stats":true}}')
+    assert (r.generated, r.asked_usage, r.asked_continuous) == (40, True, True) and r.tokens == 40 + r.prompt
+    r = reservation(b'{"model":"m","prompt":"abcdefgh","stream_options":{"continuous_usage_stats":true}}')
+    assert (r.prompt, r.generated, r.asked_usage, r.asked_continuous) == (3, 16, False, False)
+    asked = json.loads(ask_for_usage(b'{"model":"m","stream_options":{"include_usage":false}}'))
+    assert asked["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
