@@ -95,6 +95,9 @@ class ControlPlaneSettings:
     # engines reconciled at once: each round holds a database connection while it calls its engine, and
     # 200 at once took the whole pool, so heartbeats waited past the stale-after and healthy engines went stale
     reconcile_concurrency: int = 8
+    # loads and unloads one round sends its engine at once: a pass that places 100,000 adapters loads
+    # 500 on each of 200 engines, which one at a time took longer than a round may
+    reconcile_engine_calls: int = 8
     # Signs the web console's session cookies (LORAPLANE_UI_SESSION_SECRET); replicas must share it. Unset, the
     # console draws a random one per process: sessions then survive no restart and span no replicas.
     ui_session_secret: str | None = None
@@ -154,6 +157,8 @@ class ControlPlaneSettings:
             raise ValueError("rebalance_max_moves must be >= 0")
         if self.reconcile_concurrency < 1:
             raise ValueError("reconcile_concurrency must be >= 1")
+        if self.reconcile_engine_calls < 1:
+            raise ValueError("reconcile_engine_calls must be >= 1")
         self.database_url = normalize_database_url(self.database_url)
         if self.artifact_store is None:
             self.artifact_store = default_artifact_store(self.database_url)
@@ -181,6 +186,7 @@ class ControlPlaneSettings:
             f"scale_up_load_per_replica={self.scale_up_load_per_replica}, scale_window_s={self.scale_window_s}, "
             f"scale_down_idle_s={self.scale_down_idle_s}, rebalance_max_moves={self.rebalance_max_moves}, "
             f"reconcile_concurrency={self.reconcile_concurrency}, "
+            f"reconcile_engine_calls={self.reconcile_engine_calls}, "
             f"adapter_roots={self.adapter_roots!r}, "
             f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
             f"engine_fetch_min_mbps={self.engine_fetch_min_mbps}, "
@@ -226,6 +232,7 @@ class ControlPlaneSettings:
                    "SCALE_WINDOW_S": ("scale_window_s", float), "SCALE_DOWN_IDLE_S": ("scale_down_idle_s", float),
                    "REBALANCE_MAX_MOVES": ("rebalance_max_moves", int),
                    "RECONCILE_CONCURRENCY": ("reconcile_concurrency", int),
+                   "RECONCILE_ENGINE_CALLS": ("reconcile_engine_calls", int),
                    "UI_SESSION_SECRET": ("ui_session_secret", str),
                    "REDIS_URL": ("redis_url", str), "REDIS_PREFIX": ("redis_prefix", str),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins

@@ -60,7 +60,8 @@ def _differs(values: dict[str, str | None]) -> ColumnElement[bool]:
     return or_(*(getattr(Placement, column).is_distinct_from(value) for column, value in values.items()))
 
 
-def _values(answer: EngineAnswer) -> dict[str, str | None]:
+def values_of(answer: EngineAnswer) -> dict[str, str | None]:
+    """The columns the answer writes on its own rows."""
     values = {"observed": answer.observed.value, "last_error": answer.error}
     if answer.observed != ObservedState.LOADED:
         values["residency"] = None
@@ -76,7 +77,7 @@ async def record_answers(session: AsyncSession, answers: Sequence[EngineAnswer])
     await lock_placements(session, _touched(answers))
     by_values: dict[tuple[tuple[str, str | None], ...], list[int]] = {}
     for answer in answers:
-        by_values.setdefault(tuple(_values(answer).items()), []).extend(answer.placement_ids)
+        by_values.setdefault(tuple(values_of(answer).items()), []).extend(answer.placement_ids)
     for values, ids in by_values.items():
         await session.execute(update(Placement).where(Placement.id.in_(ids), _differs(dict(values)))
                               .values(**dict(values)))

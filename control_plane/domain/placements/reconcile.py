@@ -7,14 +7,17 @@ re-placed off engines that went stale, drain or were deleted, placed for the fir
 just registered with its base model, at most `rebalance_max_moves` moved onto engines that hold much
 less. The pass only desires; the engine rounds that follow, in the same round, carry it out. So an
 adapter whose engine stops heartbeating is held elsewhere within `engine_stale_after_s` plus about one
-interval (the pass after the engine went stale) plus its load.
+interval (the pass after the engine went stale) plus its load. Passes do not overlap in one process, and
+callers that arrive while one runs share the next (`plan_from_now`): ten engines registering at once get
+one pass after their registrations, not ten.
 
 Per engine: read its GET /v1/lora_adapters, then
 - a placement desired loaded/pinned whose version (by sha256) the engine does not serve → load it
   (load_inplace, so another version of the name is replaced with in-flight requests finishing on it);
 - an adapter the engine serves that the control plane placed there but desires nowhere on it → unload;
 - record observed state and the engine's error on the placements (answers.record_answers, as a push does),
-  and where the engine keeps each loaded version (`residency`: device | host, for the routes);
+  and where the engine keeps each loaded version (`residency`: device | host, for the routes), skipping
+  the answers that would change nothing (engine_rows.news: a steady round writes only its demand);
 - record the engine's queue per adapter (running, waiting) as the demand source `engine:<name>`
   (demand.replace_demand), which demand scaling sums with the routers' reports.
 Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
@@ -28,6 +31,9 @@ the engine's placement rows in ascending id, the one order every placement write
 deadlock or a lost connection while recording is retried (recording is idempotent), and what still
 fails leaves the engine to the next round. SQLite (a single replica) ends its read before calling the
 engine and writes under the write gate afterwards, as every SQLite writer here does.
+
+Loads and unloads of one round go out at most `reconcile_engine_calls` at once (a first pass at fleet scale
+loads hundreds on every engine); each placement's answer is recorded in the rows' order all the same.
 
 Engines are reconciled independently and concurrently: each engine call is bounded by the client's
 deadline, and one engine's failure (slow, unreachable, a malformed reply, even a bug) is that engine's
@@ -44,23 +50,15 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from control_plane.db.models import (
-    HOLDING,
-    Adapter,
-    AdapterVersion,
-    DesiredState,
-    Engine,
-    ObservedState,
-    Placement,
-)
+from control_plane.db.models import HOLDING, DesiredState, Engine, ObservedState
 from control_plane.db.session import WriteGate, failure_kind
 from control_plane.db.transaction import DatabaseUnavailableError, read, transact
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from control_plane.domain.placements.demand import AdapterDemand, replace_demand
+from control_plane.domain.placements.engine_rows import EngineRow, engine_rows, news
 from control_plane.domain.placements.fleet import FleetPass, FleetReport
-from control_plane.domain.placements.loads import RecordedVersion, VersionLoader
-from control_plane.domain.placements.planner import in_store
+from control_plane.domain.placements.loads import VersionLoader
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
@@ -103,6 +101,8 @@ class Reconciler:
         self._task: asyncio.Task[None] | None = None
         self._kicks: set[asyncio.Task[EngineRound]] = set()
         self._in_turn = asyncio.Semaphore(settings.reconcile_concurrency)
+        self._planning = asyncio.Lock()
+        self._passes_begun = 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="reconciler")
@@ -118,7 +118,7 @@ class Reconciler:
         """Reconcile one engine soon (it just registered: maybe a restart that lost its adapters), after a
         fleet pass (adapters waiting for an engine of its base model are placed on it now)."""
         async def kicked() -> EngineRound:
-            await self.plan()
+            await self.plan_from_now()
             return await self.reconcile_engine(engine_name)
 
         task = asyncio.create_task(kicked())
@@ -132,6 +132,16 @@ class Reconciler:
                 await self.reconcile_all()
             except Exception:
                 logger.exception("reconcile round failed")
+
+    async def plan_from_now(self) -> None:
+        """A fleet pass that begins after this call, shared with every caller waiting meanwhile: 10 engines
+        registering at once ran 10 full passes (seconds each at 100,000 adapters) where one serves them all."""
+        wanted = self._passes_begun + 1
+        async with self._planning:
+            if self._passes_begun >= wanted:
+                return  # one began after the call, while it waited, and has ended
+            self._passes_begun += 1
+            await self.plan()
 
     async def plan(self) -> FleetReport | None:
         """The fleet pass in a transaction of its own; its failure is logged and leaves the rounds to run."""
@@ -151,7 +161,7 @@ class Reconciler:
         return report
 
     async def reconcile_all(self) -> list[EngineRound]:
-        await self.plan()
+        await self.plan_from_now()
         async with self.sessions() as session:
             async def healthy() -> list[str]:
                 return list((await session.scalars(
@@ -202,12 +212,7 @@ class Reconciler:
                                           .with_for_update(skip_locked=True, key_share=True))
             if engine is None:  # deleted, or another replica holds it right now
                 return EngineRound(name, [], [], [], skipped=True)
-            rows = (await session.execute(
-                select(Placement, AdapterVersion, Adapter.name, in_store(AdapterVersion.id))
-                .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
-                .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
-                .where(Placement.engine_id == engine.id)
-            )).all()
+            rows = await engine_rows(session, engine.id)
             url = engine.url
             if self.settings.is_sqlite:
                 await session.commit()  # end the read: SQLite's writer lock is taken only under the gate
@@ -218,7 +223,8 @@ class Reconciler:
                 return EngineRound(name, [], [], [], skipped=True)
             held = {a.name: a for a in listing.adapters if a.state != "draining"}
             done, answers = await self._converge(url, engine.id, rows, held, bound)
-            ids = {adapter: version.adapter_id for _, version, adapter, _ in rows}
+            answers = news(answers, rows)  # a steady round writes nothing but its demand
+            ids = {r.adapter: r.adapter_id for r in rows}
             demand = [AdapterDemand(ids[a.name], a.waiting, a.running) for a in listing.adapters if a.name in ids]
 
             async def record(session: AsyncSession) -> None:
@@ -230,52 +236,69 @@ class Reconciler:
             done.engine = name
             return done
 
-    async def _converge(self, url: str, engine_id: int, rows: list, held: dict[str, AdapterListing],
+    async def _converge(self, url: str, engine_id: int, rows: list[EngineRow], held: dict[str, AdapterListing],
                         bound: asyncio.Timeout) -> tuple[EngineRound, list[EngineAnswer]]:
-        """Call the engine for what differs; returns the round and every placement's answer to record."""
+        """Call the engine for what differs, up to reconcile_engine_calls calls at once; returns the round
+        and every placement's answer to record (in the rows' order)."""
         result = EngineRound("", [], [], [])
-        answers: list[EngineAnswer] = []
+        in_turn = asyncio.Semaphore(self.settings.reconcile_engine_calls)
 
-        def observe(placement: Placement, observed: ObservedState, error: str | None = None,
-                    replaced: int | None = None, residency: str | None = None) -> None:
-            answers.append(EngineAnswer(engine_id, (placement.id,), observed, error, replaced,
-                                        residency if residency in ("device", "host") else None))
+        def answer(row: EngineRow, observed: ObservedState, error: str | None = None, replaced: int | None = None,
+                   residency: str | None = None) -> EngineAnswer:
+            return EngineAnswer(engine_id, (row.placement_id,), observed, error, replaced,
+                                residency if residency in ("device", "host") else None)
 
-        wanted = {adapter for p, _, adapter, _ in rows if p.desired in HOLDING}
-        for placement, version, adapter, stored in rows:
-            if placement.desired in HOLDING:
-                pinned = placement.desired == DesiredState.PINNED.value
-                have = held.get(adapter)
-                if have is None or have.sha256 != version.sha256 or have.pinned != pinned:
+        async def hold(row: EngineRow) -> EngineAnswer:
+            pinned = row.desired == DesiredState.PINNED.value
+            have = held.get(row.adapter)
+            if have is None or have.sha256 != row.version.sha256 or have.pinned != pinned:
+                async with in_turn:
                     try:
                         # the recorded bytes only: the engine refuses other files (see loads.VersionLoader)
-                        recorded = RecordedVersion(sha256=version.sha256, uri=version.uri, in_store=stored,
-                                                   size_bytes=version.size_bytes)
                         when = bound.when()  # the round may take what this load's bytes need, on top
                         if when is not None:
-                            bound.reschedule(when + self.loader.deadline_s(recorded) - self.settings.engine_timeout_s)
-                        await self.loader.load(url, adapter, recorded, pinned=pinned)
+                            bound.reschedule(when + self.loader.deadline_s(row.version) - self.settings.engine_timeout_s)
+                        await self.loader.load(url, row.adapter, row.version, pinned=pinned)
                     except EngineCallError as exc:
                         self.metrics.engine_call("reconcile", "load", ok=False)
-                        observe(placement, ObservedState.FAILED, exc.message)
-                        result.failed.append(adapter)
-                        continue
-                    self.metrics.engine_call("reconcile", "load", ok=True)
-                    result.loaded.append(adapter)
-                kept = held.get(adapter)
-                residency = kept.residency if kept is not None and kept.sha256 == version.sha256 else None
-                observe(placement, ObservedState.LOADED, replaced=version.adapter_id, residency=residency)
-            elif adapter not in wanted:
-                if adapter in held and adapter not in result.unloaded:
-                    try:
-                        await self.client.unload(url, adapter)
-                    except EngineCallError as exc:
-                        self.metrics.engine_call("reconcile", "unload", ok=False)
-                        observe(placement, ObservedState.FAILED, exc.message)
-                        result.failed.append(adapter)
-                        continue
-                    self.metrics.engine_call("reconcile", "unload", ok=True)
-                    result.unloaded.append(adapter)
-                observe(placement, ObservedState.ABSENT)
+                        result.failed.append(row.adapter)
+                        return answer(row, ObservedState.FAILED, exc.message)
+                self.metrics.engine_call("reconcile", "load", ok=True)
+                result.loaded.append(row.adapter)
+            kept = held.get(row.adapter)
+            residency = kept.residency if kept is not None and kept.sha256 == row.version.sha256 else None
+            return answer(row, ObservedState.LOADED, replaced=row.adapter_id, residency=residency)
+
+        async def unload(adapter: str) -> str | None:
+            """One call per adapter, however many of its versions are placed here: its error, or None."""
+            async with in_turn:
+                try:
+                    await self.client.unload(url, adapter)
+                except EngineCallError as exc:
+                    self.metrics.engine_call("reconcile", "unload", ok=False)
+                    result.failed.append(adapter)
+                    return exc.message
+            self.metrics.engine_call("reconcile", "unload", ok=True)
+            result.unloaded.append(adapter)
+            return None
+
+        async def gone(row: EngineRow, call: asyncio.Future[str | None] | None) -> EngineAnswer:
+            error = await call if call is not None else None
+            return answer(row, ObservedState.ABSENT) if error is None else answer(row, ObservedState.FAILED, error)
+
+        wanted = {r.adapter for r in rows if r.desired in HOLDING}
+        unloads: dict[str, asyncio.Future[str | None]] = {}
+        calls = []
+        for row in rows:
+            if row.desired in HOLDING:
+                calls.append(hold(row))
+            elif row.adapter not in wanted:
+                if row.adapter in held and row.adapter not in unloads:
+                    unloads[row.adapter] = asyncio.ensure_future(unload(row.adapter))
+                calls.append(gone(row, unloads.get(row.adapter)))
             # else: an older version of an adapter the engine should hold, replaced in place by its load
-        return result, answers
+        try:
+            return result, list(await asyncio.gather(*calls))
+        finally:
+            for call in unloads.values():  # the round ran out of time: no call outlives it
+                call.cancel()
