@@ -14,7 +14,9 @@ request by request (1-token) or run by run (streams), so that both see the same 
 - tenant keys (issue 14 §4): a second router with --require-api-key and Redis (127.0.0.1:6379, a prefix of
   its own, deleted at the end) serves a tenant key whose tenant and key have requests, tokens and
   concurrency quotas (large enough never to refuse); the p50 of 1-token completions through it and
-  through the plain router, alternated request by request: what key checks and quotas add (target ≤ 1 ms).
+  through the plain router, alternated request by request: what key checks and quotas add (target ≤ 1 ms);
+  and the streams' tokens/s through it over the plain router, run by run (the router meters every chunk of
+  a tenant's stream: vLLM's continuous usage, taken out again, and a Redis charge every 100 ms).
 
 Prints one JSON object; figures are medians over the repeats with [min, max].
 """
@@ -143,11 +145,12 @@ async def overhead(router: str, engine: str, n: int, key: str | None = None) -> 
     return statistics.median(via), statistics.median(direct)
 
 
-async def stream_one(http: httpx.AsyncClient, url: str, tokens: int) -> int:
+async def stream_one(http: httpx.AsyncClient, url: str, tokens: int, key: str | None) -> int:
     body = {"model": ADAPTER, "prompt": "once upon a time", "max_tokens": tokens, "stream": True,
             "ignore_eos": True, "temperature": 0}
     seen = 0
-    async with http.stream("POST", f"{url}/v1/completions", json=body) as r:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with http.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as r:
         if r.status_code != 200:
             raise SystemExit(f"{url} answered {r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
@@ -156,11 +159,11 @@ async def stream_one(http: httpx.AsyncClient, url: str, tokens: int) -> int:
     return seen
 
 
-async def streaming(url: str, streams: int, tokens: int) -> float:
-    """Output tokens/s of `streams` concurrent streams."""
+async def streaming(url: str, streams: int, tokens: int, key: str | None = None) -> float:
+    """Output tokens/s of `streams` concurrent streams (with `key`)."""
     async with httpx.AsyncClient(timeout=600) as http:
         started = time.perf_counter()
-        counts = await asyncio.gather(*(stream_one(http, url, tokens) for _ in range(streams)))
+        counts = await asyncio.gather(*(stream_one(http, url, tokens, key) for _ in range(streams)))
         return sum(counts) / (time.perf_counter() - started)
 
 
@@ -173,9 +176,11 @@ def main() -> int:
     parser.add_argument("--stream-runs", type=int, default=2, help="router/direct stream run pairs per repeat")
     args = parser.parse_args()
     via_p50, direct_p50, ratios, via_tps, direct_tps, tenant_p50, plain_p50 = [], [], [], [], [], [], []
+    tenant_ratios: list[float] = []
     with tempfile.TemporaryDirectory() as tmp_name, running(Path(tmp_name)) as (router, engine, tenant_router, key):
         asyncio.run(streaming(router, args.streams, 16))  # warm-up, not counted
         asyncio.run(streaming(engine, args.streams, 16))
+        asyncio.run(streaming(tenant_router, args.streams, 16, key))
         for rep in range(args.repeats):
             via, direct = asyncio.run(overhead(router, engine, args.requests))
             via_p50.append(1e3 * via)
@@ -191,6 +196,13 @@ def main() -> int:
             via_tps.append(statistics.mean(p[0] for p in pairs))
             direct_tps.append(statistics.mean(p[1] for p in pairs))
             ratios.append(via_tps[-1] / direct_tps[-1])
+            keyed_pairs = []
+            for run in range(args.stream_runs):
+                order = ((tenant_router, key), (router, None))
+                order = order if (rep + run) % 2 == 0 else order[::-1]
+                tps = {url: asyncio.run(streaming(url, args.streams, args.stream_tokens, k)) for url, k in order}
+                keyed_pairs.append(tps[tenant_router] / tps[router])
+            tenant_ratios.append(statistics.mean(keyed_pairs))
     print(json.dumps({
         "benchmark": "router_overhead",
         "machine": f"CPU only, {os.cpu_count()} cores shared by the control plane, the engine, the router and the client",
@@ -203,6 +215,7 @@ def main() -> int:
             "target": ">= 0.95"},
         "keys_and_quotas_added_1_token_p50_ms": spread([t - p for t, p in zip(tenant_p50, plain_p50, strict=True)], 2)
         | {"tenant_key_router_ms": spread(tenant_p50, 2), "plain_router_ms": spread(plain_p50, 2), "target": "<= 1"},
+        "tenant_key_streaming_over_plain_router": spread(tenant_ratios, 3),
     }))
     return 0
 

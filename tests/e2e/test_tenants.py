@@ -252,19 +252,6 @@ def test_redis_unreachable_fails_as_configured_and_health_says_so(fleet: Fleet) 
                 assert r.status_code == expected, (failure, r.text)
 
 
-def test_no_secret_in_logs_answers_or_the_audit_trail(fleet: Fleet) -> None:
-    """Runs last in this module: it reads every log the other tests left."""
-    assert fleet.secrets
-    keys = fleet.admin.get(f"{fleet.cp}/v1/tenants/team-a/keys").text
-    audit = fleet.admin.get(f"{fleet.cp}/v1/audit", params={"limit": 500}).text
-    logs = "".join(path.read_text() for path in fleet.logs if path.exists())
-    assert "create_api_key" in audit and len(logs) > 0
-    for key in fleet.secrets:
-        secret = key.split("_", 2)[2]
-        for where, text in (("key listing", keys), ("audit trail", audit), ("logs", logs)):
-            assert secret not in text, where
-
-
 def _bucket(fleet: Fleet, tenant: str, kind: str) -> str:
     return f"{fleet.prefix}q:tenant:{tenant}:{kind}"
 
@@ -434,3 +421,36 @@ def test_a_slot_is_free_at_once_when_the_client_leaves_or_the_engine_refuses(fle
         stream.close()
         wait_until(free, "the slot of the stream whose client left")
         assert client.completions.create(model="demo", prompt="x", max_tokens=1).choices
+
+
+def test_an_adapter_nobody_owns_is_usable_only_when_public(fleet: Fleet) -> None:
+    with tenant_router(fleet, refresh_interval_s=0.2) as router:
+        client = client_of(router.url, fleet.keys["team-a"])
+
+        def listed() -> set[str]:
+            return {m.id for m in client.models.list()}
+
+        try:
+            r = fleet.admin.put(f"{fleet.cp}/v1/tenancy/adapters/demo-short", json={"owner": None, "public": False})
+            assert r.status_code == 200, r.text
+            wait_until(lambda: "demo-short" not in listed(), "the access table to drop demo-short")
+            with pytest.raises(openai.NotFoundError):
+                client.completions.create(model="demo-short", prompt="Hello", max_tokens=2)
+        finally:
+            r = fleet.admin.put(f"{fleet.cp}/v1/tenancy/adapters/demo-short", json={"owner": None, "public": True})
+            assert r.status_code == 200, r.text
+        wait_until(lambda: "demo-short" in listed(), "the access table to list demo-short again")
+        assert client.completions.create(model="demo-short", prompt="Hello", max_tokens=2).choices
+
+
+def test_no_secret_in_logs_answers_or_the_audit_trail(fleet: Fleet) -> None:
+    """Runs last in this module: it reads every log the other tests left."""
+    assert fleet.secrets
+    keys = fleet.admin.get(f"{fleet.cp}/v1/tenants/team-a/keys").text
+    audit = fleet.admin.get(f"{fleet.cp}/v1/audit", params={"limit": 500}).text
+    logs = "".join(path.read_text() for path in fleet.logs if path.exists())
+    assert "create_api_key" in audit and len(logs) > 0
+    for key in fleet.secrets:
+        secret = key.split("_", 2)[2]
+        for where, text in (("key listing", keys), ("audit trail", audit), ("logs", logs)):
+            assert secret not in text, where
