@@ -1,17 +1,26 @@
-"""Paged attention in plain PyTorch: write new K/V into the block cache, gather blocks, SDPA.
+"""Paged attention: write new K/V into the block cache, then attend over each sequence's blocks.
 
 The KV cache of one layer is a tensor [2, num_slots, num_kv_heads, head_dim] where
 num_slots = num_blocks * block_size; slot = block_id * block_size + offset. Block tables and
 masks are built once per step by the BatchBuilder and shared by every layer.
+
+Decode tokens run through `decode_kernel` when one is set (the CPU kernel, which reads the blocks in
+place; attention_kernels.py chooses it at load), else through the torch path: gather the blocks into
+a padded copy, then SDPA. Prefill tokens always take SDPA.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from data_plane.model.attention_metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from data_plane.model.attention_kernels import DecodeAttentionKernel
 
 
 class PagedAttention(nn.Module):
@@ -21,6 +30,7 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.decode_kernel: DecodeAttentionKernel | None = None  # None: the torch path
 
     def forward(
         self,
@@ -39,7 +49,10 @@ class PagedAttention(nn.Module):
 
         out = torch.empty_like(q)
         nd = attn.num_decode_tokens
-        if nd:
+        if nd and self.decode_kernel is not None and attn.decode_context_lens is not None:
+            self.decode_kernel(out[:nd], q[:nd], kv_cache, attn.decode_block_tables, attn.decode_context_lens,
+                               attn.block_size, self.scale)
+        elif nd:
             # One query per sequence, so the query heads sharing a KV head can stand in the query-length
             # axis: q [Bd, Hkv, group, D] against keys [Bd, Hkv, Ld, D] — GQA without repeating K/V.
             grouped = q[:nd].view(nd, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)

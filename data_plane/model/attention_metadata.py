@@ -22,6 +22,7 @@ class AttentionMetadata:
     num_decode_tokens: int  # = number of decode sequences (one query each)
     decode_block_tables: torch.Tensor | None  # [Bd, max_blocks] int64
     decode_context_len: int  # Ld: the longest decode context
+    decode_context_lens: torch.Tensor | None  # [Bd] int64: each decode's own context (for the CPU kernel)
     decode_mask: torch.Tensor | None  # [Bd, 1, 1, Ld] bool: True = attend; None when every key is visible
     num_prefill_seqs: int
     prefill_block_tables: torch.Tensor | None  # [Bp, max_blocks] int64
@@ -59,7 +60,7 @@ def build_attention_metadata(
     decode: list[DecodeEntry], prefill: list[PrefillEntry], block_size: int, device: torch.device
 ) -> AttentionMetadata:
     slot_mapping: list[int] = []
-    decode_tables = decode_mask = None
+    decode_tables = decode_mask = ctx = None
     decode_len = 0
     if decode:
         ctx = torch.tensor([d.context_len for d in decode])
@@ -102,6 +103,7 @@ def build_attention_metadata(
         num_decode_tokens=len(decode),
         decode_block_tables=dev(decode_tables),
         decode_context_len=decode_len,
+        decode_context_lens=dev(ctx) if decode else None,
         decode_mask=dev(decode_mask),
         num_prefill_seqs=len(prefill),
         prefill_block_tables=dev(prefill_tables),

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from data_plane.model.attention_kernels import select_decode_attention, use_decode_attention
 from data_plane.model.config import ModelConfig
 from data_plane.model.layers.linear import store_weights_column_major
 from data_plane.model.llama import LlamaForCausalLM
@@ -93,4 +94,5 @@ def load_model(
     model.load_weights(iter_safetensors(files))
     if torch.device(device).type == "cpu":
         store_weights_column_major(model)
+    use_decode_attention(model, select_decode_attention(torch.device(device)))
     return model.eval(), config

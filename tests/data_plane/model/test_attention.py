@@ -1,4 +1,5 @@
-"""Paged attention against plain causal SDPA over the same keys (GQA expanded by hand)."""
+"""Paged attention against plain causal SDPA over the same keys (GQA expanded by hand), with the decode
+tokens through the torch path and through the compiled CPU kernel."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from data_plane.model.attention import PagedAttention
+from data_plane.model.attention_kernels import load_cpu_decode_attention
 from data_plane.model.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
 
 H, HKV, D, BS = 4, 2, 8, 4
@@ -26,10 +28,14 @@ def _qkv(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(n, H * D), torch.randn(n, HKV * D), torch.randn(n, HKV * D)
 
 
-@pytest.fixture
-def attn() -> PagedAttention:
+@pytest.fixture(params=["torch", "cpu-kernel"])
+def attn(request) -> PagedAttention:
     torch.manual_seed(0)
-    return PagedAttention(H, HKV, D, D**-0.5)
+    layer = PagedAttention(H, HKV, D, D**-0.5)
+    if request.param == "cpu-kernel":
+        layer.decode_kernel = load_cpu_decode_attention()
+        assert layer.decode_kernel is not None, "the CPU attention kernel did not build (a compiler is installed here)"
+    return layer
 
 
 def _step(attn, cache, decode, prefill, qkvs):

@@ -1,0 +1,304 @@
+// Decode attention on the CPU that reads the paged KV cache in place: one query token per sequence
+// attends to its own context through its block table, so a step copies no keys or values (the torch
+// path gathers every decode's blocks into a padded [B, Hkv, L, D] copy per layer first). For each
+// sequence b, query head h (KV head g = h / (H / Hkv)) and its context_lens[b] positions j:
+//
+//   slot(j)  = block_tables[b, j / block_size] * block_size + j % block_size
+//   s[j]     = scale * sum_d q[b, h, d] * K[slot(j), g, d]
+//   out[b, h] = sum_j softmax(s)[j] * V[slot(j), g]
+//
+// kv_cache: [2, num_slots, Hkv, D] contiguous; q: [B, H, D] with contiguous rows of D; out: [B, H, D].
+// Products accumulate in float for every dtype; (sequence, KV head) pairs are split over torch's own
+// OpenMP threads, and the query heads of one KV head share each key and value row while it is in cache.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// The two inner loops of the float path in AVX-512 or AVX2 where the build targets them (cpu_extension.py
+// passes -mavx512f / -mavx2 by the CPU's capability), plain loops otherwise and for bf16/fp16. The
+// compiler alone would sum a dot product's lanes one by one and keep exp scalar.
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;
+using vfloat = __m512;
+inline vfloat vzero() { return _mm512_setzero_ps(); }
+inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+inline vfloat vset(float x) { return _mm512_set1_ps(x); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
+inline vfloat vmax(vfloat a, vfloat b) { return _mm512_max_ps(a, b); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
+inline vfloat vsub(vfloat a, vfloat b) { return _mm512_sub_ps(a, b); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
+inline float vsum(vfloat v) { return _mm512_reduce_add_ps(v); }
+inline float vhmax(vfloat v) { return _mm512_reduce_max_ps(v); }
+inline vfloat vfloor(vfloat v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vfloat vpow2(vfloat n) {  // 2^n for integral n in [-126, 127]
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+#define LORAPLANE_SIMD 1
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kLanes = 8;
+using vfloat = __m256;
+inline vfloat vzero() { return _mm256_setzero_ps(); }
+inline vfloat vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+inline vfloat vset(float x) { return _mm256_set1_ps(x); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+inline vfloat vmax(vfloat a, vfloat b) { return _mm256_max_ps(a, b); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
+inline vfloat vsub(vfloat a, vfloat b) { return _mm256_sub_ps(a, b); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
+inline float vsum(vfloat v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+inline float vhmax(vfloat v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
+}
+inline vfloat vfloor(vfloat v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline vfloat vpow2(vfloat n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+#define LORAPLANE_SIMD 1
+#endif
+
+// Cephes' expf for x <= 0 (scores less their maximum): 2^n * e^r, |r| <= ln2 / 2, e^r by a degree-6
+// polynomial; within 2 ulp of std::exp. Below -87.3 e^x leaves float's normal range and becomes ~0.
+constexpr float kExpFloor = -87.3f, kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                               4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+inline float exp_nonpositive(float x) {
+  x = std::max(x, kExpFloor);
+  const float n = std::floor(x * kLog2e + 0.5f);
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = kExpPoly[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kExpPoly[i];
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+#ifdef LORAPLANE_SIMD
+inline vfloat vexp_nonpositive(vfloat x) {  // the same steps, lane by lane
+  x = vmax(x, vset(kExpFloor));
+  const vfloat n = vfloor(vfma(x, vset(kLog2e), vset(0.5f)));
+  const vfloat r = vfma(n, vset(-kLn2Lo), vfma(n, vset(-kLn2Hi), x));
+  vfloat p = vset(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = vfma(p, r, vset(kExpPoly[i]));
+  p = vfma(vmul(p, r), r, r);
+  return vmul(vadd(p, vset(1.f)), vpow2(n));
+}
+#endif
+
+// s[j] = sum_d q[d] * k[j * stride + d] for j < rows: one query head against one block's keys
+template <typename T>
+inline void block_scores(float* s, const float* q, const T* k, int64_t rows, int64_t stride, int64_t n) {
+  for (int64_t j = 0; j < rows; ++j) {
+    float sum = 0.f;
+    for (int64_t d = 0; d < n; ++d) sum += q[d] * static_cast<float>(k[j * stride + d]);
+    s[j] = sum;
+  }
+}
+
+// acc[d] += sum_j p[j] * v[j * stride + d] for j < rows: one block's values weighted by their probabilities
+template <typename T>
+inline void weighted_rows(float* acc, const float* p, const T* v, int64_t rows, int64_t stride, int64_t n) {
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t d = 0; d < n; ++d) acc[d] += p[j] * static_cast<float>(v[j * stride + d]);
+}
+
+// s[j] = exp(s[j] - max s) / sum; the softmax of one query head's scores, in place
+inline void softmax(float* s, int64_t len) {
+  float top = -std::numeric_limits<float>::infinity(), sum = 0.f;
+  int64_t j = 0;
+#ifdef LORAPLANE_SIMD
+  vfloat vtop = vset(top), vtotal = vzero();
+  for (; j + kLanes <= len; j += kLanes) vtop = vmax(vtop, vload(s + j));
+  top = vhmax(vtop);
+#endif
+  for (; j < len; ++j) top = std::max(top, s[j]);
+  j = 0;
+#ifdef LORAPLANE_SIMD
+  for (; j + kLanes <= len; j += kLanes) {
+    const vfloat e = vexp_nonpositive(vsub(vload(s + j), vset(top)));
+    vstore(s + j, e);
+    vtotal = vadd(vtotal, e);
+  }
+  sum = vsum(vtotal);
+#endif
+  for (; j < len; ++j) sum += (s[j] = exp_nonpositive(s[j] - top));
+  const float inv = 1.f / sum;
+  for (j = 0; j < len; ++j) s[j] *= inv;
+}
+
+#ifdef LORAPLANE_SIMD
+inline float dot(const float* q, const float* k, int64_t n) {
+  vfloat acc = vzero();
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes) acc = vfma(vload(q + d), vload(k + d), acc);
+  float sum = vsum(acc);
+  for (; d < n; ++d) sum += q[d] * k[d];
+  return sum;
+}
+
+// four keys at a time: four independent chains of FMAs instead of one that waits on each
+template <>
+inline void block_scores<float>(float* s, const float* q, const float* k, int64_t rows, int64_t stride,
+                                int64_t n) {
+  int64_t j = 0;
+  if (n % kLanes == 0) {
+    for (; j + 4 <= rows; j += 4) {
+      const float* k0 = k + j * stride;
+      const float *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+      vfloat a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+      for (int64_t d = 0; d < n; d += kLanes) {
+        const vfloat qd = vload(q + d);
+        a0 = vfma(qd, vload(k0 + d), a0);
+        a1 = vfma(qd, vload(k1 + d), a1);
+        a2 = vfma(qd, vload(k2 + d), a2);
+        a3 = vfma(qd, vload(k3 + d), a3);
+      }
+      s[j] = vsum(a0);
+      s[j + 1] = vsum(a1);
+      s[j + 2] = vsum(a2);
+      s[j + 3] = vsum(a3);
+    }
+  }
+  for (; j < rows; ++j) s[j] = dot(q, k + j * stride, n);
+}
+
+// four vector accumulators stay in registers over the block's rows (through memory, each row's update
+// would wait for the previous one's store)
+template <>
+inline void weighted_rows<float>(float* acc, const float* p, const float* v, int64_t rows, int64_t stride,
+                                 int64_t n) {
+  int64_t d = 0;
+  for (; d + 4 * kLanes <= n; d += 4 * kLanes) {
+    vfloat a0 = vload(acc + d), a1 = vload(acc + d + kLanes), a2 = vload(acc + d + 2 * kLanes),
+           a3 = vload(acc + d + 3 * kLanes);
+    for (int64_t j = 0; j < rows; ++j) {
+      const vfloat pj = vset(p[j]);
+      const float* r = v + j * stride + d;
+      a0 = vfma(pj, vload(r), a0);
+      a1 = vfma(pj, vload(r + kLanes), a1);
+      a2 = vfma(pj, vload(r + 2 * kLanes), a2);
+      a3 = vfma(pj, vload(r + 3 * kLanes), a3);
+    }
+    vstore(acc + d, a0);
+    vstore(acc + d + kLanes, a1);
+    vstore(acc + d + 2 * kLanes, a2);
+    vstore(acc + d + 3 * kLanes, a3);
+  }
+  for (; d + kLanes <= n; d += kLanes) {
+    vfloat a = vload(acc + d);
+    for (int64_t j = 0; j < rows; ++j) a = vfma(vset(p[j]), vload(v + j * stride + d), a);
+    vstore(acc + d, a);
+  }
+  for (; d < n; ++d)
+    for (int64_t j = 0; j < rows; ++j) acc[d] += p[j] * v[j * stride + d];
+}
+#endif
+
+template <typename T>
+void decode_kernel(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv, const int64_t* tables,
+                   int64_t table_width, const int64_t* lens, int64_t block_size, double scale) {
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = kv.size(2);
+  const int64_t group = heads / kv_heads, num_slots = kv.size(1);
+  const int64_t q_seq = q.stride(0), q_head = q.stride(1), o_seq = out.stride(0), o_head = out.stride(1);
+  const int64_t slot_stride = kv_heads * dim;
+  const T* qp = q.const_data_ptr<T>();
+  const T* keys = kv.const_data_ptr<T>();
+  const T* values = keys + num_slots * slot_stride;
+  T* op = out.mutable_data_ptr<T>();
+  const float fscale = static_cast<float>(scale);
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), acc(dim), scores;  // [group, D] (scaled), [D], [group, L]
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / kv_heads, g = item % kv_heads, len = lens[b];
+      const int64_t* table = tables + b * table_width;
+      scores.resize(group * len);
+      for (int64_t h = 0; h < group; ++h) {
+        const T* row = qp + b * q_seq + (g * group + h) * q_head;
+        for (int64_t d = 0; d < dim; ++d) qf[h * dim + d] = static_cast<float>(row[d]) * fscale;
+      }
+      // block by block, every query head of this KV head over the block's keys while they sit in L1
+      for (int64_t start = 0; start < len; start += block_size) {
+        const int64_t stop = std::min(len, start + block_size);
+        const T* block = keys + table[start / block_size] * block_size * slot_stride + g * dim;
+        for (int64_t h = 0; h < group; ++h)
+          block_scores(scores.data() + h * len + start, qf.data() + h * dim, block, stop - start, slot_stride, dim);
+      }
+      for (int64_t h = 0; h < group; ++h) softmax(scores.data() + h * len, len);
+      for (int64_t h = 0; h < group; ++h) {
+        const float* p = scores.data() + h * len;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t start = 0; start < len; start += block_size) {
+          const int64_t stop = std::min(len, start + block_size);
+          const T* block = values + table[start / block_size] * block_size * slot_stride + g * dim;
+          weighted_rows(acc.data(), p + start, block, stop - start, slot_stride, dim);
+        }
+        T* row = op + b * o_seq + (g * group + h) * o_head;
+        for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(acc[d]);
+      }
+    }
+  });
+}
+
+void paged_decode_attention(at::Tensor out, const at::Tensor& q, const at::Tensor& kv_cache,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t block_size,
+                            double scale) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3 && q.stride(2) == 1, "q: [B, H, D] on the CPU, rows contiguous");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.scalar_type() == q.scalar_type(), "out like q");
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.is_contiguous() &&
+              kv_cache.scalar_type() == q.scalar_type() && kv_cache.size(3) == q.size(2),
+              "kv_cache: [2, slots, Hkv, D] contiguous, of q's dtype");
+  TORCH_CHECK(q.size(1) % kv_cache.size(2) == 0, "query heads a multiple of KV heads");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
+              block_tables.is_contiguous() && context_lens.is_contiguous() && block_tables.dim() == 2 &&
+              block_tables.size(0) == q.size(0) && context_lens.numel() == q.size(0),
+              "block_tables [B, max_blocks] and context_lens [B]: contiguous int64");
+  TORCH_CHECK(block_size > 0 && kv_cache.size(1) % block_size == 0, "block_size divides the cache's slots");
+  // every block a sequence reads must lie in the cache: a bad table is an error, never a stray read
+  const int64_t width = block_tables.size(1), num_blocks = kv_cache.size(1) / block_size;
+  const int64_t* tables = block_tables.const_data_ptr<int64_t>();
+  const int64_t* lens = context_lens.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    TORCH_CHECK(lens[b] > 0 && lens[b] <= width * block_size, "context length ", lens[b], " out of range");
+    for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; ++i)
+      TORCH_CHECK(tables[b * width + i] >= 0 && tables[b * width + i] < num_blocks, "block out of range");
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+    decode_kernel<scalar_t>(out, q, kv_cache, tables, width, lens, block_size, scale);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(loraplane_attention, m) {
+  m.def("paged_decode_attention(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, "
+        "Tensor context_lens, int block_size, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(loraplane_attention, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+}
