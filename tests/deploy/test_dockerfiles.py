@@ -117,3 +117,32 @@ def test_ignore_rules_follow_dockers_matching(tmp_path: Path) -> None:
     assert rules.excludes("docs/a.md") and not rules.excludes("docs/keep.md")  # the last match decides
     assert not rules.excludes("docs") and not rules.excludes("src/build")  # patterns anchor at the root
     assert rules.excludes("abc") and not rules.excludes("abbc")
+
+
+def test_the_engine_image_has_a_compiler_for_the_cpu_kernels() -> None:
+    """The engine compiles its CPU kernels on first use (data_plane/model/cpu_extension.py): its image
+    keeps a C++ compiler, else the engine falls back to the slower torch ops there."""
+    runs = [args for keyword, args in instructions(DOCKERFILES["engine"]) if keyword == "RUN"]
+    installs = [cmd for args in runs for cmd in re.split(r"&&|;", args) if "apt-get install" in cmd]
+    assert any({"g++", "build-essential"} & set(shlex.split(cmd)) for cmd in installs), installs
+
+
+def test_the_wheel_ships_every_kernel_source(tmp_path: Path, context: set[str]) -> None:
+    """A wheel built from the build context (what the image's `pip install .` installs) holds every C++
+    source of data_plane, so the installed engine finds the files it compiles."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    sources = {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "data_plane").rglob("*.cpp")}
+    assert sources and sources <= context, sources - context
+    for rel in context:  # a clean copy: no build/ folder of an earlier build can lend it the files
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / rel, tmp_path / "src" / rel)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(tmp_path / "src")],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("loraplane-*.whl")
+    assert sources <= set(zipfile.ZipFile(wheel).namelist()), sources - set(zipfile.ZipFile(wheel).namelist())
