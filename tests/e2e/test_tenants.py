@@ -443,6 +443,26 @@ def test_an_adapter_nobody_owns_is_usable_only_when_public(fleet: Fleet) -> None
         assert client.completions.create(model="demo-short", prompt="Hello", max_tokens=2).choices
 
 
+def test_a_keys_own_limits_apply_on_top_of_its_tenants_and_changes_reach_the_router(fleet: Fleet) -> None:
+    first = fleet.make_tenant("team-k")
+    capped = fleet.make_key("team-k", requests_per_minute=2)
+    with tenant_router(fleet, key_cache_ttl_s=60.0) as router:
+        wait_until(router.service.tenancy.revocations.subscribed.is_set, "the revocation subscription")
+
+        def status(key: str) -> httpx.Response:
+            return httpx.post(router.api + "/completions", json={"model": "demo", **ONE_TOKEN},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+        answers = [status(capped) for _ in range(3)]
+        assert [r.status_code for r in answers] == [200, 200, 429]
+        assert "key " in answers[2].json()["error"]["message"] and status(first).status_code == 200
+        # the tenant's new limit reaches the router through Redis (its keys' records are fetched again),
+        # well within the 60 s the cache would otherwise keep them
+        r = fleet.admin.patch(f"{fleet.cp}/v1/tenants/team-k", json={"limits": {"requests_per_minute": 1}})
+        assert r.status_code == 200, r.text
+        wait_until(lambda: status(first).status_code == 429, "the tenant's new limit", timeout_s=10)
+
+
 def test_no_secret_in_logs_answers_or_the_audit_trail(fleet: Fleet) -> None:
     """Runs last in this module: it reads every log the other tests left."""
     assert fleet.secrets
