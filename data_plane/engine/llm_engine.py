@@ -141,6 +141,10 @@ class LLMEngine:
         self.validate(request)
         if request.request_id in self.requests:
             raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+        if request.lora is not None and self.lora_slots is not None and not self.lora_slots.is_resident(request.adapter_id):
+            # the slot image (padded, cast, scale folded in) is made now, outside any step, so the step
+            # that admits the request copies one row into the slot pool instead of building it
+            self.lora_slots.prepare(request.lora)
         params = request.sampling_params
         seqs = []
         for index in range(params.n):

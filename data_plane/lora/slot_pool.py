@@ -85,6 +85,11 @@ class SlotPool:
                 self._images.popitem(last=False)
         return image
 
+    def is_prepared(self, weights: LoRAAdapterWeights) -> bool:
+        """Whether this content's image is kept, so that writing it is one copy."""
+        with self._lock:
+            return weights.sha256 in self._images
+
     @torch.no_grad()
     def write(self, slot: int, weights: LoRAAdapterWeights | None) -> None:
         """Slot `slot` := the adapter's image (prepared now if it was not yet), or zeros: one copy."""

@@ -166,3 +166,24 @@ def test_adapter_request_fails_clearly_when_every_slot_is_pinned(setup):
     assert not engine.has_work() and engine.block_manager.num_used_blocks == 0
     got, _ = _run(engine, [(prompts[0], 1, weights["patterns"])])  # the pinned adapter still serves
     assert got == [setup[3]["patterns"][0]]
+
+
+def test_an_arriving_request_has_its_slot_image_made_before_any_step(setup):
+    """add_request prepares the adapter's slot image, so the step that admits it copies that very image
+    (no build inside the step), and the tokens are still PEFT's."""
+    base, weights, prompts, expected = setup
+    engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
+    request = Request("early", prompts[0], _greedy(), adapter_id=1,
+                      prefix_hash_seed=weights["patterns"].cache_namespace, lora=weights["patterns"])
+    pool = engine.lora_slots.pool
+    assert not pool.is_prepared(weights["patterns"])
+    engine.add_request(request)
+    assert pool.is_prepared(weights["patterns"])
+    image = pool.prepare(weights["patterns"])  # the kept one, made by add_request
+    tokens: list[int] = []
+    while engine.has_work():
+        for output in engine.step():
+            tokens.extend(t for d in output.deltas for t in d.token_ids)
+    assert tokens == expected["patterns"][0]
+    slot = engine.lora_slots.slot(1)
+    assert torch.equal(pool.pool[slot], image)
