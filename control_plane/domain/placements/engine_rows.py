@@ -1,4 +1,11 @@
-"""One engine's placements as a reconcile round reads them, and which of its answers change anything.
+"""One engine as a reconcile round takes it: its row locked, its placements read, and which of its answers
+change anything.
+
+The engine row is locked FOR NO KEY UPDATE for the whole round (see reconcile.py), so that two replicas
+never reconcile one engine at once. A round that finds it locked waits for it at most LOCK_WAIT_MS and
+then skips the engine: another replica's round holds it for seconds, but a heartbeat of the engine holds
+it for the milliseconds of its commit, and SKIP LOCKED skipped an engine whose heartbeat was committing
+(at 200 engines beating every 3 s, one to five engines a pass). SQLite (one replica) takes no row lock.
 
 A round reads every placement of its engine (hundreds at fleet scale, every interval) as columns, not ORM
 objects (two objects a row were most of a steady round's time in the control plane). Its answers are
@@ -15,10 +22,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, ObservedState, Placement
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
 from control_plane.domain.placements.answers import EngineAnswer, values_of
 from control_plane.domain.placements.loads import RecordedVersion
 from control_plane.domain.placements.planner import in_store
@@ -40,6 +48,39 @@ class EngineRow:
     def says(self, values: dict[str, str | None]) -> bool:
         """The row holds these column values already."""
         return all(getattr(self, column) == value for column, value in values.items())
+
+
+LOCK_WAIT_MS = 500  # a heartbeat's commit, not another replica's round
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+async def take_engine(session: AsyncSession, name: str, is_sqlite: bool) -> Engine | None:
+    """The engine's row, locked until the caller's transaction ends; None when it was deleted or another
+    round holds it (the transaction is then rolled back)."""
+    stmt = select(Engine).where(Engine.name == name).with_for_update(key_share=True)  # FOR NO KEY UPDATE
+    if is_sqlite:
+        return await session.scalar(stmt)
+    await session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'"))
+    try:
+        engine = await session.scalar(stmt)
+    except DBAPIError as exc:
+        if not _lock_not_available(exc):
+            raise
+        await session.rollback()
+        return None
+    await session.execute(text("SET LOCAL lock_timeout TO DEFAULT"))  # the recording waits as any writer does
+    return engine
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    current: BaseException | None = exc
+    for _ in range(8):  # SQLAlchemy's error wraps the driver's, which wraps asyncpg's own
+        if current is None:
+            return False
+        if str(getattr(current, "sqlstate", None) or "") == LOCK_NOT_AVAILABLE:
+            return True
+        current = getattr(current, "orig", None) or current.__cause__
+    return False
 
 
 _GONE = {"observed": ObservedState.ABSENT.value, "last_error": None, "residency": None}

@@ -23,8 +23,8 @@ Per engine: read its GET /v1/lora_adapters, then
 Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
 
 Several replicas on one PostgreSQL never reconcile one engine at once: each engine is taken with
-`SELECT … FOR NO KEY UPDATE SKIP LOCKED` and held until its answers are recorded; a replica that finds the
-row locked skips that engine this round. (NO KEY: admin calls inserting placements for the engine take a
+`SELECT … FOR NO KEY UPDATE` and held until its answers are recorded; a replica that finds the row still
+locked after engine_rows.LOCK_WAIT_MS (longer than a heartbeat's commit) skips that engine this round. (NO KEY: admin calls inserting placements for the engine take a
 key-share lock on its row and must not wait for a round's engine calls.) Before writing, the round locks
 the engine's placement rows in ascending id, the one order every placement writer uses
 (domain/placements/planner.py), so it cannot deadlock with a push being recorded on another replica; a
@@ -56,7 +56,7 @@ from control_plane.db.transaction import DatabaseUnavailableError, read, transac
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from control_plane.domain.placements.demand import AdapterDemand, replace_demand
-from control_plane.domain.placements.engine_rows import EngineRow, engine_rows, news
+from control_plane.domain.placements.engine_rows import EngineRow, engine_rows, news, take_engine
 from control_plane.domain.placements.fleet import FleetPass, FleetReport
 from control_plane.domain.placements.loads import VersionLoader
 from control_plane.engine_client import EngineCallError, EngineClient
@@ -208,8 +208,7 @@ class Reconciler:
 
     async def _reconcile_engine(self, name: str, bound: asyncio.Timeout) -> EngineRound:
         async with self.sessions() as session:
-            engine = await session.scalar(select(Engine).where(Engine.name == name)
-                                          .with_for_update(skip_locked=True, key_share=True))
+            engine = await take_engine(session, name, self.settings.is_sqlite)
             if engine is None:  # deleted, or another replica holds it right now
                 return EngineRound(name, [], [], [], skipped=True)
             rows = await engine_rows(session, engine.id)
