@@ -1,16 +1,21 @@
 """The engine's disk cache of adapter versions fetched by digest: DIR/<digest>/<files>, LRU-bounded.
 
-- A folder appears under its digest only complete: files are fetched into DIR/.partial/<digest>.<nonce>/
-  (each verified and fsynced by artifact_fetch), the manifest is written beside them as `.manifest.json`
-  (a name no artifact file can have), and the whole folder is renamed into place, then the directory
-  fsynced. A crash or a failed fetch leaves only .partial/ debris, removed at the next start.
+- A folder appears under its digest only complete: files are fetched and verified in memory
+  (artifact_fetch), written into DIR/.partial/<digest>.<nonce>/ and fsynced, the manifest is written
+  beside them as `.manifest.json` (a name no artifact file can have), and the whole folder is renamed
+  into place, then the directory fsynced. A crash or a failed fetch leaves only .partial/ debris,
+  removed at the next start. That write runs in the background, in an idle-priority thread, while the
+  load parses the held bytes (a 200 MB write and fsync took 0.2-0.6 s here, all of it on the cold
+  path before); a crash before it ends only means the next start fetches the version again.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
   Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed here: the
   load hashes them anyway (the PEFT loader digests what it reads and the registry refuses another
   digest) unless this process verified them itself and their stat stamps are unchanged since. A folder whose files
   changed since is dropped by `discard` when that load check fails, and fetched again.
-- Files this process fetched and verified are remembered with their stat stamps (`verified`), so the
-  load right after the fetch does not hash them a second time (data_plane.lora.verified_files).
+- Files this process fetched and verified are remembered with their stat stamps (`verified`), so a
+  later load does not hash them a second time, and their verified bytes are held until the cache's
+  copy is written, so that the load parses them from memory, never from a file not yet (or just)
+  written (data_plane.lora.verified_files).
 - Concurrent needs of one digest fetch it once (one lock per digest; the waiters then find it cached).
 - `max_bytes` bounds the cache: before a fetch, the least recently used digests are evicted that are
   neither held (a fetch or load in progress: `acquire`) nor in use (`in_use`: the digests the LoRA
@@ -20,8 +25,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -36,9 +43,9 @@ from typing import IO
 import msgspec
 
 from data_plane.config import ConfigError
-from data_plane.lora.artifact_fetch import ArtifactFetcher
+from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError
 from data_plane.lora.keyed_lock import KeyedLock
-from data_plane.lora.reader import read_off_loop
+from data_plane.lora.reader import fetch_off_loop, read_off_loop
 from data_plane.lora.verified_files import VerifiedFiles
 from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
 from shared.errors import OverloadedError
@@ -47,6 +54,7 @@ MANIFEST_NAME = ".manifest.json"
 PARTIAL_DIR = ".partial"
 LOCK_NAME = ".lock"
 _DIGEST = re.compile(DIGEST_PATTERN)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +65,7 @@ class ArtifactStats:
     misses: int = 0  # needs that fetched
     fetches: int = 0  # versions fetched and verified into the cache
     fetch_failures: int = 0
+    write_failures: int = 0  # fetched and verified, but the cache's copy could not be written
     fetched_bytes: int = 0  # bytes received, verified or not
     evictions: int = 0
 
@@ -77,6 +86,7 @@ class ArtifactCache:
         self._holds: Counter[str] = Counter()
         self._reserved = 0  # bytes of fetches in progress
         self._locks = KeyedLock()
+        self._writing: dict[str, asyncio.Task[None]] = {}  # digest -> its fetched bytes being written
         self._lock_file: IO[bytes] | None = None
         self.verified = VerifiedFiles()  # what _fetch hashed, for the loader (not hashed again)
 
@@ -121,12 +131,17 @@ class ArtifactCache:
     # ---- use -----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def acquire(self, ref: ArtifactRef) -> AsyncIterator[Path]:
-        """The verified folder of `ref`'s version, fetched if not cached; it is not evicted while held."""
+        """The folder of `ref`'s verified version, fetched if not cached; it is not evicted while held.
+        Right after a fetch its files may still be being written (`settle` waits for them); until they
+        are, `verified` holds their checked bytes, which is what the loader reads."""
         self.fetcher.check(ref)  # the origin rule holds for cached digests too: the same push, the same answer
         digest = ref.digest
         self._holds[digest] += 1
         try:
             async with self._locks(digest):
+                writing = self._writing.get(digest)
+                if writing is not None:  # fetched a moment ago: once written, it is a hit
+                    await asyncio.shield(writing)
                 folder = self._hit(digest)
                 if folder is None:
                     self.stats.misses += 1
@@ -139,8 +154,16 @@ class ArtifactCache:
             if not self._holds[digest]:
                 del self._holds[digest]
 
+    async def settle(self) -> None:
+        """Wait until every fetched version is written into the cache (or its write failed)."""
+        while self._writing:
+            await asyncio.wait(list(self._writing.values()))
+
     async def discard(self, digest: str) -> None:
         """Drop a cached version whose files no longer hash to its digest (the next need fetches it)."""
+        writing = self._writing.get(digest)
+        if writing is not None:
+            await asyncio.shield(writing)
         if digest in self._entries:
             del self._entries[digest]
             await self._remove(self.root / digest)
@@ -159,44 +182,74 @@ class ArtifactCache:
         return folder
 
     async def _fetch(self, ref: ArtifactRef) -> Path:
+        """Fetch and verify in memory; the bytes are held for the loader and written into the cache in
+        the background, so that the load does not wait for 200 MB to reach the disk first."""
         manifest = await self.fetcher.manifest(ref)
         size = manifest.size_bytes
         await self._make_room(size)
         self._reserved += size
-        partial = self.root / PARTIAL_DIR / f"{ref.digest}.{secrets.token_hex(4)}"
         try:
-            partial.mkdir()
-            await self.fetcher.download(manifest, partial)
-            folder = await read_off_loop(self._publish, partial, manifest)
+            contents = await self.fetcher.receive(manifest)
         except BaseException:
             self.stats.fetch_failures += 1
-            shutil.rmtree(partial, ignore_errors=True)  # sync: also when cancelled, nothing partial stays
-            raise
-        finally:
             self._reserved -= size
+            raise
         self.stats.fetches += 1
-        self._entries[ref.digest] = size
+        folder = self.root / ref.digest
         for f in manifest.files:
-            self.verified.remember(folder / f.name, f.sha256)
+            self.verified.hold(folder / f.name, f.sha256, contents[f.name])
+        # made here, at once: its appearance is when the version was verified (bench/artifacts.py)
+        partial = self.root / PARTIAL_DIR / f"{ref.digest}.{secrets.token_hex(4)}"
+        self._writing[ref.digest] = asyncio.ensure_future(self._write(partial, manifest, contents))
         return folder
 
-    def _publish(self, partial: Path, manifest: ArtifactManifest) -> Path:
-        """Blocking: the manifest beside the files, then the whole folder renamed into place, durably."""
-        with (partial / MANIFEST_NAME).open("xb") as fh:
-            fh.write(msgspec.json.encode(manifest))
-            fh.flush()
-            os.fsync(fh.fileno())
-        _fsync_dir(partial)
-        folder = self.root / manifest.digest
-        shutil.rmtree(folder, ignore_errors=True)  # an invalid leftover _hit found
-        partial.rename(folder)
-        _fsync_dir(self.root)
+    async def _write(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, bytearray]) -> None:
+        """The verified version into the cache; a failure is logged, and the next need fetches it again."""
+        digest, size = manifest.digest, manifest.size_bytes
+        try:
+            partial.mkdir()
+            folder = await fetch_off_loop(self._publish, partial, manifest, contents)
+        except Exception as exc:
+            self.stats.write_failures += 1
+            self.verified.forget_under(self.root / digest)
+            shutil.rmtree(partial, ignore_errors=True)
+            logger.warning("adapter %s… was fetched and verified but not cached: %s", digest[:16], exc)
+        else:
+            self._entries[digest] = size
+            for f in manifest.files:
+                self.verified.remember(folder / f.name, f.sha256)
+            self.verified.release_under(folder)  # the file is the copy from now on
+        finally:
+            self._reserved -= size
+            del self._writing[digest]
+
+    def _publish(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, bytearray]) -> Path:
+        """Blocking: the verified files and their manifest written and fsynced, then the whole folder
+        renamed into place, durably. A local disk error (full, read-only) is worth a retry later."""
+        try:
+            for name, data in (*contents.items(), (MANIFEST_NAME, msgspec.json.encode(manifest))):
+                with (partial / name).open("xb") as fh:
+                    fh.write(data)  # one write: the GIL is released for the copy into the page cache
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            _fsync_dir(partial)
+            folder = self.root / manifest.digest
+            shutil.rmtree(folder, ignore_errors=True)  # an invalid leftover _hit found
+            partial.rename(folder)
+            _fsync_dir(self.root)
+        except OSError as exc:
+            raise ArtifactFetchError(f"cannot write adapter {manifest.digest[:16]}… into the LoRA cache "
+                                     f"({exc.strerror or exc})", param="artifact") from None
         return folder
 
     async def _make_room(self, size: int) -> None:
-        busy = set(self.in_use()) | set(self._holds)
+        busy = set(self.in_use()) | set(self._holds) | set(self._writing)
         while self.size_bytes + self._reserved + size > self.max_bytes:
             victim = next((d for d in self._entries if d not in busy), None)
+            if victim is None and self._writing:  # versions being written count as reserved: once
+                await asyncio.wait(list(self._writing.values()))  # written they may be evictable
+                busy = set(self.in_use()) | set(self._holds) | set(self._writing)
+                continue
             if victim is None:
                 raise OverloadedError(
                     f"the LoRA cache cannot take {size} more bytes: {self.size_bytes + self._reserved} of "

@@ -1,12 +1,18 @@
-"""One artifact file downloaded, hashed and written in a single low-priority thread (blocking code).
+"""One artifact file downloaded and hashed in memory by a single idle-priority thread (blocking code).
 
 Why not the API's event loop (httpx, as the manifest is fetched): httpx hands a download to Python in
 64 KiB pieces, each parsed and copied while holding the GIL, on the thread that also serves requests.
 That ran at about 250 MB/s here and took the GIL from the engine's step thread thousands of times per
-adapter. Here the stdlib HTTP client reads the body straight into one 1 MiB buffer (`readinto`: the
-socket copies into it without the GIL), and the sha256 update and the file write of that buffer release
-the GIL too: about 200 Python-level turns for a 200 MB file, on a thread whose nice value gives the
-engine's forward pass the CPU first (data_plane.lora.reader).
+adapter. Here the stdlib HTTP client reads the body straight into the file's own buffer, allocated
+once at its listed size (`readinto` in 4 MiB steps: the socket copies into it without the GIL), and
+the sha256 update of each step releases the GIL too. Nothing is written to disk here: the caller gets
+the verified bytes, parses them in memory and writes the cache's copy (artifact_cache), so a cold load
+neither waits for a file write inside the receive loop nor reads back the file it has just written.
+
+Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES) and the thread runs at idle
+priority (data_plane.lora.reader), so the sender (the control plane, often on the same host) can only
+send as fast as this thread takes bytes, in windows of at most that size, i.e. when the engine leaves a
+CPU idle: a fetch does not compete with the forward pass, neither here nor in the process serving it.
 
 The rules are those of artifact_fetch: the caller has checked the URL's origin; redirects are answers,
 never followed (http.client does not follow them); `headers` carry the token only when the URL is the
@@ -17,22 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import os
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TypeVar
 from urllib.parse import urlsplit
 
 from data_plane.lora.errors import LoRAAdapterError
 from shared.artifacts import ArtifactFile
 from shared.errors import LoraplaneError
 
-BUFFER_BYTES = 1 << 20
-T = TypeVar("T")
+STEP_BYTES = 4 << 20  # one readinto and one hash update: the cancel and deadline checks between them
+RECEIVE_BUFFER_BYTES = 1 << 20  # SO_RCVBUF: the most the sender can put in flight ahead of this thread
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,6 @@ class Download:
     url: str  # absolute, origin already checked
     headers: dict[str, str]
     file: ArtifactFile  # name, size and sha256 the bytes must have
-    path: Path  # created here (exclusively); the caller removes it on failure
     where: str  # "file adapter_model.safetensors at '…'" for messages
     read_timeout_s: float  # connect, or one read
     deadline: float  # time.monotonic() by which the whole version must be in
@@ -78,10 +81,12 @@ def mismatch(f: ArtifactFile, detail: str) -> DownloadProblem:
     return DownloadProblem("checksum_mismatch", f"checksum mismatch for {f.name}: {detail}; nothing was loaded")
 
 
-def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> None:
-    """Blocking: GET `job.url` into `job.path`, verified against `job.file` and fsynced."""
+def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> bytearray:
+    """Blocking: GET `job.url`; its bytes, verified against `job.file` (size and sha256)."""
     conn = _connection(job.url, job.read_timeout_s)
     try:
+        conn.connect()
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
         parts = urlsplit(job.url)
         conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
                      headers={**job.headers, "Accept-Encoding": "identity"})
@@ -89,7 +94,7 @@ def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int]
         problem = status_problem(response.status, job.where)
         if problem is not None:
             raise problem
-        _receive(job, response, cancelled, on_bytes)
+        return _receive(job, response, cancelled, on_bytes)
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, a read timeout, a broken body
         raise DownloadProblem("retry", f"{job.where}: {type(exc).__name__}") from None
     finally:
@@ -97,64 +102,30 @@ def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int]
 
 
 def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threading.Event,
-             on_bytes: Callable[[int], None] | None) -> None:
+             on_bytes: Callable[[int], None] | None) -> bytearray:
     f = job.file
-    buffer = memoryview(bytearray(BUFFER_BYTES))
-    with _Sink(job.path) as sink:
-        while True:
-            if cancelled.is_set() or time.monotonic() > job.deadline:
-                raise DownloadProblem("timeout", f"{job.where} was not fetched in time")
-            n = response.readinto(buffer)
-            if not n:
-                if response.length:  # Content-Length not reached: the connection broke off (http.client
-                    # answers 0 then, not IncompleteRead)
-                    raise DownloadProblem("retry", f"{job.where}: the body broke off after {sink.size} bytes")
-                break
-            if sink.size + n > f.size:
-                raise mismatch(f, f"more than the {f.size} bytes listed")
-            sink.write(buffer[:n])
-            if on_bytes is not None:
-                on_bytes(n)
-        if sink.size != f.size:
-            raise mismatch(f, f"{sink.size} bytes received, {f.size} listed")
-        if sink.hexdigest() != f.sha256:
-            raise mismatch(f, f"sha256 {sink.hexdigest()[:16]}… received, {f.sha256[:16]}… listed")
-        sink.finish()
-
-
-class _Sink:
-    """The file being written and hashed; a local disk error (full, read-only) is worth a retry later."""
-
-    def __init__(self, path: Path) -> None:
-        self.name = path.name
-        self._fh = self._disk(lambda: path.open("xb"))
-        self._hash = hashlib.sha256()
-        self.size = 0
-
-    def _disk(self, op: Callable[[], T]) -> T:
-        try:
-            return op()
-        except OSError as exc:
-            raise DownloadProblem("disk", f"cannot write {self.name} into the LoRA cache "
-                                          f"({exc.strerror or exc})") from None
-
-    def write(self, data: memoryview) -> None:
-        self._hash.update(data)  # hashlib and the write release the GIL for buffers this large
-        self._disk(lambda: self._fh.write(data))
-        self.size += len(data)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-    def finish(self) -> None:
-        self._disk(self._fh.flush)
-        self._disk(lambda: os.fsync(self._fh.fileno()))
-
-    def __enter__(self) -> _Sink:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._fh.close()
+    data = bytearray(f.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
+    view = memoryview(data)
+    digest = hashlib.sha256()
+    received = 0
+    while received < f.size:
+        if cancelled.is_set() or time.monotonic() > job.deadline:
+            raise DownloadProblem("timeout", f"{job.where} was not fetched in time")
+        n = response.readinto(view[received:received + STEP_BYTES])
+        if not n:
+            if response.length:  # Content-Length not reached: the connection broke off (http.client
+                # answers 0 then, not IncompleteRead)
+                raise DownloadProblem("retry", f"{job.where}: the body broke off after {received} bytes")
+            raise mismatch(f, f"{received} bytes received, {f.size} listed")
+        digest.update(view[received:received + n])  # hashlib releases the GIL for pieces this large
+        received += n
+        if on_bytes is not None:
+            on_bytes(n)
+    if response.length or response.read(1):  # the body goes on past the listed size
+        raise mismatch(f, f"more than the {f.size} bytes listed")
+    if digest.hexdigest() != f.sha256:
+        raise mismatch(f, f"sha256 {digest.hexdigest()[:16]}… received, {f.sha256[:16]}… listed")
+    return data
 
 
 def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:

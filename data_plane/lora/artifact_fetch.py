@@ -8,17 +8,18 @@ The rules, in the order they are applied:
 2. The manifest (`GET ref.url`, with the engine's control-plane token when it goes to the control
    plane) must be the version the push named (`manifest.digest == ref.digest`) and its files must hash
    to that digest (`manifest_matches`): a manifest cannot vouch for itself.
-3. Each file is streamed (from its presigned `url`, or the control plane's `file_url`) into the folder
-   given, hashed as it is written; more bytes than listed, fewer, or another sha256 refuse the load
-   with `checksum mismatch for <name>`. The caller (artifact_cache) only ever publishes a folder
-   whose every file passed.
+3. Each file is streamed (from its presigned `url`, or the control plane's `file_url`) into memory,
+   hashed as it arrives; more bytes than listed, fewer, or another sha256 refuse the load with
+   `checksum mismatch for <name>`. The caller (artifact_cache) gets only versions whose every file
+   passed, writes the cache's copy and hands the loader these very bytes.
 
 Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
 its files (exactly a PEFT version's two), and the version's size (the cache's capacity: a bigger one
-could never be kept).
-Each file is downloaded, hashed and written in one low-priority thread (artifact_download: the stdlib
-client reading into a 1 MiB buffer, the GIL released for the copies), so the event loop and the engine's
-step thread keep their pace while it runs; the small manifest comes over httpx on the loop.
+could never be kept; it is also what a fetch holds in memory).
+The files are downloaded and hashed concurrently, each in an idle-priority thread of its own
+(artifact_download: the stdlib client reading into the file's buffer, the GIL released for the copies),
+so the event loop and the engine's step thread keep their pace while it runs; the small manifest comes
+over httpx on the loop.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import msgspec
@@ -163,12 +163,19 @@ class ArtifactFetcher:
                 f"holds (--lora-cache-max-bytes {self.max_bytes})", param="artifact", code="artifact_too_large")
         return manifest
 
-    async def download(self, manifest: ArtifactManifest, folder: Path) -> None:
-        """Write every file of `manifest` into `folder` (which exists), each verified and fsynced."""
+    async def receive(self, manifest: ArtifactManifest) -> dict[str, bytearray]:
+        """Every file of `manifest` (name -> bytes), each verified against its size and sha256."""
         deadline = time.monotonic() + self.timeout_s  # the threads stop on their own by then too
         async with self._deadline(f"adapter {manifest.digest[:16]}…"):
-            for f in manifest.files:
-                await self._download_file(manifest, f, folder / f.name, deadline)
+            tasks = [asyncio.ensure_future(self._download_file(manifest, f, deadline)) for f in manifest.files]
+            try:
+                contents = await asyncio.gather(*tasks)
+            except BaseException:
+                for task in tasks:  # the first refusal stops the other files' downloads too
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        return {f.name: data for f, data in zip(manifest.files, contents, strict=True)}
 
     @asynccontextmanager
     async def _deadline(self, what: str) -> AsyncIterator[None]:
@@ -187,15 +194,14 @@ class ArtifactFetcher:
                           "untrusted_artifact_origin")
         return file_url(self.origins.control_plane, manifest.digest, f.name)
 
-    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, path: Path,
-                             deadline: float) -> None:
+    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> bytearray:
         url = self._file_url(manifest, f)
         job = Download(url=url, headers=self._auth if self.origins.is_control_plane(url) else {}, file=f,
-                       path=path, where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
+                       where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
                        deadline=deadline)
         cancelled = threading.Event()
         try:
-            await fetch_off_loop(download, job, cancelled, self._on_bytes)
+            return await fetch_off_loop(download, job, cancelled, self._on_bytes)
         except DownloadProblem as problem:
             raise as_error(problem, ArtifactFetchError) from None
         finally:

@@ -21,6 +21,9 @@ class ArtifactCollector(Collector):
         fetches.add_metric(["ok"], s.fetches)
         fetches.add_metric(["error"], s.fetch_failures)
         yield fetches
+        yield CounterMetricFamily("loraplane_artifact_cache_write_failures",
+                                  "Versions fetched and verified whose cache copy could not be written (fetched again "
+                                  "next time)", value=s.write_failures)
         yield CounterMetricFamily("loraplane_artifact_fetch_bytes", "Artifact bytes received (verified or not)",
                                   value=s.fetched_bytes)
         yield CounterMetricFamily("loraplane_artifact_cache_hits", "Artifact needs met by the cache, no request made",

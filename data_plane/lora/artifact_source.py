@@ -38,6 +38,7 @@ class ArtifactSource:
         await read_off_loop(self.cache.open)
 
     async def close(self) -> None:
+        await self.cache.settle()  # what was fetched is cached, so the next start need not fetch it
         await read_off_loop(self.cache.close)
         await self.cache.fetcher.aclose()
 

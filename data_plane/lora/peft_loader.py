@@ -12,15 +12,16 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_targets
+from data_plane.lora.safetensors_memory import open_tensors
+from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
 from shared.manifest import ManifestEntry, entries_of, manifest_digest
@@ -40,17 +41,24 @@ def load_peft_adapter(
     max_rank: int,
     allowed_roots: list[str],
     dtype: torch.dtype = torch.float32,
-    known_sha256: Callable[[Path], str | None] | None = None,
+    verified: VerifiedFiles | None = None,
 ) -> LoRAAdapterWeights:
     """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale.
-    `known_sha256`: the sha256 of a weights file the engine verified itself and that is unchanged since
-    (data_plane.lora.verified_files), so it is not hashed again; None for any other file."""
+    `verified` (data_plane.lora.verified_files): what the engine verified itself. Files whose verified
+    bytes it still holds are read from memory (a version just fetched: nothing is read from disk); a
+    weights file it hashed and that is unchanged since is not hashed again."""
     if "\0" in str(path):  # the OS would raise ValueError (a 500) on it
         raise LoRAAdapterError("lora_path contains a NUL byte; pass the adapter folder's path")
     try:
         folder = _resolve_inside_roots(path, allowed_roots)
-        config_path, weights_path = _locate_files(folder, path, allowed_roots)
-        config_bytes = config_path.read_bytes()
+        held = _held_files(folder, verified)
+        if held is not None:
+            config_bytes, (weights_sha256, weights) = held
+            weights_path = folder / WEIGHTS_NAME
+        else:
+            config_path, weights_path = _locate_files(folder, path, allowed_roots)
+            config_bytes = config_path.read_bytes()
+            weights, weights_sha256 = weights_path, verified.sha256_of(weights_path) if verified else None
         config = _read_config(config_bytes)
     except OSError as exc:  # a name too long for the file system, permissions, a file vanishing
         shown = repr(str(path)[:128]) + ("…" if len(str(path)) > 128 else "")
@@ -65,7 +73,7 @@ def load_peft_adapter(
             f"rank {rank} (module {module_name(*worst)}) exceeds --max-lora-rank {max_rank}; "
             "restart the engine with a larger --max-lora-rank or use an adapter of lower rank"
         )
-    tensors = _read_tensors(weights_path, targets, model_config, dtype)
+    tensors = _read_tensors(weights, targets, model_config, dtype)
     layers: dict[int, dict[str, LoRAModuleWeights]] = {}
     for (layer, short), (r, alpha) in sorted(targets.items()):
         lora_a, lora_b = tensors[(layer, short)]
@@ -73,9 +81,11 @@ def load_peft_adapter(
         layers.setdefault(layer, {})[short] = LoRAModuleWeights(lora_a=lora_a, lora_b=lora_b, scaling=scaling)
     # The version's identity is the manifest digest (shared.manifest), the same the control plane records:
     # the config's entry is taken from the very bytes parsed above, so what is served is what is named.
-    known = known_sha256(weights_path) if known_sha256 is not None else None
-    weights_entry = (ManifestEntry(WEIGHTS_NAME, weights_path.stat().st_size, known) if known is not None
-                     else entries_of([weights_path])[0])
+    if weights_sha256 is None:
+        weights_entry = entries_of([weights_path])[0]
+    else:
+        size = len(weights) if isinstance(weights, bytearray) else weights_path.stat().st_size
+        weights_entry = ManifestEntry(WEIGHTS_NAME, size, weights_sha256)
     entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
                weights_entry]
     return LoRAAdapterWeights(
@@ -103,6 +113,16 @@ def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
             "put the adapter under one of them or add its directory to --lora-roots"
         )
     return resolved
+
+
+def _held_files(folder: Path, verified: VerifiedFiles | None) -> tuple[bytes, tuple[str, bytearray]] | None:
+    """(config bytes, (weights sha256, weights bytes)) when `verified` holds both files' checked bytes."""
+    if verified is None:
+        return None
+    config, weights = verified.contents_of(folder / CONFIG_NAME), verified.contents_of(folder / WEIGHTS_NAME)
+    if config is None or weights is None:
+        return None
+    return bytes(config[1]), weights
 
 
 def _locate_files(folder: Path, given: str | Path, allowed_roots: list[str]) -> tuple[Path, Path]:
@@ -145,13 +165,14 @@ def _read_config(data: bytes) -> dict[str, Any]:
 
 
 def _read_tensors(
-    weights_path: Path, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
+    weights: Path | bytearray, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
     dtype: torch.dtype,
 ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    """Check every tensor name and shape from the header, then read them: (layer, short) -> (A, B)."""
+    """Check every tensor name and shape from the header, then read them: (layer, short) -> (A, B).
+    `weights`: the file, or its verified bytes in memory (the tensors are then views of them)."""
     try:
-        with safe_open(str(weights_path), framework="pt") as f:
-            shapes = {key: list(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+        with open_tensors(weights) as f:
+            shapes = {key: f.shape(key) for key in f.keys()}  # noqa: SIM118
             keys = _check_names_and_shapes(shapes, targets, cfg)
             loaded = {key: f.get_tensor(key) for key in keys.values()}
     except (SafetensorError, OSError) as exc:  # a bad header, offsets past the end, an unreadable file
@@ -167,11 +188,23 @@ def _read_tensors(
             tensor = loaded[key]
             if not tensor.is_floating_point():
                 raise LoRAAdapterError(f"tensor {key} has dtype {tensor.dtype}; LoRA weights must be floating point")
-            if not torch.isfinite(tensor).all():
+            if not _all_finite(tensor):
                 raise LoRAAdapterError(f"tensor {key} contains NaN or infinite values; the adapter is broken")
             pair.append(tensor.to(dtype).contiguous())
         out[(layer, short)] = (pair[0], pair[1])
     return out
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """No NaN or infinity in `tensor`: its min and max (one pass that allocates nothing; NaN propagates
+    through both) are finite. `isfinite(t).all()` builds a bool tensor as long as the weights first,
+    about a quarter of the load's time on a fresh VM page here."""
+    if tensor.numel() == 0:
+        return True
+    if tensor.dtype.itemsize == 1:  # float8: no min/max kernels
+        return bool(torch.isfinite(tensor.float()).all())
+    lo, hi = torch.aminmax(tensor)
+    return math.isfinite(lo.item()) and math.isfinite(hi.item())
 
 
 def _check_names_and_shapes(

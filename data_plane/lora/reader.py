@@ -3,6 +3,13 @@
 On a small host the engine's forward pass uses every core; a file read at normal priority would take
 one of them mid-step and stretch the inter-token latency of everyone decoding. At a lower nice
 value the read only gets the CPU the engine leaves idle. (Linux only; elsewhere it is a plain pool.)
+
+Downloads (artifact_download) go further, to SCHED_IDLE: on 2 CPUs the core's two OpenMP threads wait
+for each other at every parallel region, so even a nice-10 thread's share of one CPU (about a tenth)
+stalls the whole step; an idle-class thread runs only when a CPU has nothing else to do. Reads stay
+at nice 10: a request may be waiting for its adapter's re-read, and an idle-class thread could wait
+for as long as the engine is busy. A download is not on any request's path (the load waits, not a
+request), and while the engine is idle it runs at full speed.
 """
 
 from __future__ import annotations
@@ -25,9 +32,17 @@ def lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READER_NICENESS)
 
 
+def idle_thread_priority() -> None:
+    """This thread in the SCHED_IDLE class (Linux lets any thread lower itself to it); else nice."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        lower_thread_priority()
+
+
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-read", initializer=lower_thread_priority)
 # Downloads hold their thread for a whole file: a pool of their own, so that they never keep reads waiting.
-_fetch_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lora-fetch", initializer=lower_thread_priority)
+_fetch_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lora-fetch", initializer=idle_thread_priority)
 
 
 async def read_off_loop(fn: Callable[..., T], *args: object) -> T:

@@ -335,6 +335,6 @@ def loader_for(config: EngineConfig, cache_dir: str | None = None,
         # host copies stay float32 (the loader's default): the engine folds the scale in and casts once
         # when it copies into a slot, so the model dtype's rounding happens only there
         return load_peft_adapter(path, model_config=model_config, max_rank=config.max_lora_rank,
-                                 allowed_roots=roots, known_sha256=verified.sha256_of if verified else None)
+                                 allowed_roots=roots, verified=verified)
 
     return load

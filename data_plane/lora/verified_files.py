@@ -1,4 +1,6 @@
-"""The sha256 of files this process verified itself, trusted while each file's stat stamp is unchanged.
+"""What this process verified itself: the sha256 of files, trusted while each file's stat stamp is
+unchanged, and, right after a fetch, the verified bytes themselves, which the loader reads instead of
+the file.
 
 An adapter fetched by digest is hashed as it arrives (artifact_download) and published into the cache;
 the PEFT loader digests the files it reads, so without this memo every cold load would hash 200 MB twice
@@ -6,6 +8,12 @@ within a second (about 0.15 s of a 0.6 s load here). The memo answers the loader
 whose size, mtime (ns), inode and device are those recorded right after verification: any write through
 the file system changes the mtime, so an edited file is hashed again and, differing, refused. It lives
 in memory only: after a restart the first load of a cached version hashes it once more.
+
+Held bytes (`hold`, while the cache's `acquire` that fetched them lasts): the buffer whose every byte
+matched the manifest's sha256 in memory, so the first load parses it there (views of the buffer, no
+re-read of the cached file, no copy) instead of mapping the file it was just written to. What the
+loader gets is exactly what was hashed, whatever happens to the file on disk meanwhile.
+Paths are keyed by their real path, as the loader names them.
 """
 
 from __future__ import annotations
@@ -25,27 +33,51 @@ def _stamp(path: Path) -> Stamp | None:
     return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
 
 
+def _key(path: Path) -> str:
+    return os.path.realpath(path)
+
+
 class VerifiedFiles:
     def __init__(self) -> None:
         self._known: dict[str, tuple[Stamp, str]] = {}
+        self._held: dict[str, tuple[str, bytearray]] = {}  # path -> (sha256, the verified bytes)
         self._lock = threading.Lock()  # the cache publishes on the loop, loaders ask from reader threads
 
     def remember(self, path: Path, sha256: str) -> None:
         stamp = _stamp(path)
         if stamp is not None:
             with self._lock:
-                self._known[str(path)] = (stamp, sha256)
+                self._known[_key(path)] = (stamp, sha256)
+
+    def hold(self, path: Path, sha256: str, contents: bytearray) -> None:
+        """`contents` are the bytes of `path` whose sha256 was checked in memory (the caller no longer
+        writes them); answered by `contents_of` until `release_under`."""
+        with self._lock:
+            self._held[_key(path)] = (sha256, contents)
+
+    def release_under(self, folder: Path) -> None:
+        """Drop the held bytes of files in `folder` (their file is the copy from now on)."""
+        prefix = _key(folder) + os.sep
+        with self._lock:
+            for key in [k for k in self._held if k.startswith(prefix)]:
+                del self._held[key]
 
     def forget_under(self, folder: Path) -> None:
-        prefix = str(folder) + os.sep
+        prefix = _key(folder) + os.sep
         with self._lock:
-            for key in [k for k in self._known if k.startswith(prefix)]:
-                del self._known[key]
+            for table in (self._known, self._held):
+                for key in [k for k in table if k.startswith(prefix)]:
+                    del table[key]
+
+    def contents_of(self, path: Path) -> tuple[str, bytearray] | None:
+        """(sha256, bytes) of `path` as verified in memory, if still held."""
+        with self._lock:
+            return self._held.get(_key(path))
 
     def sha256_of(self, path: Path) -> str | None:
         """The recorded sha256 if `path` is the very file verified (same stamp), else None (hash it)."""
         with self._lock:
-            known = self._known.get(str(path))
+            known = self._known.get(_key(path))
         if known is None or _stamp(path) != known[0]:
             return None
         return known[1]

@@ -133,6 +133,8 @@ def test_an_upload_is_served_by_engines_that_cannot_read_it(demo, tmp_path: Path
         assert len(list((store / "blobs").iterdir())) == 2  # the version's two files are in the store…
         for name in engines:  # …and each engine verified its own copy into its own cache
             cached = tmp_path / f"cache-{name}" / digest
+            # the cache's copy is written in the background while the load parses the verified bytes
+            wait_for(lambda cached=cached: (cached / ".manifest.json").exists(), f"{name} to write its cache copy")
             assert (cached / WEIGHTS_NAME).read_bytes() == (adapter / WEIGHTS_NAME).read_bytes()
         expected = assert_peft_tokens(engines, base, adapter, "poet")
         assert requests_at(cp, FILE_ROUTE) == 4  # two files for each engine

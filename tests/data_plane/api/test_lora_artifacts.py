@@ -5,6 +5,7 @@ when the control plane resolves a name to an artifact. The engine has no --lora-
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from data_plane.api.app import create_app
 from data_plane.control_client import ControlPlaneClient
+from data_plane.lora.artifact_cache import MANIFEST_NAME
 from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.artifacts import ArtifactRef
 from shared.engine_admin import ResolvedAdapter
@@ -51,6 +53,16 @@ def artifact_app(demo_model_dir: Path, cp: ArtifactServer, cache_dir: Path, **co
 
 def load(client: TestClient, name: str, ref: ArtifactRef, **fields):
     return client.post(LOAD, json={"lora_name": name, "artifact": msgspec.to_builtins(ref), **fields})
+
+
+def written(cache_dir: Path, digest: str) -> Path:
+    """The cached folder of `digest` once the cache's background write has put it in place."""
+    folder = cache_dir / digest
+    deadline = time.monotonic() + 60
+    while not (folder / MANIFEST_NAME).exists():
+        assert time.monotonic() < deadline, f"{digest[:16]}… was never written into the cache"
+        time.sleep(0.01)
+    return folder
 
 
 def chat(client: TestClient, model: str):
@@ -110,6 +122,7 @@ def test_a_corrupted_file_is_refused_and_the_engine_serves_the_others(demo_model
         assert (error["code"], error["param"]) == ("checksum_mismatch", "artifact")
         assert_openai_error(chat(client, "short"), 404)  # nothing was loaded from it
         assert chat(client, "poet").json()["choices"][0]["token_ids"] == before
+        written(tmp_path / "cache", good.digest)
         assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == [good.digest]
 
 
@@ -195,12 +208,13 @@ def test_a_cached_version_changed_on_disk_is_fetched_again_not_served(demo_model
         assert load(client, "poet", ref).status_code == 200
         expected = chat(client, "poet").json()["choices"][0]["token_ids"]
         assert client.post("/v1/unload_lora_adapter", json={"lora_name": "poet"}).status_code == 200
-        cached = tmp_path / "cache" / ref.digest / "adapter_model.safetensors"
+        cached = written(tmp_path / "cache", ref.digest) / "adapter_model.safetensors"
         data = bytearray(cached.read_bytes())
         data[-1] ^= 0xFF  # same size: the cache's cheap check passes, the loader's digest does not
         cached.write_bytes(bytes(data))
         assert load(client, "poet", ref).status_code == 200
         assert len(cp.seen) == 6  # fetched a second time
+        written(tmp_path / "cache", ref.digest)
         assert cached.read_bytes() == (adapters / "demo-poet" / "adapter_model.safetensors").read_bytes()
         assert chat(client, "poet").json()["choices"][0]["token_ids"] == expected
 

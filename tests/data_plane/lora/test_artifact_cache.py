@@ -4,6 +4,7 @@ concurrent needs), nothing partial ever cached, LRU eviction that spares held an
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ async def make_cache(cp: ArtifactServer, tmp_path: Path) -> AsyncIterator:
 
 async def get(cache: ArtifactCache, ref: ArtifactRef) -> dict[str, bytes]:
     async with cache.acquire(ref) as folder:
+        await cache.settle()  # a fetched version's files are written in the background
         return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != MANIFEST_NAME}
 
 
@@ -105,6 +107,27 @@ async def test_a_corrupted_file_is_refused_and_not_cached(cp, make_cache):
     with pytest.raises(LoRAAdapterError, match="checksum mismatch for adapter_model.safetensors"):
         await get(cache, ref)
     assert digests_on_disk(cache) == set() and cache.stats.fetch_failures == 1
+    # nothing of the refused bytes is held for the loader, nor is anything being written
+    folder = cache.root / ref.digest
+    assert all(cache.verified.contents_of(folder / n) is None for n in ("adapter_config.json", "adapter_model.safetensors"))
+    assert list((cache.root / PARTIAL_DIR).iterdir()) == []
+
+
+async def test_fetched_bytes_are_held_for_the_loader_until_the_cache_copy_is_written(cp, make_cache):
+    content = files(7)
+    ref = cp.publish(content)
+    cache = make_cache()
+    async with cache.acquire(ref) as folder:
+        # the loader's view right after the fetch: the verified bytes, whether or not the files are written yet
+        held = {n: bytes(h[1]) for n in content if (h := cache.verified.contents_of(folder / n)) is not None}
+        assert held == content or (folder / MANIFEST_NAME).exists()  # released only once written
+        await cache.settle()
+        assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != MANIFEST_NAME} == content
+    # written: the file is the copy now; its sha256 stays known, so no re-hash either
+    assert all(cache.verified.contents_of(folder / n) is None for n in content)
+    weights = folder / "adapter_model.safetensors"
+    assert cache.verified.sha256_of(weights) == hashlib.sha256(content["adapter_model.safetensors"]).hexdigest()
+    assert list((cache.root / PARTIAL_DIR).iterdir()) == [] and ref.digest in cache
 
 
 async def test_a_partial_folder_left_by_a_crash_is_removed_at_open(cp, make_cache, tmp_path):
@@ -123,6 +146,7 @@ async def test_a_cached_file_truncated_behind_the_engine_is_fetched_again(cp, ma
     ref = cp.publish(content)
     cache = make_cache()
     async with cache.acquire(ref) as folder:
+        await cache.settle()
         (folder / "adapter_model.safetensors").write_bytes(b"short")
     assert await get(cache, ref) == content
     assert cache.stats.fetches == 2

@@ -17,8 +17,8 @@ from shared.errors import PayloadTooLargeError
 from tests.data_plane.lora.artifact_server import ArtifactServer, serve_artifacts
 
 TOKEN = "engine-token-1"
-# several MiB, so a file arrives in many chunks and crosses the writer's 1 MiB batches
-FILES = {"adapter_config.json": b'{"peft_type": "LORA"}', "adapter_model.safetensors": os.urandom(3 * (1 << 20) + 7)}
+# several MiB, so a file arrives in many reads and crosses the receiver's 4 MiB steps
+FILES = {"adapter_config.json": b'{"peft_type": "LORA"}', "adapter_model.safetensors": os.urandom(9 * (1 << 20) + 7)}
 
 
 @pytest.fixture
@@ -45,20 +45,18 @@ async def fetcher(cp: ArtifactServer) -> AsyncIterator[ArtifactFetcher]:
     await f.aclose()
 
 
-async def test_fetch_verifies_and_writes_every_file_with_the_token(cp, fetcher, tmp_path):
+async def test_fetch_verifies_every_file_in_memory_with_the_token(cp, fetcher):
     ref = cp.publish(FILES)
     manifest = await fetcher.manifest(ref)
-    await fetcher.download(manifest, tmp_path)
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == FILES
+    assert await fetcher.receive(manifest) == FILES
     assert sorted(cp.paths()) == sorted([f"/v1/artifacts/{ref.digest}", *(f"/v1/artifacts/{ref.digest}/{n}" for n in FILES)])
     assert all(headers["authorization"] == f"Bearer {TOKEN}" for _, headers in cp.seen)
 
 
-async def test_a_ref_given_as_a_path_is_fetched_from_the_engines_own_control_plane(cp, fetcher, tmp_path):
+async def test_a_ref_given_as_a_path_is_fetched_from_the_engines_own_control_plane(cp, fetcher):
     ref = cp.publish(FILES)
     as_path = msgspec.structs.replace(ref, url=f"/v1/artifacts/{ref.digest}")  # no public URL configured
-    await fetcher.download(await fetcher.manifest(as_path), tmp_path)
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == FILES
+    assert await fetcher.receive(await fetcher.manifest(as_path)) == FILES
     assert cp.paths()[0] == f"/v1/artifacts/{ref.digest}"
     no_control_plane = ArtifactFetcher(ArtifactOrigins(None), TOKEN, max_bytes=1 << 30)
     try:
@@ -81,7 +79,7 @@ def test_origins_compare_scheme_host_and_port():
             origins.check(url, "artifact")
 
 
-async def test_an_untrusted_origin_is_refused_without_a_request(cp, elsewhere, fetcher, tmp_path):
+async def test_an_untrusted_origin_is_refused_without_a_request(cp, elsewhere, fetcher):
     ref = elsewhere.publish(FILES)  # the same content, offered by a host the engine does not trust
     with pytest.raises(LoRAAdapterError, match="not on a trusted origin") as exc:
         await fetcher.manifest(ref)
@@ -98,15 +96,15 @@ async def test_a_manifest_pointing_files_elsewhere_is_refused_before_any_file(cp
     assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]
 
 
-async def test_presigned_store_urls_get_no_token(cp, elsewhere, tmp_path):
+async def test_presigned_store_urls_get_no_token(cp, elsewhere):
     cp.presign_via = elsewhere  # now the configured store endpoint
     fetcher = fetcher_for(cp, store=elsewhere.url)
     try:
         ref = cp.publish(FILES)
-        await fetcher.download(await fetcher.manifest(ref), tmp_path)
+        got = await fetcher.receive(await fetcher.manifest(ref))
     finally:
         await fetcher.aclose()
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == FILES
+    assert got == FILES
     assert len(elsewhere.seen) == len(FILES) and all("authorization" not in h for _, h in elsewhere.seen)
     assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]  # bytes did not flow through the control plane
 
@@ -114,12 +112,12 @@ async def test_presigned_store_urls_get_no_token(cp, elsewhere, tmp_path):
 @pytest.mark.parametrize("served", [b"x" * len(FILES["adapter_model.safetensors"]),  # same size, other bytes
                                     FILES["adapter_model.safetensors"][:-1],  # one byte short
                                     FILES["adapter_model.safetensors"] + b"!"])  # one byte more
-async def test_a_file_that_is_not_the_listed_one_is_a_checksum_mismatch(cp, fetcher, tmp_path, served):
+async def test_a_file_that_is_not_the_listed_one_is_a_checksum_mismatch(cp, fetcher, served):
     ref = cp.publish(FILES)
     cp.corrupt["adapter_model.safetensors"] = served
     manifest = await fetcher.manifest(ref)
     with pytest.raises(LoRAAdapterError, match="^checksum mismatch for adapter_model.safetensors") as exc:
-        await fetcher.download(manifest, tmp_path)
+        await fetcher.receive(manifest)
     assert exc.value.code == "checksum_mismatch" and exc.value.status_code == 400
 
 
@@ -139,12 +137,12 @@ async def test_redirects_are_not_followed(cp, elsewhere, fetcher):
     assert elsewhere.seen == []
 
 
-async def test_a_server_dying_mid_file_is_a_fetch_error(cp, fetcher, tmp_path):
+async def test_a_server_dying_mid_file_is_a_fetch_error(cp, fetcher):
     ref = cp.publish(FILES)
     cp.die_after["adapter_model.safetensors"] = 1 << 20
     manifest = await fetcher.manifest(ref)
     with pytest.raises(ArtifactFetchError, match="file adapter_model.safetensors .*body broke off after 1048576 bytes") as exc:
-        await fetcher.download(manifest, tmp_path)
+        await fetcher.receive(manifest)
     assert exc.value.status_code == 502
 
 
