@@ -8,8 +8,9 @@
 //   out[b, h] = sum_j softmax(s)[j] * V[slot(j), g]
 //
 // kv_cache: [2, num_slots, Hkv, D] contiguous; q: [B, H, D] with contiguous rows of D; out: [B, H, D].
-// Products accumulate in float for every dtype; (sequence, KV head) pairs are split over torch's own
-// OpenMP threads, and the query heads of one KV head share each key and value row while it is in cache.
+// Products accumulate in float for every dtype; sequences (or, when fewer than threads, their KV heads)
+// are split over torch's own OpenMP threads, and every query head of a sequence uses each key and value
+// row while it is in cache.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -231,34 +232,40 @@ void decode_kernel(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv, c
   const T* values = keys + num_slots * slot_stride;
   T* op = out.mutable_data_ptr<T>();
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(dim), scores;  // [group, D] (scaled), [D], [group, L]
+  // An item is one sequence's KV heads [g0, g0 + span): all of them when there are sequences enough for
+  // every thread, so each slot's row of K (and of V) is read whole, in one pass; one each otherwise.
+  const int64_t span = batch >= at::get_num_threads() ? kv_heads : 1, items_per_seq = kv_heads / span;
+  at::parallel_for(0, batch * items_per_seq, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(span * group * dim), acc(span * group * dim), scores;  // [span*group, D] x2, [span*group, L]
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / kv_heads, g = item % kv_heads, len = lens[b];
+      const int64_t b = item / items_per_seq, g0 = item % items_per_seq * span, len = lens[b];
       const int64_t* table = tables + b * table_width;
-      scores.resize(group * len);
-      for (int64_t h = 0; h < group; ++h) {
-        const T* row = qp + b * q_seq + (g * group + h) * q_head;
+      const int64_t rows = span * group;  // the query heads of this item, head g0 * group first
+      scores.resize(rows * len);
+      for (int64_t h = 0; h < rows; ++h) {
+        const T* row = qp + b * q_seq + (g0 * group + h) * q_head;
         for (int64_t d = 0; d < dim; ++d) qf[h * dim + d] = static_cast<float>(row[d]) * fscale;
       }
-      // block by block, every query head of this KV head over the block's keys while they sit in L1
+      // block by block, every query head over the block's keys while they sit in L1
       for (int64_t start = 0; start < len; start += block_size) {
         const int64_t stop = std::min(len, start + block_size);
-        const T* block = keys + table[start / block_size] * block_size * slot_stride + g * dim;
-        for (int64_t h = 0; h < group; ++h)
-          block_scores(scores.data() + h * len + start, qf.data() + h * dim, block, stop - start, slot_stride, dim);
+        const T* block = keys + table[start / block_size] * block_size * slot_stride;
+        for (int64_t h = 0; h < rows; ++h)
+          block_scores(scores.data() + h * len + start, qf.data() + h * dim, block + (g0 + h / group) * dim,
+                       stop - start, slot_stride, dim);
       }
-      for (int64_t h = 0; h < group; ++h) softmax(scores.data() + h * len, len);
-      for (int64_t h = 0; h < group; ++h) {
-        const float* p = scores.data() + h * len;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t start = 0; start < len; start += block_size) {
-          const int64_t stop = std::min(len, start + block_size);
-          const T* block = values + table[start / block_size] * block_size * slot_stride + g * dim;
-          weighted_rows(acc.data(), p + start, block, stop - start, slot_stride, dim);
-        }
-        T* row = op + b * o_seq + (g * group + h) * o_head;
-        for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(acc[d]);
+      for (int64_t h = 0; h < rows; ++h) softmax(scores.data() + h * len, len);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t start = 0; start < len; start += block_size) {
+        const int64_t stop = std::min(len, start + block_size);
+        const T* block = values + table[start / block_size] * block_size * slot_stride;
+        for (int64_t h = 0; h < rows; ++h)
+          weighted_rows(acc.data() + h * dim, scores.data() + h * len + start, block + (g0 + h / group) * dim,
+                        stop - start, slot_stride, dim);
+      }
+      for (int64_t h = 0; h < rows; ++h) {
+        T* row = op + b * o_seq + (g0 * group + h) * o_head;
+        for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(acc[h * dim + d]);
       }
     }
   });
