@@ -320,6 +320,11 @@ def main() -> int:
             "ratio_range": [round(min(itl_ratios), 3), round(max(itl_ratios), 3)],
             "while_loading_incl_slot_copy": spread([1e3 * x for x in out["loading_p99"]], 2),
             "gaps_per_fetch_window": spread(out["fetching_gaps"], 0), "target": "ratio <= 1.5"},
+        # each repeat's own figures: on a shared machine a repeat whose steady p99 jumps was disturbed
+        "repeats_raw": [{"cold_s": round(c, 3), "local_s": round(lo, 3), "fetch_mb_s": round(f, 1),
+                         "steady_p99_ms": round(1e3 * st, 1), "fetching_p99_ms": round(1e3 * fe, 1)}
+                        for c, lo, f, st, fe in zip(out["cold_s"], out["local_s"], out["fetch_mb_s"], out["steady_p99"],
+                                                    out["fetching_p99"], strict=True)],
     }
     print(json.dumps(figures))
     return 0

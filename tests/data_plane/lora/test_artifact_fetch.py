@@ -17,8 +17,8 @@ from shared.errors import PayloadTooLargeError
 from tests.data_plane.lora.artifact_server import ArtifactServer, serve_artifacts
 
 TOKEN = "engine-token-1"
-# several MiB, so a file arrives in many reads and crosses the receiver's 4 MiB steps
-FILES = {"adapter_config.json": b'{"peft_type": "LORA"}', "adapter_model.safetensors": os.urandom(9 * (1 << 20) + 7)}
+# several MiB, so a file arrives in many reads and crosses the receiver's 1 MiB steps
+FILES = {"adapter_config.json": b'{"peft_type": "LORA"}', "adapter_model.safetensors": os.urandom(3 * (1 << 20) + 7)}
 
 
 @pytest.fixture
