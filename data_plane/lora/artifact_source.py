@@ -6,8 +6,9 @@ The cached folder is read by the same PEFT loader as a `lora_path`, but under th
 digests what it reads and the registry refuses another digest, so a cached folder whose files
 changed on disk since they were verified is dropped and fetched once more, never served.
 
-Nothing here touches the engine's step loop: the fetch is async I/O on the API's event loop with hashing
-and writing in low-priority reader threads, and the registry's load reads off the loop as for any path.
+Nothing here touches the engine's step loop: the files are received and hashed in idle-priority threads
+(artifact_download), the registry's load parses the verified bytes off the loop (from memory, while the
+cache writes its copy in the background), as it reads any path.
 """
 
 from __future__ import annotations
