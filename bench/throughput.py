@@ -5,13 +5,15 @@
 
 Without --model a demo model is generated in a temporary directory: the demo shape, or --shape
 (hidden,intermediate,layers,heads,kv_heads,vocab; issue 13's model is 512,1408,6,8,2,384).
-Prints one JSON object.
+LORAPLANE_ATTENTION_KERNELS=torch runs the engine's decode attention on the torch path (gather + SDPA)
+instead of the CPU kernel, for a before/after. Prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -27,6 +29,7 @@ from data_plane.demo.model_builder import DemoModelShape, write_demo_model
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
+from data_plane.model.attention_kernels import ATTENTION_KERNELS_ENV
 
 
 def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -119,6 +122,7 @@ def main() -> int:
         "model": str(args.model) if tmp is None else f"demo (generated{', shape ' + args.shape if args.shape else ''})",
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
+        "decode_attention": os.environ.get(ATTENTION_KERNELS_ENV, "auto"),
         "prompt_len": args.prompt_len,
         "output_len": args.output_len,
         "repeats": args.repeats,
