@@ -11,7 +11,7 @@ a padded copy, then SDPA. Prefill tokens always take SDPA.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,21 @@ from torch import nn
 
 from data_plane.model.attention_metadata import AttentionMetadata
 
-if TYPE_CHECKING:
-    from data_plane.model.attention_kernels import DecodeAttentionKernel
+
+class DecodeAttentionKernel(Protocol):
+    """The compiled decode attention (attention_kernels.py loads it): one query per sequence over its
+    own context, read in place through its block table."""
+
+    def __call__(
+        self,
+        out: torch.Tensor,  # [B, H, D], written
+        q: torch.Tensor,  # [B, H, D]
+        kv_cache: torch.Tensor,  # [2, num_slots, Hkv, D]
+        block_tables: torch.Tensor,  # [B, max_blocks] int64
+        context_lens: torch.Tensor,  # [B] int64
+        block_size: int,
+        scale: float,
+    ) -> None: ...
 
 
 class PagedAttention(nn.Module):

@@ -12,12 +12,11 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import nn
 
-from data_plane.model.attention import PagedAttention
+from data_plane.model.attention import DecodeAttentionKernel, PagedAttention
 from data_plane.model.cpu_extension import build_cpu_extension
 
 logger = logging.getLogger(__name__)
@@ -25,19 +24,6 @@ logger = logging.getLogger(__name__)
 ATTENTION_KERNELS_ENV = "LORAPLANE_ATTENTION_KERNELS"
 CHOICES = ("auto", "torch")
 SOURCE = Path(__file__).with_name("paged_attention_cpu.cpp")
-
-
-class DecodeAttentionKernel(Protocol):
-    def __call__(
-        self,
-        out: torch.Tensor,  # [B, H, D], written
-        q: torch.Tensor,  # [B, H, D]
-        kv_cache: torch.Tensor,  # [2, num_slots, Hkv, D]
-        block_tables: torch.Tensor,  # [B, max_blocks] int64
-        context_lens: torch.Tensor,  # [B] int64
-        block_size: int,
-        scale: float,
-    ) -> None: ...
 
 
 @functools.cache
