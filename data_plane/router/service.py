@@ -122,8 +122,15 @@ class RouterService:
         """_route for an admitted tenant request, settled here whatever ends it: settling inside the routed
         work alone would miss a client that left before that work ever ran (its lease held to expiry)."""
         outcome = "error"
+
+        async def settling_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                await self.tenancy.settle_before_end(ticket)
+            await send(message)
+
         try:
-            work = self._route(path, ticket.body, model, prefix, send, headers=ticket.headers, tap=ticket.tap)
+            work = self._route(path, ticket.body, model, prefix, settling_send, headers=ticket.headers,
+                               tap=ticket.tap)
             await until_disconnect(receive, work, _gone)
             outcome = "ok"
         except ClientDisconnected:

@@ -151,16 +151,29 @@ class Tenancy:
 
     def settle(self, ticket: Ticket, outcome: str) -> None:
         """Count the request and its tokens, and settle its quota in a task of its own (once)."""
+        if (paying := self._books(ticket, outcome)) is not None:
+            self.spawn(paying)
+
+    async def settle_before_end(self, ticket: Ticket) -> None:
+        """`settle` for an answer about to send its last bytes, awaited: a client that sends its next
+        request once it has the answer must find the slot free (a tenant allowed one request at a time
+        would otherwise be refused between two requests it never ran at once)."""
+        if (paying := self._books(ticket, "ok")) is not None:
+            await paying
+
+    def _books(self, ticket: Ticket, outcome: str) -> Coroutine[None, None, None] | None:
+        """The request counted (once); the quota's settlement to run, if it was counted."""
         if ticket.settled:
-            return
+            return None
         ticket.settled = True
         self.metrics.requests.labels(ticket.label, outcome).inc()
         usage = ticket.tap.usage
         if usage is not None:
             self.metrics.tokens.labels(ticket.label, "prompt").inc(usage.prompt_tokens)
             self.metrics.tokens.labels(ticket.label, "completion").inc(usage.completion_tokens)
-        if ticket.admission.counted:
-            self.spawn(self.quotas.settle(ticket.admission, usage.total_tokens if usage is not None else None))
+        if not ticket.admission.counted:
+            return None
+        return self.quotas.settle(ticket.admission, usage.total_tokens if usage is not None else None)
 
     def health(self) -> dict[str, Any] | None:
         if not self.required:
