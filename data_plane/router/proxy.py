@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ENGINE_HEADER = "x-loraplane-engine"
 _SSE = "text/event-stream"
-_DONE = b"data: [DONE]\n\n"
+DONE = b"data: [DONE]\n\n"  # a stream's end as clients read it
 # what a retry may follow: nothing of an answer exists yet (checked in this order: subclasses first)
 _RETRY_ERRORS: tuple[tuple[type[Exception], str], ...] = (
     (aiohttp.ClientConnectorError, "connect"), (aiohttp.ConnectionTimeoutError, "connect"),
@@ -153,7 +153,7 @@ class Exchange:
         except _UPSTREAM_ERRORS as exc:
             outcome = "error"
             logger.warning("engine %s broke off its stream: %s: %s", self.engine, type(exc).__name__, exc)
-            last = (b"" if tail == b"\n\n" else b"\n\n") + _late_error(self.engine) + _DONE
+            last = (b"" if tail == b"\n\n" else b"\n\n") + _late_error(self.engine) + DONE
         self.close(outcome)
         await send({"type": "http.response.body", "body": last})
 

@@ -36,7 +36,7 @@ from data_plane.router.errors import ClientDisconnected, NoEngineError
 from data_plane.router.keys import OPERATOR, Caller
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
-from data_plane.router.proxy import Proxy, Send, engine_session
+from data_plane.router.proxy import DONE, Proxy, Send, engine_session
 from data_plane.router.quotas import RateLimited
 from data_plane.router.request import adapter_key, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
@@ -124,7 +124,10 @@ class RouterService:
         outcome = "error"
 
         async def settling_send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            # the answer's end as the client sees it: its last bytes, or a stream's [DONE] (a client may
+            # stop reading there)
+            if message["type"] == "http.response.body" and (
+                    not message.get("more_body", False) or message.get("body", b"").endswith(DONE)):
                 await self.tenancy.settle_before_end(ticket)
             await send(message)
 
