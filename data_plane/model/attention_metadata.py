@@ -103,7 +103,7 @@ def build_attention_metadata(
         num_decode_tokens=len(decode),
         decode_block_tables=dev(decode_tables),
         decode_context_len=decode_len,
-        decode_context_lens=dev(ctx) if decode else None,
+        decode_context_lens=dev(ctx),
         decode_mask=dev(decode_mask),
         num_prefill_seqs=len(prefill),
         prefill_block_tables=dev(prefill_tables),
