@@ -8,6 +8,10 @@ kernels run far faster as a batch than matrix-times-column-vector. For every tok
     shrink:  v[t] = x[t] @ A[s]                               A: [slots, in, L * R]   ->  v: [T, L * rank]
     expand:  y[t, cols_l] += v[t, l*rank:(l+1)*rank] @ B[s][:, cols_l]   B: [slots, R, out] (scale folded in)
 
+Slots may be stored narrower than the activations (--lora-dtype bfloat16|float16 with a float32 model):
+the products then read the rounded weights in the activations' dtype (the compiled kernels convert them
+in registers; the torch ops make a copy), so the math is the same with A and B rounded.
+
 Only the first `batch.rank` of the R (= max_lora_rank) rank rows are used: slots are zero-padded past
 each adapter's rank, so this is exact. Rows of v for base tokens are never read. Three shapes of work,
 chosen by the LoRABatch: one adapter for the whole step (plain matmuls), decode tokens of mixed
@@ -51,6 +55,11 @@ class LoRAKernels(Protocol):
         """For each prefill segment (s, start, end): y[start:end, cols_l] += v[start:end, lane l] @ B[s][:, cols_l]."""
 
 
+def _as(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Slot weights in the activations' dtype: themselves, or a copy where slots are stored narrower."""
+    return w if w.dtype == dtype else w.to(dtype)
+
+
 def _ranked(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
     """[slots, in, L * R] -> a view [slots, in, L, rank]: the padding past the batch's rank dropped."""
     slots, dim, lr = lora_a.shape
@@ -62,7 +71,7 @@ class TorchKernels:
 
     def bgmv_shrink(self, v, x, lora_a, index, slots, num_lanes, rank, rows_from_zero=False) -> None:
         n, dim = len(slots), x.shape[1]
-        a = _ranked(lora_a, num_lanes, rank).index_select(0, slots).view(n, dim, num_lanes * rank)  # [Nd, in, L*rank]
+        a = _as(_ranked(lora_a, num_lanes, rank).index_select(0, slots), x.dtype).view(n, dim, num_lanes * rank)  # [Nd, in, L*rank]
         x_rows = x[:n] if rows_from_zero else x.index_select(0, index)  # [Nd, in]
         v_decode = torch.bmm(x_rows.unsqueeze(1), a).squeeze(1)  # [Nd, L * rank]
         if rows_from_zero:
@@ -72,7 +81,7 @@ class TorchKernels:
 
     def bgmv_expand(self, y, v, lora_b, index, slots, lanes, rank, rows_from_zero=False) -> None:
         n = len(slots)
-        b = lora_b[:, :rank].index_select(0, slots)  # [Nd, rank, out]
+        b = _as(lora_b[:, :rank].index_select(0, slots), y.dtype)  # [Nd, rank, out]
         v_rows = (v[:n] if rows_from_zero else v.index_select(0, index)).unsqueeze(1)  # [Nd, 1, L * rank]
         # each bmm into a fresh tensor, then one add: bmm or baddbmm_ writing into a strided view of y
         # falls back to one small matmul per token on CPU
@@ -91,7 +100,7 @@ class TorchKernels:
     def sgmv_shrink(self, v, x, lora_a, batch, num_lanes) -> None:
         a_ranked, dim = _ranked(lora_a, num_lanes, batch.rank), x.shape[1]
         for s, start, end in batch.prefill_segments:
-            torch.mm(x[start:end], a_ranked[s].reshape(dim, -1), out=v[start:end])
+            torch.mm(x[start:end], _as(a_ranked[s].reshape(dim, -1), x.dtype), out=v[start:end])
 
     def sgmv_expand(self, y, v, lora_b, batch, lanes) -> None:
         for s, start, end in batch.prefill_segments:
@@ -106,7 +115,7 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, num_lanes: int, batch: Lo
     """x: [T, in], A: [slots, in, L * R] -> v: [T, L * rank]."""
     rank, dim = batch.rank, x.shape[1]
     if batch.single_slot is not None:
-        return x @ _ranked(lora_a, num_lanes, rank)[batch.single_slot].reshape(dim, -1)
+        return x @ _as(_ranked(lora_a, num_lanes, rank)[batch.single_slot].reshape(dim, -1), x.dtype)
     v = x.new_zeros(x.shape[0], num_lanes * rank)
     if batch.decode_index is not None:
         kernels.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, rank, batch.decode_contiguous)
@@ -138,6 +147,7 @@ def lora_shrink_expand(
 
 def _expand_one(y: torch.Tensor, v: torch.Tensor, b: torch.Tensor, lanes: Lanes, rank: int) -> None:
     """y[:, cols_l] += v[:, lane l's rank block] @ b[:, cols_l] for one adapter; b: [rank, out]."""
+    b = _as(b, y.dtype)
     for lane, (offset, width) in enumerate(lanes):
         cols = slice(offset, offset + width)
         y[:, cols].addmm_(v[:, lane * rank : (lane + 1) * rank], b[:, cols])

@@ -70,6 +70,53 @@ def test_kernels_match_the_torch_ops_on_random_steps(kernels, dtype):
         torch.testing.assert_close(got, want, atol=tol * 4, rtol=tol)
 
 
+
+def _wide_case(g: torch.Generator, padded: int, rank: int, widths: list[int], dim: int, num_slots: int = 3):
+    """A layer the size of a real model's (more than one 64-column block of A and of B per lane)."""
+    a = torch.zeros(num_slots, dim, len(widths), padded)
+    a[..., :rank] = torch.randn(num_slots, dim, len(widths), rank, generator=g)
+    b = torch.zeros(num_slots, padded, sum(widths))
+    b[:, :rank] = torch.randn(num_slots, rank, sum(widths), generator=g)
+    lanes = [(sum(widths[:i]), w) for i, w in enumerate(widths)]
+    token_slots = [0, 2, -1, 1, 2, 0]
+    batch = LoRABatch.build(token_slots, len(token_slots), rank, CPU)
+    x, y = torch.randn(len(token_slots), dim, generator=g), torch.randn(len(token_slots), sum(widths), generator=g)
+    return x, y, a.view(num_slots, dim, -1), b, lanes, batch
+
+
+@pytest.mark.parametrize(("padded", "rank", "widths", "dim"), [
+    (64, 64, [512, 128, 128], 512),  # qkv of rank 64: A's rows split into three 64-column passes
+    (64, 37, [300, 77], 1408),  # a rank below the padding: per lane, with a tail of 5 columns
+    (16, 16, [1408], 600),
+    (8, 3, [5, 9, 130], 9),
+])
+def test_kernels_match_the_torch_ops_on_model_sized_layers(kernels, padded, rank, widths, dim):
+    x, y, a, b, lanes, batch = _wide_case(torch.Generator().manual_seed(rank), padded, rank, widths, dim)
+    want, got = y.clone(), y.clone()
+    lora_shrink_expand(want, x, a, b, lanes, batch, TORCH_KERNELS)
+    lora_shrink_expand(got, x, a, b, lanes, batch, kernels)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-5)  # sums of ~10^4 products of order 1
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.bfloat16, torch.float16])
+def test_half_width_slots_under_float32_activations_are_the_rounded_weights_in_float32(kernels, slot_dtype):
+    """--lora-dtype: slots in bfloat16/float16, x and y in float32. The kernels (and the torch ops, by a
+    copy) compute exactly the float32 math on the rounded weights."""
+    rng = random.Random(str(slot_dtype))
+    cases = [_case(rng, torch.float32)[:6] for _ in range(40)]
+    cases.append(_wide_case(torch.Generator().manual_seed(1), 16, 16, [512, 128, 128], 512))
+    for x, y, a, b, lanes, batch in cases:
+        narrow_a, narrow_b = a.to(slot_dtype), b.to(slot_dtype)
+        want = y.clone()
+        lora_shrink_expand(want, x, narrow_a.float(), narrow_b.float(), lanes, batch, TORCH_KERNELS)
+        for backend in (kernels, TORCH_KERNELS):
+            got = y.clone()
+            lora_shrink_expand(got, x, narrow_a, narrow_b, lanes, batch, backend)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="not supported|float32 activations"):  # half activations, other slots
+        kernels.bgmv_shrink(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.bfloat16),
+                            torch.zeros(1, 8, 4, dtype=torch.float16), torch.tensor([0]), torch.tensor([0]), 1, 4)
+
 def test_slot_minus_one_and_strided_slots_are_read_in_place(kernels):
     # a slot-major view with a slot stride wider than its rows, as a shared slot pool would hold them
     pool = torch.randn(3, 2 * 8 * 4 + 5)
