@@ -63,6 +63,7 @@ class EngineConfig:
     enable_lora: bool = False
     max_loras: int = 4  # device slots: adapters resident for compute at once
     max_lora_rank: int = 64  # slots are padded to this rank
+    lora_dtype: str = "auto"  # the slots' dtype: auto (the model's) | bfloat16 | float16 (half the bytes, float sums)
     max_cpu_loras: int | None = None  # host cache of validated adapters; defaults to max(max_loras, 16)
     lora_roots: list[str] = field(default_factory=list)  # adapter paths must lie under one of these
     lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded at start
@@ -110,6 +111,8 @@ class EngineConfig:
             raise ConfigError("--max-stop-strings must be at least 0 and --max-stop-string-length at least 1")
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
             raise ConfigError("--max-prompt-chars must be at least 1")
+        if self.lora_dtype not in ("auto", "bfloat16", "float16"):
+            raise ConfigError(f"--lora-dtype {self.lora_dtype!r}: expected auto, bfloat16 or float16")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = max(self.max_loras, 16)
         if self.enable_lora:

@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (chosen by `model`)")
     lora.add_argument("--max-loras", type=int, default=4, help="device slots: adapters resident at once")
     lora.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
+    lora.add_argument("--lora-dtype", default="auto", choices=["auto", "bfloat16", "float16"],
+                      help="dtype of the LoRA slots (auto: the model's); half-width slots of a float32 model halve the bytes read")
     lora.add_argument(
         "--max-cpu-loras", type=int, help="adapters kept validated in host memory (default: max(--max-loras, 16))"
     )
@@ -214,6 +216,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_lora=args.enable_lora,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        lora_dtype=args.lora_dtype,
         max_cpu_loras=args.max_cpu_loras,
         lora_roots=list(args.lora_roots),
         lora_modules=parse_lora_modules(args.lora_modules),

@@ -53,7 +53,8 @@ def build_runner(config: EngineConfig, rank: int = 0, init_method: str | None = 
     model, model_config = load_model(Path(config.model), dtype=config.dtype, device=device, tp_rank=rank, tp_size=tp)
     lora_slots = None
     if config.enable_lora:
-        lora_slots = enable_lora(model, config.max_loras, config.max_lora_rank, config.lora_fused_row_allreduce)
+        lora_slots = enable_lora(model, config.max_loras, config.max_lora_rank, config.lora_fused_row_allreduce,
+                                 config.lora_dtype)
     if rank > 0:
         config = replace(config, num_kv_blocks=receive_num_kv_blocks())
     config.finalize(model_config.max_position_embeddings)

@@ -14,6 +14,17 @@ def _lanes(names: list[str], sizes: list[int], sources: list[int]) -> list[Lane]
     return [Lane(*fields) for fields in zip(names, offsets, sizes, sources, strict=True)]
 
 
+def slot_dtype(model_dtype: torch.dtype, lora_dtype: str) -> torch.dtype:
+    """The LoRA slots' dtype: the model's (auto), or a narrower one under a float32 model."""
+    if lora_dtype == "auto":
+        return model_dtype
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[lora_dtype]
+    if dtype != model_dtype and model_dtype != torch.float32:
+        raise ValueError(f"--lora-dtype {lora_dtype} with a {str(model_dtype).removeprefix('torch.')} model: "
+                         "narrower slots need a float32 model (or use auto)")
+    return dtype
+
+
 def _row_shard(base: nn.Module, fused: bool) -> RowShard | None:
     if base.tp_size == 1:
         return None
@@ -21,10 +32,15 @@ def _row_shard(base: nn.Module, fused: bool) -> RowShard | None:
     return RowShard(base.tp_rank * size, size, fused)
 
 
-def enable_lora(model: nn.Module, max_loras: int, max_rank: int, fused_row_allreduce: bool = False) -> LoRASlotManager:
-    """Replace every decoder layer's qkv/o/gate_up/down projection by a LinearWithLoRA around it."""
+def enable_lora(model: nn.Module, max_loras: int, max_rank: int, fused_row_allreduce: bool = False,
+                lora_dtype: str = "auto") -> LoRASlotManager:
+    """Replace every decoder layer's qkv/o/gate_up/down projection by a LinearWithLoRA around it.
+
+    lora_dtype: the slots' dtype, auto (the model's) or, for a float32 model, bfloat16 or float16: half
+    the bytes per step, the adapters' weights rounded to it once (when their slot image is made)."""
     weight = next(model.parameters())
-    dtype, device = weight.dtype, weight.device
+    device = weight.device
+    dtype = slot_dtype(weight.dtype, lora_dtype)
 
     def wrap(base: nn.Module, lanes: list[Lane], row_shard: RowShard | None = None) -> LinearWithLoRA:
         return LinearWithLoRA(base, base.input_size_per_partition, lanes, max_loras, max_rank, dtype, device, row_shard)

@@ -187,3 +187,40 @@ def test_an_arriving_request_has_its_slot_image_made_before_any_step(setup):
     assert tokens == expected["patterns"][0]
     slot = engine.lora_slots.slot(1)
     assert torch.equal(pool.pool[slot], image)
+
+
+def _peft_with_rounded_weights(base: Path, adapter: Path, dtype: torch.dtype):
+    """PEFT with each A and each scaled B rounded to `dtype` (as the engine's slots hold them), in float32:
+    the oracle for --lora-dtype, which stores exactly those roundings."""
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval(), adapter).eval()
+    rounded = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "lora_A") and "default" in module.lora_A:
+                scale = module.scaling["default"]
+                a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+                a.copy_(a.to(dtype).float())
+                b.copy_((b * scale).to(dtype).float() / scale)
+                rounded += 1
+    assert rounded > 0
+    model.generation_config.eos_token_id = None
+    return model
+
+
+@pytest.mark.parametrize("lora_dtype", ["bfloat16", "float16"])
+def test_half_width_slots_match_peft_on_the_rounded_weights(setup, peft_adapters, lora_kernels, lora_dtype):
+    """--lora-dtype bfloat16|float16 under a float32 model: slots hold the weights rounded once, sums stay
+    float32, so every token is PEFT's with those roundings; the default (auto) keeps the model's dtype."""
+    base, weights, prompts, _ = setup
+    dtype = getattr(torch, lora_dtype)
+    engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64, lora_dtype=lora_dtype)
+    assert engine.lora_slots.pool.pool.dtype == dtype
+    assert make_engine(base, enable_lora=True, max_loras=1, max_lora_rank=64).lora_slots.pool.pool.dtype == torch.float32
+    kinds = ["patterns", "rslora"]
+    want = []
+    for kind in kinds:
+        oracle = _peft_with_rounded_weights(base, peft_adapters("llama", kind), dtype)
+        want.extend(_hf_generate(oracle, p) for p in prompts)
+    jobs = [(p, adapter_id, weights[kind]) for adapter_id, kind in enumerate(kinds, start=1) for p in prompts]
+    got, _ = _run(engine, jobs)  # both adapters in one batch: the mixed-adapter kernels
+    assert got == want
