@@ -4,8 +4,16 @@ process. Prints one JSON object.
 
     .venv/bin/python bench/lora_throughput.py [--prompt-len 64] [--output-len 64] [--cycles 1000]
         [--shape 512,1408,6,8,2,384] [--figures a,b,c,d,e,f,g] [--kernels auto|torch]
+        [--lora-dtype auto|bfloat16|float16]
 
---kernels torch runs the mixed-adapter ops in plain torch (LORAPLANE_LORA_KERNELS), for a before/after.
+--kernels torch runs the mixed-adapter ops in plain torch (LORAPLANE_LORA_KERNELS), for a before/after;
+--lora-dtype stores the LoRA slots in that dtype (the engine's --lora-dtype; auto: the model's).
+
+(e) serves 16 decoding requests three ways on one engine: steady (nothing else), with six short requests
+of adapters already in slots arriving (their prefills, no file read, no slot write: the baseline of the
+same arrivals), and with six adapters hot-loading (read on a low-priority thread, then the admitting step
+writes each into a slot). `ratio` is hot-loading p99 / steady p99, as the issue defined it; its
+`load_ratio` = hot-loading p99 / arrivals p99 is what the loads themselves add to the steps beside them.
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ class Bench:
         return load_peft_adapter(path, self.model_config, max_rank=RANK, allowed_roots=[str(path.parent)])
 
     def engine(self, **overrides) -> LLMEngine:
+        if overrides.get("enable_lora"):
+            overrides.setdefault("lora_dtype", self.args.lora_dtype)
         return LLMEngine.from_config(EngineConfig(model=str(self.model_dir), device="cpu", max_num_seqs=64, **overrides))
 
     def prompts(self, n: int) -> list[list[int]]:
@@ -138,60 +148,75 @@ def naive_peft_tokens_per_s(bench: Bench, jobs: list[Job]) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def _run_while_hot_loading(bench: Bench, engine: LLMEngine, decoding: list[Job], prepare: bool) -> tuple[list[float], list[int]]:
-    """Serve `decoding` while six more adapters are read and then requested; step times, submit steps.
-    prepare: the reader thread also makes each adapter's slot image (LoRASlotManager.prepare) before
-    handing it over, as an engine that prepares adapters when they arrive would."""
+def _run_with_arrivals(bench: Bench, engine: LLMEngine, decoding: list[Job], adapters: list[int],
+                       read: bool, prepare: bool) -> tuple[list[float], list[int]]:
+    """Serve `decoding` while six short requests of `adapters` (ids) arrive from another thread, 50 ms
+    apart; step times, submit steps. read: that thread reads each adapter's files first (a hot load: the
+    admitting step then writes it into a slot); else it hands over weights read before, of adapters
+    already resident (the same arrivals and prefills, no read, no slot write). prepare: the thread also
+    makes each slot image (LoRASlotManager.prepare), as an engine that prepares adapters when they
+    arrive would; without it add_request does (between steps)."""
     ready: list[Job] = []
     submitted: list[int] = []
-    reader = threading.Thread(target=lambda: read_later(), daemon=True)
 
-    def read_later() -> None:
+    def arrive() -> None:
         lower_thread_priority()  # as the registry's reader threads do
-        for index in range(2, 8):
-            weights = bench.read_adapter(bench.adapter_dirs[index])
+        for adapter_id in adapters:
+            weights = bench.read_adapter(bench.adapter_dirs[adapter_id - 1]) if read else bench.weights[adapter_id - 1]
             if prepare:
                 engine.lora_slots.prepare(weights)
-            ready.append(([11, 12, 13, 14], index + 1, weights))
+            ready.append(([11, 12, 13, 14], adapter_id, weights))
             time.sleep(0.05)
+
+    thread = threading.Thread(target=arrive, daemon=True)
 
     def submit_ready(engine: LLMEngine, step: int) -> None:
         if step == 3:
-            reader.start()
+            thread.start()
         while ready:
             prompt, adapter_id, w = ready.pop(0)
-            engine.add_request(Request(f"hot{adapter_id}-{step}", prompt,
+            engine.add_request(Request(f"hot{adapter_id}-{step}-{time.perf_counter_ns()}", prompt,
                                        SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
                                        adapter_id=adapter_id, prefix_hash_seed=w.cache_namespace, lora=w))
             submitted.append(step)
 
     steps = bench.run(engine, decoding, on_step=submit_ready)["steps"]
-    reader.join()  # (a short run may end before it: its adapters then load in no step)
+    thread.join()  # (a short run may end before it: its adapters then load in no step)
     return steps, submitted
 
 
 def hot_load_itl(bench: Bench, repeats: int, prepare: bool) -> dict:
-    """p99 step time (= inter-token latency) of 16 decoding requests, steady vs while adapters hot-load:
-    files are read on a low-priority thread (as the registry does), then the engine copies each into a
-    slot in the step that admits its request. Medians over `repeats` alternating runs. slot_write_ms:
-    the engine's own timing of its slot writes (AdapterEngineStats.last_load_seconds)."""
+    """p99 step time (= inter-token latency) of 16 decoding requests: steady, with six arrivals of
+    resident adapters, and while six adapters hot-load (module docstring). Medians over `repeats`
+    alternating runs. slot_write_ms: the engine's own timing of its slot writes (last_load_seconds)."""
     p99 = lambda xs: statistics.quantiles(xs, n=100)[98]  # noqa: E731
-    steady_p99, hot_p99, load_steps, steady_median, writes = [], [], [], [], []
+    runs: dict[str, list[float]] = {"steady": [], "arrivals": [], "hot": []}
+    steady_median, load_steps, arrival_steps, writes = [], [], [], []
     for _ in range(repeats):
         engine = bench.engine(enable_lora=True, max_loras=4, max_lora_rank=RANK)
         decoding = [(p, 1 + i % 2, bench.weights[i % 2]) for i, p in enumerate(bench.prompts(16))]
         steady = bench.run(engine, decoding)["steps"][2:]
-        hot, submitted = _run_while_hot_loading(bench, engine, decoding, prepare)
-        steady_p99.append(p99(steady))
-        steady_median.append(statistics.median(steady))
-        hot_p99.append(p99(hot[2:]))
+        hot, submitted = _run_with_arrivals(bench, engine, decoding, list(range(3, 9)), read=True, prepare=prepare)
         load_steps.extend(hot[step] for step in submitted)  # the step that copied the adapter in
         writes.extend(a.last_load_seconds for i, a in engine.stats().lora.adapters.items() if i > 2 and a.loads)
-    return {"steady_p99_ms": round(statistics.median(steady_p99) * 1e3, 2),
-            "hot_load_p99_ms": round(statistics.median(hot_p99) * 1e3, 2),
-            "ratio": round(statistics.median(hot_p99) / statistics.median(steady_p99), 3),
+        for adapter_id in (7, 8):  # resident (slots 2 and 3) for the arrivals' baseline
+            engine.pin_lora(adapter_id, bench.weights[adapter_id - 1])
+            engine.unpin_lora(adapter_id)
+        loads = sum(a.loads for a in engine.stats().lora.adapters.values())
+        arrivals, submitted = _run_with_arrivals(bench, engine, decoding, [7, 8] * 3, read=False, prepare=False)
+        assert sum(a.loads for a in engine.stats().lora.adapters.values()) == loads, "the baseline loaded a slot"
+        arrival_steps.extend(arrivals[step] for step in submitted)
+        runs["steady"].append(p99(steady))
+        runs["arrivals"].append(p99(arrivals[2:]))
+        runs["hot"].append(p99(hot[2:]))
+        steady_median.append(statistics.median(steady))
+    p = {k: statistics.median(v) for k, v in runs.items()}
+    return {"steady_p99_ms": round(p["steady"] * 1e3, 2), "arrivals_p99_ms": round(p["arrivals"] * 1e3, 2),
+            "hot_load_p99_ms": round(p["hot"] * 1e3, 2),
+            "ratio": round(p["hot"] / p["steady"], 3), "load_ratio": round(p["hot"] / p["arrivals"], 3),
             "steady_median_step_ms": round(statistics.median(steady_median) * 1e3, 2),
             "mean_step_with_a_slot_load_ms": round(statistics.fmean(load_steps) * 1e3, 2),
+            "mean_step_with_an_arrival_ms": round(statistics.fmean(arrival_steps) * 1e3, 2),
             "mean_slot_write_ms": round(statistics.fmean(writes) * 1e3, 3) if writes else None,
             "slot_loads": len(load_steps)}
 
@@ -227,6 +252,8 @@ def main() -> int:
     parser.add_argument("--figures", default="a,b,c,d,e,f,g", help="which figures, comma-separated")
     parser.add_argument("--kernels", choices=["auto", "torch"], default="auto",
                         help="the mixed-adapter LoRA ops: compiled kernels (auto) or plain torch")
+    parser.add_argument("--lora-dtype", choices=["auto", "bfloat16", "float16"], default="auto",
+                        help="the LoRA slots' dtype (the engine's --lora-dtype)")
     args = parser.parse_args()
     os.environ["LORAPLANE_LORA_KERNELS"] = args.kernels  # read when the engines' LoRA layers are built
     wanted = set(args.figures.split(","))
@@ -240,7 +267,8 @@ def main() -> int:
         model = f"generated Qwen2 shape {args.shape}" if args.shape else "demo: Qwen2 architecture, 4 layers, hidden 256, GQA 8/2, vocab 4096"
         figures: dict = {"model": model, "adapter_rank": RANK, "adapter_targets": list(TARGET_MODULES),
                          "prompt_len": args.prompt_len, "output_len": args.output_len, "device": "cpu",
-                         "torch_threads": torch.get_num_threads(), "kernels": type(lora.lora_slots.layers[0][0].kernels).__name__}
+                         "torch_threads": torch.get_num_threads(), "kernels": type(lora.lora_slots.layers[0][0].kernels).__name__,
+                         "lora_dtype": str(lora.lora_slots.pool.pool.dtype).removeprefix("torch.")}
         if "a" in wanted:
             a = median_ratio(bench, lambda: bench.tokens_per_s(lora, bench.jobs(32, 0)),
                              lambda: bench.tokens_per_s(plain, bench.jobs(32, 0)), args.repeats)
