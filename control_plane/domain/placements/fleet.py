@@ -19,7 +19,8 @@ replica that does not get it skips the pass (the lock ends with the transaction)
 replica, under the write gate. Lock order (see planner.py): the pass first reads without locks to find
 the adapters it changes, then locks those adapter rows (ascending id), the healthy engine rows it may
 add placements on (FOR KEY SHARE, ascending id) and those adapters' placements (ascending id), reads
-their placements again and decides for them on what it read under the locks.
+their placements again and decides for them on what it read under the locks. Its placement writes (adds,
+releases, moves' targets) are gathered and made at the end, set-based (desired.py).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane import audit
-from control_plane.db.models import Adapter, AdapterVersion
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState
 from control_plane.domain.placements import view
 from control_plane.domain.placements.demand import AdapterDemand, current_demand
+from control_plane.domain.placements.desired import Held, desire_absent, desire_held
 from control_plane.domain.placements.planner import PlacementPlanner, lock_placements
 from control_plane.domain.placements.rebalance import Move, plan_moves
 from control_plane.domain.placements.replicas import AdapterPlacement, EngineLoad, fill, releasable
@@ -73,6 +75,20 @@ class _Outcome:
     @property
     def changes(self) -> bool:
         return bool(self.add or self.release or self.decision or self.state)
+
+
+@dataclass
+class _Writes:
+    """The placement rows the pass changes, written set-based at its end (desired.py): a pass re-placing
+    thousands of adapters makes a few statements, not several per placement."""
+
+    held: list[Held] = field(default_factory=list)
+    absent: list[int] = field(default_factory=list)  # placement ids
+
+    def hold(self, adapter: Adapter, version: AdapterVersion, plan: AdapterPlacement, engine_ids: list[int]) -> None:
+        """The active version desired on these engines, pinned where the adapter's replicas are."""
+        mode = DesiredState.PINNED if plan.pinned else DesiredState.LOADED
+        self.held.extend(Held(adapter.id, version.id, engine_id, mode) for engine_id in engine_ids)
 
 
 class _Room:
@@ -140,16 +156,17 @@ class FleetPass:
                  if not view.unloaded(row[0])}
         current = {i: view.placement_of(a, v, matching.get(a.base_model, []), fresh.get(i, []), defaults)
                    for i, (a, v) in by_id.items()}
-        report = FleetReport()
+        report, writes = FleetReport(), _Writes()
         room = _Room()  # of `loads` now, not of the probe's copy
         for adapter, version in by_id.values():
             outcome = self._decide(adapter, current[adapter.id], loads, demand.get(adapter.id), now, room)
-            await self._apply(session, adapter, version, current[adapter.id], outcome, loads, report)
+            self._apply(session, adapter, version, current[adapter.id], outcome, loads, report, writes)
             outcomes[adapter.id] = outcome
         for move in moves:
             if move.adapter_id in by_id:
-                await self._move(session, by_id[move.adapter_id], current[move.adapter_id], move, outcomes, loads,
-                                 report)
+                self._move(by_id[move.adapter_id], current[move.adapter_id], move, outcomes, loads, report, writes)
+        await desire_absent(session, writes.absent)
+        await desire_held(session, writes.held)
         return report
 
     def _decide(self, adapter: Adapter | view.ActiveRow, plan: AdapterPlacement, loads: dict[int, EngineLoad],
@@ -182,8 +199,8 @@ class FleetPass:
             out.state = new_state
         return out
 
-    async def _apply(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, plan: AdapterPlacement,
-                     outcome: _Outcome, loads: dict[int, EngineLoad], report: FleetReport) -> None:
+    def _apply(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, plan: AdapterPlacement,
+               outcome: _Outcome, loads: dict[int, EngineLoad], report: FleetReport, writes: _Writes) -> None:
         if outcome.decision is not None:
             d = outcome.decision
             adapter.target_replicas = d.target
@@ -192,15 +209,15 @@ class FleetPass:
             logger.info("adapter %s: replicas %d -> %d: %s", adapter.name, d.source, d.target, d.reason)
         if outcome.state is not None:
             adapter.scale_state = outcome.state.dump() or None
-        await self.planner.add(session, adapter, version, plan, outcome.add)
+        writes.hold(adapter, version, plan, outcome.add)
         report.added.extend((adapter.name, loads[engine_id].name) for engine_id in outcome.add)
         if outcome.release:
             names = {h.placement_id: h.engine_id for h in plan.holders}
-            await self.planner.release(session, adapter, outcome.release)
+            writes.absent.extend(outcome.release)
             report.released.extend((adapter.name, _name(loads, names[i])) for i in outcome.release)
 
-    async def _move(self, session: AsyncSession, row: tuple[Adapter, AdapterVersion], plan: AdapterPlacement,
-                    move: Move, outcomes: dict[int, _Outcome], loads: dict[int, EngineLoad], report: FleetReport) -> None:
+    def _move(self, row: tuple[Adapter, AdapterVersion], plan: AdapterPlacement, move: Move,
+              outcomes: dict[int, _Outcome], loads: dict[int, EngineLoad], report: FleetReport, writes: _Writes) -> None:
         """A planned move, if it still holds under the locks: the target desired, the source leaving."""
         adapter, version = row
         outcome = outcomes[adapter.id]
@@ -209,7 +226,7 @@ class FleetPass:
         if (outcome.add or outcome.release or not sources or target is None or not target.healthy
                 or any(h.engine_id == move.target for h in plan.holders)):
             return
-        await self.planner.add(session, adapter, version, plan, [move.target])
+        writes.hold(adapter, version, plan, [move.target])
         state = ScaleState.load(adapter.scale_state)
         state.extra[view.LEAVING] = sorted(view.leaving_ids(adapter.scale_state) | {h.placement_id for h in sources})
         adapter.scale_state = state.dump()

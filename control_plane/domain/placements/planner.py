@@ -45,6 +45,7 @@ from control_plane.db.models import (
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.engines.matching import serves_base_model
 from control_plane.domain.placements import view
+from control_plane.domain.placements.desired import Held, desire_absent, desire_held
 from control_plane.domain.placements.loads import RecordedVersion
 from control_plane.domain.placements.replicas import (
     AdapterPlacement,
@@ -169,10 +170,17 @@ class PlacementPlanner:
 
     async def add(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, plan: AdapterPlacement,
                   engine_ids: list[int]) -> list[PushOrder]:
-        """The active version desired on these engines, pinned where the adapter's replicas are."""
+        """The active version desired on these engines, pinned where the adapter's replicas are (set-based:
+        desired.desire_held)."""
+        if not engine_ids:
+            return []
         mode = DesiredState.PINNED if plan.pinned else DesiredState.LOADED
-        return [await self.desire(session, adapter, version, engine, mode)
-                for engine in await self._by_id(session, engine_ids)]
+        ids = await desire_held(session, [Held(adapter.id, version.id, e, mode) for e in engine_ids])
+        recorded = await recorded_version(session, version)
+        return [PushOrder(engine_id=e.id, engine=e.name, url=e.url, adapter=adapter.name, action="load",
+                          desired=mode.value, placement_ids=(ids[(e.id, version.id)],), recorded=recorded,
+                          adapter_id=adapter.id, version=version.number)
+                for e in await self._by_id(session, engine_ids)]
 
     async def release(self, session: AsyncSession, adapter: Adapter, placement_ids: list[int]) -> list[PushOrder]:
         """Desire these placements absent; one unload order per healthy engine that held them (rows
@@ -180,14 +188,13 @@ class PlacementPlanner:
         if not placement_ids:
             return []
         rows = (await session.execute(
-            select(Placement, Engine, healthy_clause(self.stale_after_s))
+            select(Placement.id, Engine, healthy_clause(self.stale_after_s))
             .join(Engine, Engine.id == Placement.engine_id)
             .where(Placement.id.in_(placement_ids)).order_by(Engine.name, Placement.id))).all()
         by_engine: dict[int, tuple[Engine, bool, list[int]]] = {}
-        for placement, engine, healthy in rows:
-            placement.desired = DesiredState.ABSENT.value
-            by_engine.setdefault(engine.id, (engine, bool(healthy), []))[2].append(placement.id)
-        await session.flush()
+        for placement_id, engine, healthy in rows:
+            by_engine.setdefault(engine.id, (engine, bool(healthy), []))[2].append(placement_id)
+        await desire_absent(session, placement_ids)
         return [PushOrder(engine_id=e.id, engine=e.name, url=e.url, adapter=adapter.name, action="unload",
                           desired=DesiredState.ABSENT.value, placement_ids=tuple(ids))
                 for e, healthy, ids in by_engine.values() if healthy]
@@ -276,20 +283,8 @@ class PlacementPlanner:
     async def desire(self, session: AsyncSession, adapter: Adapter, version: AdapterVersion, engine: Engine,
                      desired: DesiredState) -> PushOrder:
         """`version` desired on `engine` (its other versions there absent); the order that tells it."""
-        await session.execute(
-            update(Placement).where(
-                Placement.engine_id == engine.id, Placement.adapter_version_id != version.id,
-                Placement.adapter_version_id.in_(select(AdapterVersion.id).where(AdapterVersion.adapter_id == adapter.id)),
-            ).values(desired=DesiredState.ABSENT.value)
-        )
-        placement = await session.scalar(select(Placement).where(
-            Placement.engine_id == engine.id, Placement.adapter_version_id == version.id))
-        if placement is None:
-            placement = Placement(engine_id=engine.id, adapter_version_id=version.id)
-            session.add(placement)
-        placement.desired = desired.value
-        await session.flush()
+        ids = await desire_held(session, [Held(adapter.id, version.id, engine.id, desired)])
         return PushOrder(engine_id=engine.id, engine=engine.name, url=engine.url, adapter=adapter.name,
-                         action="load", desired=placement.desired, placement_ids=(placement.id,),
+                         action="load", desired=desired.value, placement_ids=(ids[(engine.id, version.id)],),
                          recorded=await recorded_version(session, version), adapter_id=adapter.id,
                          version=version.number)

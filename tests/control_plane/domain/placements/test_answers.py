@@ -16,6 +16,7 @@ from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engin
 from control_plane.domain.placements import view
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from control_plane.domain.placements.planner import lock_placements
+from tests.control_plane.domain.placements.rows import two_versions
 
 ADAPTERS = 60
 
@@ -29,11 +30,7 @@ async def _rows(session, engines: int = 2) -> tuple[list[Engine], list[Adapter],
     adapters = [Adapter(name=f"a{k:03d}", base_model="demo", description="", labels={}) for k in range(ADAPTERS)]
     session.add_all(es + adapters)
     await session.flush()
-    versions = [AdapterVersion(adapter_id=a.id, number=n, uri=f"/x/{a.name}/{n}", sha256=f"{a.id:032x}{n:032x}",
-                               rank=8, alpha=16.0, target_modules=[], size_bytes=1)
-                for a in adapters for n in (1, 2)]
-    session.add_all(versions)
-    await session.flush()
+    versions = await two_versions(session, adapters)
     rows = {}
     for e in es:
         for v in versions:
