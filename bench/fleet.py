@@ -15,7 +15,10 @@ stack B, at the same concurrency, in rotated order each repeat, after one uncoun
 TTFT p50/p99 and the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas).
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams.
-Figures are medians over the repeats with [min, max].
+Figures are medians over the repeats with [min, max]. `slot_loads_offline_floor` is no measurement: the
+fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on 4 slots, requests
+within concurrency/3 of each other on an engine sharing a load), for round-robin and for the best demand
+placement, against which the slot-loads target can be judged.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from fleet_floor import floors, zipf_adapters  # bench/fleet_floor.py
 from stack import free_port, process  # bench/stack.py: run as `python bench/fleet.py`
 from tqdm import tqdm
 
@@ -262,6 +266,8 @@ def main() -> int:
     ratios = [a / b for a, b in zip(tps["router"], tps["round_robin"], strict=True)]
     load_ratios = [a / max(b, 1) for a, b in zip(loads["router"], loads["round_robin"], strict=True)]
     overhead_ms = [1e3 * (v - d) for v, d in zip(via_p50, direct_p50, strict=True)]
+    floor = [floors(zipf_adapters(args.requests, rep), 4, args.concurrency // ENGINES, ENGINES)
+             for rep in range(args.repeats)]
     print(json.dumps({
         "benchmark": "fleet",
         "machine": f"CPU only, {os.cpu_count()} cores shared by 6 engines, the control plane, the router and the client",
@@ -272,6 +278,11 @@ def main() -> int:
         "router_vs_round_robin": {
             "tokens_per_s_ratio": spread(ratios, 3) | {"target": ">= 1.3"},
             "slot_loads_ratio": spread(load_ratios, 3) | {"target": "<= 0.25"}},
+        "slot_loads_offline_floor": {
+            "round_robin": spread([f["round_robin"] for f in floor], 0),
+            "demand_placed": spread([f["demand_placed"] for f in floor], 0),
+            "demand_placed_over_measured_round_robin": spread(
+                [f["demand_placed"] / max(b, 1) for f, b in zip(floor, loads["round_robin"], strict=True)], 3)},
         "router_overhead_1_token_p50_ms": spread(overhead_ms, 2) | {
             "via_router_ms": spread([1e3 * v for v in via_p50], 2), "direct_ms": spread([1e3 * d for d in direct_p50], 2),
             "target": "<= 2"},
