@@ -10,12 +10,14 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from shared.routes import RouteEngine
-from tests.data_plane.api.conftest import EngineServer, scrape_metric
+from tests.data_plane.api.conftest import EngineServer, run_engine, scrape_metric
+from tests.data_plane.router.conftest import lora_flags
 from tests.data_plane.router.support import (
     RouterUnderTest,
     RoutesServer,
@@ -65,6 +67,16 @@ def events(response: httpx.Response) -> list[dict]:
 
 def stable(body: dict) -> dict:
     return {k: v for k, v in body.items() if k not in ("id", "created")}
+
+
+@pytest.fixture(scope="module")
+def long_engine(demo_model_dir: Path, demo_adapters: dict[str, Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
+    """An engine of the module for requests of 1,500 tokens that the tests abort or leave (never killed)."""
+    log = tmp_path_factory.mktemp("long_engine") / "engine.log"
+    with run_engine(demo_model_dir, log, *lora_flags(demo_adapters), "--num-kv-blocks", "256",
+                    "--max-model-len", "2048") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -220,18 +232,19 @@ def test_bad_bodies_are_clear_4xx(router: RouterUnderTest) -> None:
     assert httpx.get(router.url + "/health").status_code == 200  # and the router lives on
 
 
-def test_client_disconnect_aborts_the_engines_request(start_lora_engine) -> None:  # noqa: ANN001
-    engine = start_lora_engine("--num-kv-blocks", "256", "--max-model-len", "2048")
+def test_client_disconnect_aborts_the_engines_request(long_engine: EngineServer) -> None:
+    engine = long_engine
+    aborts = engine.metric("loraplane_requests_total", 'outcome="abort"')
     long = {"model": "demo-poet", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
     with routed(fleet(("e1", engine))) as router:
         with httpx.Client(timeout=60) as client, client.stream(
                 "POST", router.api + "/completions", json={**long, "prompt": "Once", "stream": True}) as r:
             lines = r.iter_lines()
             assert any(next(lines).startswith("data: {") for _ in range(6))
-        wait_until(lambda: engine.metric("loraplane_requests_total", 'outcome="abort"') == 1, "a streamed abort")
+        wait_until(lambda: engine.metric("loraplane_requests_total", 'outcome="abort"') == aborts + 1, "a streamed abort")
         with pytest.raises(httpx.TimeoutException):
             httpx.post(router.api + "/completions", json={**long, "prompt": "Once"}, timeout=1.0)
-        wait_until(lambda: engine.metric("loraplane_requests_total", 'outcome="abort"') == 2, "a whole abort")
+        wait_until(lambda: engine.metric("loraplane_requests_total", 'outcome="abort"') == aborts + 2, "a whole abort")
         wait_until(lambda: router.service.balancer.outstanding.get("e1") == 0, "nothing outstanding")
         assert scrape_metric(router.url, "loraplane_router_requests_total", 'outcome="abort"') == 2
 
@@ -252,9 +265,8 @@ def test_an_engine_that_dies_mid_stream_ends_it_with_an_error_event(start_lora_e
         wait_until(lambda: router.service.balancer.outstanding.get("e1") == 0, "nothing outstanding")
 
 
-def test_demand_is_reported_while_requests_run(start_lora_engine) -> None:  # noqa: ANN001
-    engine = start_lora_engine("--num-kv-blocks", "256", "--max-model-len", "2048")
-    routes = fleet(("e1", engine))
+def test_demand_is_reported_while_requests_run(long_engine: EngineServer) -> None:
+    routes = fleet(("e1", long_engine))
     with routed(routes, demand_interval_s=0.1) as router:
         with httpx.Client(timeout=60) as client, client.stream("POST", router.api + "/completions", json={
                 "model": "demo-poet", "prompt": "Once", "max_tokens": 1500, "ignore_eos": True, "stream": True}) as r:
