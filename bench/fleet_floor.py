@@ -18,7 +18,9 @@ adapters, Zipf(1.0), 3 engines of 4 slots and a window of 16 it is 0.53 [0.49, 0
 0.44 at 960 and 0.43 at 4,800 (the 36 coldest adapters carry 30% of the requests and miss nearly every
 time on any engine), so bench/fleet.py's target of 1/4 of round-robin's slot loads is below what any
 routing or placement reaches in that setup, steady state included. (Weighted rendezvous placement of
-a00-a47 over fleet-0..2 gives the same floor as demand placement here, 50-54 loads at 240 requests.)
+a00-a47 over fleet-0..2 gives the same floor as demand placement here, 50-54 loads at 240 requests.
+Replicas cost loads: with the hottest 1, 2 or 3 adapters on all three engines, their requests spread
+evenly, the floor rises to 55-57, 58-62 and 62-68: each replica takes a slot on every engine holding it.)
 """
 
 from __future__ import annotations
