@@ -5,8 +5,8 @@
 Each LinearWithLoRA's lora_a / lora_b are views of the pool ([max_loras, in, L * R] and
 [max_loras, R, out], slot stride = per_slot), which the ops and kernels read in place. An adapter's
 *image* is one such row, made by `prepare`: zero-padded past its rank, scale folded into B, in the
-model's dtype, on the device. Building it is the slow part of a slot write (a copy, cast and multiply per
-projection and layer); it can run on any thread ahead of the step, and images are kept (LRU by content
+slots' dtype (the model's, or --lora-dtype's), on the device. Building it is the slow part of a slot
+write (a copy, cast and multiply per projection and layer); it can run on any thread ahead of the step, and images are kept (LRU by content
 digest) so an evicted adapter that comes back is one copy away. Writing a slot is then one `copy_` of
 a row: the step loop's only LoRA work when an adapter is loaded.
 """
@@ -72,7 +72,7 @@ class SlotPool:
             if image is not None:
                 self._images.move_to_end(weights.sha256)
                 return image
-        # built on the host in the model's dtype, then one transfer (a no-op on the CPU)
+        # built on the host in the slots' dtype (rounded once here), then one transfer (a no-op on the CPU)
         host = torch.zeros(self.per_slot, dtype=self.pool.dtype)
         for r in self._regions:
             modules = weights.layers.get(r.layer_index)
