@@ -6,9 +6,10 @@ Each LinearWithLoRA's lora_a / lora_b are views of the pool ([max_loras, in, L *
 [max_loras, R, out], slot stride = per_slot), which the ops and kernels read in place. An adapter's
 *image* is one such row, made by `prepare`: zero-padded past its rank, scale folded into B, in the
 slots' dtype (the model's, or --lora-dtype's), on the device. Building it is the slow part of a slot
-write (a copy, cast and multiply per projection and layer); it can run on any thread ahead of the step, and images are kept (LRU by content
-digest) so an evicted adapter that comes back is one copy away. Writing a slot is then one `copy_` of
-a row: the step loop's only LoRA work when an adapter is loaded.
+write (a copy, cast and multiply per projection and layer); it can run on any thread ahead of the
+step, and images are kept (LRU by content digest) so an evicted adapter that comes back is one copy
+away. Writing a slot is then one `copy_` of a row: the step loop's only LoRA work when an adapter is
+loaded.
 """
 
 from __future__ import annotations
