@@ -119,12 +119,16 @@ def client_main(conn) -> None:
                 raise RuntimeError(f"{resp.status}: {await resp.text()}")
             if not stream:
                 tokens = (await resp.json())["usage"]["completion_tokens"]
-            else:
+            else:  # every byte read, as a user would; the events a read completed are stamped on arrival
                 tokens = 0
-                async for line in resp.content:
-                    if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                        stamps.append(time.perf_counter())
-                        tokens += 1
+                rest = b""
+                async for data in resp.content.iter_any():  # one call per read, not one per line
+                    now = time.perf_counter()
+                    *events, rest = (rest + data).split(b"\n\n")
+                    for event in events:
+                        if event.startswith(b"data: ") and event != b"data: [DONE]":
+                            stamps.append(now)
+                            tokens += 1  # one event per token: each step's token is sent as it comes
         end = time.perf_counter()
         return {"start": start, "end": end, "tokens": tokens, "stamps": stamps}
 

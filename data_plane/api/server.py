@@ -353,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn.Config(
             gate, log_level=args.log_level, log_config=None, timeout_graceful_shutdown=5,
             access_log=args.log_level == "debug",
-            # pinned: uvloop and httptools (installed for the router) measured no gain here, where the
-            # model's steps dominate; uvicorn would pick them up on its own otherwise
-            loop="asyncio", http="h11",
+            # uvloop's event loop and httptools' C parser, as the router: a stream costs the API process an
+            # ASGI send per token per request, and with the engine core in its own process that CPU is taken
+            # from the core's torch threads on a small host (h11 framed each chunk in Python)
+            loop="uvloop", http="httptools",
         ),
         gate, shutdown_timeout_s=args.shutdown_timeout_s, on_drain=on_drain,
     )

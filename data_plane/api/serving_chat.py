@@ -143,14 +143,16 @@ def _choice_body(index: int, c: _Choice, ctx: _Context) -> dict[str, Any]:
 
 async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[str, Any]]:
     req = ctx.req
+    header = ctx.header("chat.completion.chunk")  # per chunk: built once, not per token
+    continuous_usage, include_usage = req.continuous_usage, req.include_usage
 
     completion_tokens = cached = 0
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
-        body = {**ctx.header("chat.completion.chunk"), "choices": [choice]}
-        if req.continuous_usage:
+        body = {**header, "choices": [choice]}
+        if continuous_usage:
             body["usage"] = usage(len(ctx.prompt_token_ids), completion_tokens, cached)
-        elif req.include_usage:
+        elif include_usage:
             body["usage"] = None  # only the final chunk carries usage
         return body
 
@@ -186,9 +188,9 @@ async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[s
             if req.return_token_ids:
                 choice["token_ids"] = d.token_ids
             yield chunk(choice)
-    if req.include_usage:
+    if include_usage:
         yield {
-            **ctx.header("chat.completion.chunk"),
+            **header,
             "choices": [],
             "usage": usage(len(ctx.prompt_token_ids), completion_tokens, cached),
         }

@@ -187,12 +187,14 @@ def _body(ctx: _Context) -> dict[str, Any]:
 
 async def _chunks(merged: MergedGenerations, ctx: _Context) -> AsyncIterator[dict[str, Any]]:
     req = ctx.req
+    header = ctx.header()  # per chunk: built once, not per token
+    continuous_usage, include_usage = req.continuous_usage, req.include_usage
 
     def chunk(choice: dict[str, Any]) -> dict[str, Any]:
-        body = {**ctx.header(), "choices": [choice]}
-        if req.continuous_usage:
+        body = {**header, "choices": [choice]}
+        if continuous_usage:
             body["usage"] = ctx.usage()  # the usage so far (vLLM's continuous_usage_stats)
-        elif req.include_usage:
+        elif include_usage:
             body["usage"] = None
         return body
 
@@ -220,5 +222,5 @@ async def _chunks(merged: MergedGenerations, ctx: _Context) -> AsyncIterator[dic
             if req.return_token_ids:
                 choice["token_ids"] = d.token_ids
             yield chunk(choice)
-    if req.include_usage:
-        yield {**ctx.header(), "choices": [], "usage": ctx.usage()}
+    if include_usage:
+        yield {**header, "choices": [], "usage": ctx.usage()}
