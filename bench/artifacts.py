@@ -181,10 +181,13 @@ class Watch:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set() and self.at is None:
+        while self.at is None:
+            stopping = self._stop.is_set()  # then one last look: the load may answer within a poll of the folder
             if self.path.exists() or any(n.startswith(self.prefix) and ".evicted." not in n
                                          for n in os.listdir(self.partial)):
                 self.at = time.perf_counter()
+            if stopping:
+                return
             time.sleep(POLL_S)
 
     def stop(self) -> None:

@@ -41,7 +41,7 @@ from data_plane.lora.artifact_download import Download, DownloadProblem, as_erro
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_loader import host_layout
 from data_plane.lora.reader import fetch_off_loop
-from data_plane.lora.safetensors_memory import Buffer, BufferTensors, StagedTensors
+from data_plane.lora.safetensors_memory import Buffer, BufferTensors, StagedTensors, new_buffer
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
@@ -211,7 +211,7 @@ class ArtifactFetcher:
                        where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
                        deadline=deadline)
         cancelled = threading.Event()
-        data: Buffer | None = bytearray(f.size)  # the listed size, bounded by max_bytes (calloc: no page touched)
+        data: Buffer | None = new_buffer(f.size)  # the listed size, bounded by max_bytes
         staged = StagedTensors(data, host_layout) if f.name == WEIGHTS_NAME else None
         try:
             await fetch_off_loop(download, job, data, staged, cancelled, self._on_bytes)

@@ -57,6 +57,12 @@ class TensorReader(Protocol):
         ...
 
 
+def new_buffer(size: int) -> Buffer:
+    """`size` zero bytes whose pages are not touched yet (an anonymous mapping): the receive fills them.
+    `bytearray(size)` writes every page first (about 0.2 s for 200 MB on this VM, on the caller's thread)."""
+    return mmap.mmap(-1, size) if size >= mmap.PAGESIZE else bytearray(size)
+
+
 def all_finite(tensor: torch.Tensor) -> bool:
     """No NaN or infinity in `tensor`: its min and max (one pass that allocates nothing; NaN propagates
     through both) are finite. `isfinite(t).all()` builds a bool tensor as long as the weights first,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -58,9 +59,16 @@ def load(folder: Path, base: Path, cache: ArtifactCache | None, root: Path) -> L
                              verified=cache.verified if cache is not None else None)
 
 
-def staged_alive() -> list[StagedTensors]:
-    gc.collect()
-    return [o for o in gc.get_objects() if type(o) is StagedTensors]
+def staged_alive(at_most: int = -1) -> int:
+    """How many StagedTensors exist; with `at_most`, waits (up to 10 s) for the download's worker thread to
+    let go of its arguments once it has raised (it drops them right after the error reached the caller)."""
+    deadline = time.monotonic() + 10
+    while True:
+        gc.collect()
+        alive = sum(1 for o in gc.get_objects() if type(o) is StagedTensors)
+        if alive <= at_most or at_most < 0 or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
 
 
 async def test_a_fetched_version_is_loaded_from_what_was_staged_and_equals_the_files(
@@ -99,14 +107,14 @@ async def test_a_byte_corrupted_late_is_refused_and_nothing_staged_is_kept(
     if nan:  # bytes whose staging itself finds a NaN: still the checksum is what refuses them
         corrupt = corrupt[:-4] + torch.tensor([float("nan")]).numpy().tobytes()
     cp.corrupt[WEIGHTS_NAME] = corrupt
-    before = len(staged_alive())
+    before = staged_alive()
     with pytest.raises(LoRAAdapterError, match=f"checksum mismatch for {WEIGHTS_NAME}"):
         async with cache.acquire(ref):
             pytest.fail("a corrupted version was handed out")
     folder = cache.root / ref.digest
     assert all(cache.verified.contents_of(folder / n) is None for n in (CONFIG_NAME, WEIGHTS_NAME))
     assert ref.digest not in cache and not folder.exists() and list((cache.root / PARTIAL_DIR).iterdir()) == []
-    assert len(staged_alive()) == before  # what was staged from the bad bytes is gone with them
+    assert staged_alive(at_most=before) == before  # what was staged from the bad bytes is gone with them
     # the same version served right afterwards is fetched again, whole, and loads
     del cp.corrupt[WEIGHTS_NAME]
     async with cache.acquire(ref) as folder:
