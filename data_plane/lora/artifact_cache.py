@@ -46,7 +46,6 @@ from data_plane.config import ConfigError
 from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError
 from data_plane.lora.keyed_lock import KeyedLock
 from data_plane.lora.reader import fetch_off_loop, read_off_loop
-from data_plane.lora.safetensors_memory import Buffer
 from data_plane.lora.verified_files import VerifiedFiles
 from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
 from shared.errors import OverloadedError
@@ -198,14 +197,13 @@ class ArtifactCache:
         self.stats.fetches += 1
         folder = self.root / ref.digest
         for f in manifest.files:
-            self.verified.hold(folder / f.name, f.sha256, contents[f.name].data, contents[f.name].tensors)
+            self.verified.hold(folder / f.name, f.sha256, contents[f.name])
         # made here, at once: its appearance is when the version was verified (bench/artifacts.py)
         partial = self.root / PARTIAL_DIR / f"{ref.digest}.{secrets.token_hex(4)}"
-        self._writing[ref.digest] = asyncio.ensure_future(
-            self._write(partial, manifest, {name: c.data for name, c in contents.items()}))
+        self._writing[ref.digest] = asyncio.ensure_future(self._write(partial, manifest, contents))
         return folder
 
-    async def _write(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, Buffer]) -> None:
+    async def _write(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, bytearray]) -> None:
         """The verified version into the cache; a failure is logged, and the next need fetches it again."""
         digest, size = manifest.digest, manifest.size_bytes
         try:
@@ -225,7 +223,7 @@ class ArtifactCache:
             self._reserved -= size
             del self._writing[digest]
 
-    def _publish(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, Buffer]) -> Path:
+    def _publish(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, bytearray]) -> Path:
         """Blocking: the verified files and their manifest written and fsynced, then the whole folder
         renamed into place, durably. A local disk error (full, read-only) is worth a retry later."""
         try:

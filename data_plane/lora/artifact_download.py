@@ -1,23 +1,18 @@
-"""One artifact file downloaded and hashed in memory by two idle-priority threads (blocking code).
+"""One artifact file downloaded and hashed in memory by a single idle-priority thread (blocking code).
 
 Why not the API's event loop (httpx, as the manifest is fetched): httpx hands a download to Python in
 64 KiB pieces, each parsed and copied while holding the GIL, on the thread that also serves requests.
 That ran at about 250 MB/s here and took the GIL from the engine's step thread thousands of times per
 adapter. Here the stdlib HTTP client reads the body straight into the file's own buffer, allocated
-once at its listed size (`readinto` in 1 MiB steps: the socket copies into it without the GIL), and a
-second thread hashes what has arrived right behind it (`_Verifier`; hashlib releases the GIL), so that
-receiving and hashing use two CPUs instead of taking turns on one. That thread also hands each hashed
-prefix to the file's `Stage` (for the weights: the safetensors header parse and NaN/inf check,
-safetensors_memory.StagedTensors), so the load finds them done once the last byte is in. What a stage
-made is returned only with bytes whose sha256 matched; on a mismatch it is dropped with the buffer.
-Nothing is written to disk here: the caller gets the verified bytes, parses them in memory and writes
-the cache's copy (artifact_cache), so a cold load neither waits for a file write inside the receive
-loop nor reads back the file it has just written.
+once at its listed size (`readinto` in 1 MiB steps: the socket copies into it without the GIL), and
+the sha256 update of each step releases the GIL too. Nothing is written to disk here: the caller gets
+the verified bytes, parses them in memory and writes the cache's copy (artifact_cache), so a cold load
+neither waits for a file write inside the receive loop nor reads back the file it has just written.
 
-Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES) and both threads run at idle
+Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES) and the thread runs at idle
 priority (data_plane.lora.reader), so the sender (the control plane, often on the same host) can only
-send as fast as this process takes bytes, in windows of at most that size, i.e. when the engine leaves
-a CPU idle: a fetch does not compete with the forward pass, neither here nor in the process serving it.
+send as fast as this thread takes bytes, in windows of at most that size, i.e. when the engine leaves a
+CPU idle: a fetch does not compete with the forward pass, neither here nor in the process serving it.
 
 The rules are those of artifact_fetch: the caller has checked the URL's origin; redirects are answers,
 never followed (http.client does not follow them); `headers` carry the token only when the URL is the
@@ -34,17 +29,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 from urllib.parse import urlsplit
 
 from data_plane.lora.errors import LoRAAdapterError
-from data_plane.lora.reader import idle_thread_priority
-from data_plane.lora.safetensors_memory import Buffer
 from shared.artifacts import ArtifactFile
 from shared.errors import LoraplaneError
 
-# one readinto (the cancel and deadline checks between them), and the most hashed in one update: as large as
-# the receive window (694 MB/s here against 632 for 4 MiB when one thread did both)
+# one readinto and one hash update (the cancel and deadline checks between them): as large as the receive
+# window, so the sender refills the window while this thread hashes (694 MB/s here against 632 for 4 MiB)
 STEP_BYTES = 1 << 20
 RECEIVE_BUFFER_BYTES = 1 << 20  # SO_RCVBUF: the most the sender can put in flight ahead of this thread
 
@@ -57,13 +49,6 @@ class Download:
     where: str  # "file adapter_model.safetensors at '…'" for messages
     read_timeout_s: float  # connect, or one read
     deadline: float  # time.monotonic() by which the whole version must be in
-
-
-class Stage(Protocol):
-    """Work on a file while it arrives: `advance(n)` once its first n bytes are in and hashed (one thread,
-    growing n). It must not raise, and nothing it makes may be used before the whole file verified."""
-
-    def advance(self, available: int) -> None: ...
 
 
 class DownloadProblem(Exception):
@@ -98,11 +83,8 @@ def mismatch(f: ArtifactFile, detail: str) -> DownloadProblem:
     return DownloadProblem("checksum_mismatch", f"checksum mismatch for {f.name}: {detail}; nothing was loaded")
 
 
-def download(job: Download, into: Buffer, stage: Stage | None, cancelled: threading.Event,
-             on_bytes: Callable[[int], None] | None) -> None:
-    """Blocking: GET `job.url` into `into` (allocated at the listed size, which the manifest bounds) and
-    verify it against `job.file` (size and sha256); `stage` sees the bytes as they arrive. Returns only
-    once every byte matched (else DownloadProblem: then nothing `stage` made may be used)."""
+def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> bytearray:
+    """Blocking: GET `job.url`; its bytes, verified against `job.file` (size and sha256)."""
     conn = _connection(job.url, job.read_timeout_s)
     try:
         conn.connect()
@@ -114,86 +96,38 @@ def download(job: Download, into: Buffer, stage: Stage | None, cancelled: thread
         problem = status_problem(response.status, job.where)
         if problem is not None:
             raise problem
-        _receive(job, response, into, _Verifier(memoryview(into), stage), cancelled, on_bytes)
+        return _receive(job, response, cancelled, on_bytes)
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, a read timeout, a broken body
         raise DownloadProblem("retry", f"{job.where}: {type(exc).__name__}") from None
     finally:
         conn.close()
 
 
-def _receive(job: Download, response: http.client.HTTPResponse, data: Buffer, verifier: _Verifier,
-             cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> None:
+def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threading.Event,
+             on_bytes: Callable[[int], None] | None) -> bytearray:
     f = job.file
+    data = bytearray(f.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
     view = memoryview(data)
+    digest = hashlib.sha256()
     received = 0
-    try:
-        while received < f.size:
-            if cancelled.is_set() or time.monotonic() > job.deadline:
-                raise DownloadProblem("timeout", f"{job.where} was not fetched in time")
-            n = response.readinto(view[received:received + STEP_BYTES])
-            if not n:
-                if response.length:  # Content-Length not reached: the connection broke off (http.client
-                    # answers 0 then, not IncompleteRead)
-                    raise DownloadProblem("retry", f"{job.where}: the body broke off after {received} bytes")
-                raise mismatch(f, f"{received} bytes received, {f.size} listed")
-            received += n
-            verifier.arrived(received)
-            if on_bytes is not None:
-                on_bytes(n)
-        if response.length or response.read(1):  # the body goes on past the listed size
-            raise mismatch(f, f"more than the {f.size} bytes listed")
-        digest = verifier.digest()
-    finally:
-        verifier.stop()  # returns once its thread no longer reads the buffer
-    if digest != f.sha256:
-        raise mismatch(f, f"sha256 {digest[:16]}… received, {f.sha256[:16]}… listed")
-
-
-class _Verifier:
-    """Hashes the bytes of `view` as they arrive, on an idle-priority thread of its own, and hands each
-    hashed prefix to `stage`. `arrived(n)`: the first n bytes are in; `digest()`: and no more will come."""
-
-    def __init__(self, view: memoryview, stage: Stage | None) -> None:
-        self._view, self._stage = view, stage
-        self._sha = hashlib.sha256()
-        self._changed = threading.Condition()
-        self._arrived = self._hashed = 0
-        self._complete = self._stopped = False
-        self._thread = threading.Thread(target=self._run, name="lora-verify", daemon=True)
-        self._thread.start()
-
-    def arrived(self, n: int) -> None:
-        with self._changed:
-            self._arrived = n
-            self._changed.notify()
-
-    def digest(self) -> str:
-        with self._changed:
-            self._complete = True
-            self._changed.notify()
-        self._thread.join()
-        return self._sha.hexdigest()
-
-    def stop(self) -> None:
-        with self._changed:
-            self._stopped = True
-            self._changed.notify()
-        self._thread.join()
-
-    def _run(self) -> None:
-        idle_thread_priority()
-        while True:
-            with self._changed:
-                while self._arrived == self._hashed and not (self._complete or self._stopped):
-                    self._changed.wait()
-                if self._stopped or self._arrived == self._hashed:
-                    return
-                upto = self._arrived
-            for start in range(self._hashed, upto, STEP_BYTES):  # hashlib releases the GIL for these
-                self._sha.update(self._view[start:min(upto, start + STEP_BYTES)])
-            self._hashed = upto
-            if self._stage is not None:
-                self._stage.advance(upto)
+    while received < f.size:
+        if cancelled.is_set() or time.monotonic() > job.deadline:
+            raise DownloadProblem("timeout", f"{job.where} was not fetched in time")
+        n = response.readinto(view[received:received + STEP_BYTES])
+        if not n:
+            if response.length:  # Content-Length not reached: the connection broke off (http.client
+                # answers 0 then, not IncompleteRead)
+                raise DownloadProblem("retry", f"{job.where}: the body broke off after {received} bytes")
+            raise mismatch(f, f"{received} bytes received, {f.size} listed")
+        digest.update(view[received:received + n])  # hashlib releases the GIL for pieces this large
+        received += n
+        if on_bytes is not None:
+            on_bytes(n)
+    if response.length or response.read(1):  # the body goes on past the listed size
+        raise mismatch(f, f"more than the {f.size} bytes listed")
+    if digest.hexdigest() != f.sha256:
+        raise mismatch(f, f"sha256 {digest.hexdigest()[:16]}… received, {f.sha256[:16]}… listed")
+    return data
 
 
 def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:

@@ -11,10 +11,7 @@ The rules, in the order they are applied:
 3. Each file is streamed (from its presigned `url`, or the control plane's `file_url`) into memory,
    hashed as it arrives; more bytes than listed, fewer, or another sha256 refuse the load with
    `checksum mismatch for <name>`. The caller (artifact_cache) gets only versions whose every file
-   passed, writes the cache's copy and hands the loader these very bytes, the weights with the reader
-   that parsed and checked them while they arrived and copied each tensor into the host copy's layout
-   (safetensors_memory.StagedTensors, peft_loader.host_layout), which leaves here only once their
-   sha256 matched.
+   passed, writes the cache's copy and hands the loader these very bytes.
 
 Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
 its files (exactly a PEFT version's two), and the version's size (the cache's capacity: a bigger one
@@ -39,9 +36,7 @@ import msgspec
 
 from data_plane.lora.artifact_download import Download, DownloadProblem, as_error, download, status_problem
 from data_plane.lora.errors import LoRAAdapterError
-from data_plane.lora.peft_loader import host_layout
 from data_plane.lora.reader import fetch_off_loop
-from data_plane.lora.safetensors_memory import Buffer, BufferTensors, StagedTensors, new_buffer
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
@@ -53,12 +48,6 @@ MAX_LISTED = 8  # file names quoted in a refusal
 # a PEFT LoRA version, as the loader reads and digests it (shared.peft)
 ADAPTER_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-@dataclass(frozen=True)
-class FetchedFile:
-    data: Buffer  # every byte verified against the manifest
-    tensors: BufferTensors | None  # the weights' reader, made as they arrived; None: parse `data`
 
 
 class ArtifactFetchError(LoraplaneError):
@@ -174,8 +163,8 @@ class ArtifactFetcher:
                 f"holds (--lora-cache-max-bytes {self.max_bytes})", param="artifact", code="artifact_too_large")
         return manifest
 
-    async def receive(self, manifest: ArtifactManifest) -> dict[str, FetchedFile]:
-        """Every file of `manifest` (name -> its bytes), each verified against its size and sha256."""
+    async def receive(self, manifest: ArtifactManifest) -> dict[str, bytearray]:
+        """Every file of `manifest` (name -> bytes), each verified against its size and sha256."""
         deadline = time.monotonic() + self.timeout_s  # the threads stop on their own by then too
         async with self._deadline(f"adapter {manifest.digest[:16]}…"):
             tasks = [asyncio.ensure_future(self._download_file(manifest, f, deadline)) for f in manifest.files]
@@ -205,27 +194,18 @@ class ArtifactFetcher:
                           "untrusted_artifact_origin")
         return file_url(self.origins.control_plane, manifest.digest, f.name)
 
-    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> FetchedFile:
+    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> bytearray:
         url = self._file_url(manifest, f)
         job = Download(url=url, headers=self._auth if self.origins.is_control_plane(url) else {}, file=f,
                        where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
                        deadline=deadline)
         cancelled = threading.Event()
-        data: Buffer | None = new_buffer(f.size)  # the listed size, bounded by max_bytes
-        staged = StagedTensors(data, host_layout) if f.name == WEIGHTS_NAME else None
         try:
-            await fetch_off_loop(download, job, data, staged, cancelled, self._on_bytes)
-        except BaseException as exc:
-            # the refused bytes and what was staged from them are dropped here, whoever keeps the error
-            # (its traceback holds this frame, and the download's frames)
-            data = staged = None
-            if isinstance(exc, DownloadProblem):
-                raise as_error(exc.with_traceback(None), ArtifactFetchError) from None
-            raise
+            return await fetch_off_loop(download, job, cancelled, self._on_bytes)
+        except DownloadProblem as problem:
+            raise as_error(problem, ArtifactFetchError) from None
         finally:
             cancelled.set()  # a cancelled await leaves the thread running: it stops before its next read
-        # verified: only now may what was staged from these bytes leave
-        return FetchedFile(data, staged.tensors() if staged is not None else None)
 
     @asynccontextmanager
     async def _stream(self, url: str, what: str) -> AsyncIterator[httpx.Response]:

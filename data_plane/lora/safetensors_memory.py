@@ -11,23 +11,14 @@ object `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__"?: {str
 data): the header inside the buffer, every dtype known, each tensor's span exactly its shape's bytes,
 and the spans tiling the data from 0 to its end with no gap or overlap. Any violation is a
 SafetensorError, as a bad file is for `safe_open`.
-
-A fetched file is also checked while it arrives (`StagedTensors`, fed by the thread that hashes it): the
-header as soon as its bytes are in, each floating-point tensor's values (no NaN or infinity) as soon as
-its span is, and the tensor copied into the layout its reader keeps (`materialize`: the PEFT loader's
-host layout), so that little of the load is left once the last byte came. What it finds concerns bytes
-not yet verified: it is used only once the whole file's sha256 matched (the caller asks `tensors()`
-only then), and dropped with the buffer otherwise. A header it cannot parse only means the loader
-parses the verified bytes itself, and refuses them as it would a file.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -36,7 +27,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
-Buffer = bytearray | mmap.mmap  # a file's bytes in memory, as received (writable, never written again)
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
@@ -52,28 +42,6 @@ class TensorReader(Protocol):
 
     def get_tensor(self, key: str) -> torch.Tensor: ...
 
-    def all_finite(self, key: str, tensor: torch.Tensor) -> bool:
-        """No NaN or infinity in `tensor` (the tensor `key`), known already or checked now."""
-        ...
-
-
-def new_buffer(size: int) -> Buffer:
-    """`size` zero bytes whose pages are not touched yet (an anonymous mapping): the receive fills them.
-    `bytearray(size)` writes every page first (about 0.2 s for 200 MB on this VM, on the caller's thread)."""
-    return mmap.mmap(-1, size) if size >= mmap.PAGESIZE else bytearray(size)
-
-
-def all_finite(tensor: torch.Tensor) -> bool:
-    """No NaN or infinity in `tensor`: its min and max (one pass that allocates nothing; NaN propagates
-    through both) are finite. `isfinite(t).all()` builds a bool tensor as long as the weights first,
-    about a quarter of the load's time on a fresh VM page here."""
-    if tensor.numel() == 0:
-        return True
-    if tensor.dtype.itemsize == 1:  # float8: no min/max kernels
-        return bool(torch.isfinite(tensor.float()).all())
-    lo, hi = torch.aminmax(tensor)
-    return math.isfinite(lo.item()) and math.isfinite(hi.item())
-
 
 class _Span:
     __slots__ = ("dtype", "shape", "start", "nbytes")
@@ -83,15 +51,11 @@ class _Span:
 
 
 class BufferTensors:
-    """The tensors of the safetensors bytes in `buffer` (kept alive by the tensors it hands out).
-    `spans` and `finite`: what StagedTensors found in these very bytes as they arrived."""
+    """The tensors of the safetensors bytes in `buffer` (kept alive by the tensors it hands out)."""
 
-    def __init__(self, buffer: Buffer, spans: dict[str, _Span] | None = None,
-                 finite: dict[str, bool] | None = None, made: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, buffer: bytearray) -> None:
         self._buffer = buffer
-        self._spans = spans if spans is not None else _parse(memoryview(buffer))
-        self._finite = finite or {}
-        self._made = made or {}  # key -> the tensor as StagedTensors materialized it (same values)
+        self._spans = _parse(memoryview(buffer))
 
     def keys(self) -> list[str]:
         return list(self._spans)
@@ -100,68 +64,15 @@ class BufferTensors:
         return list(self._spans[key].shape)
 
     def get_tensor(self, key: str) -> torch.Tensor:
-        made = self._made.get(key)
-        return made if made is not None else _tensor(self._buffer, self._spans[key])
-
-    def all_finite(self, key: str, tensor: torch.Tensor) -> bool:
-        known = self._finite.get(key)
-        return known if known is not None else all_finite(tensor)
-
-
-class StagedTensors:
-    """A safetensors file checked while it arrives into `buffer` (allocated at the file's listed size):
-    `advance(n)` once its first n bytes are in (from one thread, in growing n). Nothing it finds is
-    trusted before the caller verified the whole file's sha256; `tensors()` is for then only.
-    `materialize(tensor)`: each tensor's copy in the layout the reader's user keeps (same shape and values)."""
-
-    def __init__(self, buffer: Buffer, materialize: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        self._buffer = buffer
-        self._materialize = materialize
-        self._spans: dict[str, _Span] | None = None
-        self._pending: list[tuple[int, str]] = []  # (end, key) of the tensors not yet checked, last end first
-        self._finite: dict[str, bool] = {}
-        self._made: dict[str, torch.Tensor] = {}
-        self._failed = False
-
-    def advance(self, available: int) -> None:
-        if self._failed:
-            return
-        try:
-            self._advance(available)
-        except Exception:  # noqa: BLE001 - bytes it cannot read: the loader parses them and says why
-            self._failed = True
-
-    def _advance(self, available: int) -> None:
-        if self._spans is None:
-            if available < 8 or 8 + struct.unpack("<Q", memoryview(self._buffer)[:8])[0] > available:
-                return  # the header is not all in yet (a length past the file's end fails in _parse)
-            self._spans = _parse(memoryview(self._buffer))
-            self._pending = sorted(((s.start + s.nbytes, key) for key, s in self._spans.items()), reverse=True)
-        while self._pending and self._pending[-1][0] <= available:
-            _, key = self._pending.pop()
-            tensor = _tensor(self._buffer, self._spans[key])
-            if tensor.is_floating_point():
-                self._finite[key] = all_finite(tensor)
-            if self._materialize is not None:
-                self._made[key] = self._materialize(tensor)
-
-    def tensors(self) -> BufferTensors | None:
-        """The reader over the whole file, with what was checked as it arrived; None when the staging did
-        not get through it (the loader then parses and checks the bytes itself). Only once verified."""
-        if self._failed or self._spans is None or self._pending:
-            return None
-        return BufferTensors(self._buffer, self._spans, self._finite, self._made)
-
-
-def _tensor(buffer: Buffer, span: _Span) -> torch.Tensor:
-    numel = math.prod(span.shape)
-    if numel == 0:
-        return torch.empty(span.shape, dtype=span.dtype)
-    itemsize = torch.empty((), dtype=span.dtype).element_size()
-    if span.start % itemsize:  # a misaligned tensor (mixed dtypes): copied, as safe_open would
-        data: bytearray = bytearray(memoryview(buffer)[span.start:span.start + span.nbytes])
-        return torch.frombuffer(data, dtype=span.dtype, count=numel).view(span.shape)
-    return torch.frombuffer(buffer, dtype=span.dtype, count=numel, offset=span.start).view(span.shape)
+        span = self._spans[key]
+        numel = math.prod(span.shape)
+        if numel == 0:
+            return torch.empty(span.shape, dtype=span.dtype)
+        itemsize = torch.empty((), dtype=span.dtype).element_size()
+        if span.start % itemsize:  # a misaligned tensor (mixed dtypes): copied, as safe_open would
+            data: bytearray = bytearray(memoryview(self._buffer)[span.start:span.start + span.nbytes])
+            return torch.frombuffer(data, dtype=span.dtype, count=numel).view(span.shape)
+        return torch.frombuffer(self._buffer, dtype=span.dtype, count=numel, offset=span.start).view(span.shape)
 
 
 class _FileTensors:
@@ -179,18 +90,11 @@ class _FileTensors:
     def get_tensor(self, key: str) -> torch.Tensor:
         return self._f.get_tensor(key)  # type: ignore[attr-defined]
 
-    def all_finite(self, key: str, tensor: torch.Tensor) -> bool:
-        return all_finite(tensor)
-
 
 @contextmanager
-def open_tensors(source: Path | Buffer | BufferTensors) -> Iterator[TensorReader]:
-    """A reader over a file (mapped by safetensors), over verified bytes in memory, or the one staged
-    while those bytes arrived."""
-    if isinstance(source, BufferTensors):
-        yield source
-        return
-    if isinstance(source, (bytearray, mmap.mmap)):
+def open_tensors(source: Path | bytearray) -> Iterator[TensorReader]:
+    """A reader over a file (mapped by safetensors) or over verified bytes in memory."""
+    if isinstance(source, bytearray):
         yield BufferTensors(source)
         return
     with safe_open(str(source), framework="pt") as f:

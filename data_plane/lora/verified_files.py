@@ -12,9 +12,7 @@ in memory only: after a restart the first load of a cached version hashes it onc
 Held bytes (`hold`, while the cache's `acquire` that fetched them lasts): the buffer whose every byte
 matched the manifest's sha256 in memory, so the first load parses it there (views of the buffer, no
 re-read of the cached file, no copy) instead of mapping the file it was just written to. What the
-loader gets is exactly what was hashed, whatever happens to the file on disk meanwhile. With them, for
-a weights file, the reader that checked its header and values while it arrived (`tensors`,
-safetensors_memory.StagedTensors), handed over by the fetch only once the sha256 matched.
+loader gets is exactly what was hashed, whatever happens to the file on disk meanwhile.
 Paths are keyed by their real path, as the loader names them.
 """
 
@@ -23,9 +21,6 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import NamedTuple
-
-from data_plane.lora.safetensors_memory import Buffer, BufferTensors
 
 Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode, device
 
@@ -42,16 +37,10 @@ def _key(path: Path) -> str:
     return os.path.realpath(path)
 
 
-class Held(NamedTuple):
-    sha256: str
-    contents: Buffer  # the verified bytes
-    tensors: BufferTensors | None  # a weights file's reader, checked as it arrived (None: parse `contents`)
-
-
 class VerifiedFiles:
     def __init__(self) -> None:
         self._known: dict[str, tuple[Stamp, str]] = {}
-        self._held: dict[str, Held] = {}
+        self._held: dict[str, tuple[str, bytearray]] = {}  # path -> (sha256, the verified bytes)
         self._lock = threading.Lock()  # the cache publishes on the loop, loaders ask from reader threads
 
     def remember(self, path: Path, sha256: str) -> None:
@@ -60,11 +49,11 @@ class VerifiedFiles:
             with self._lock:
                 self._known[_key(path)] = (stamp, sha256)
 
-    def hold(self, path: Path, sha256: str, contents: Buffer, tensors: BufferTensors | None = None) -> None:
+    def hold(self, path: Path, sha256: str, contents: bytearray) -> None:
         """`contents` are the bytes of `path` whose sha256 was checked in memory (the caller no longer
-        writes them), `tensors` a reader over them; answered by `contents_of` until `release_under`."""
+        writes them); answered by `contents_of` until `release_under`."""
         with self._lock:
-            self._held[_key(path)] = Held(sha256, contents, tensors)
+            self._held[_key(path)] = (sha256, contents)
 
     def release_under(self, folder: Path) -> None:
         """Drop the held bytes of files in `folder` (their file is the copy from now on)."""
@@ -80,8 +69,8 @@ class VerifiedFiles:
                 for key in [k for k in table if k.startswith(prefix)]:
                     del table[key]
 
-    def contents_of(self, path: Path) -> Held | None:
-        """(sha256, bytes, reader) of `path` as verified in memory, if still held."""
+    def contents_of(self, path: Path) -> tuple[str, bytearray] | None:
+        """(sha256, bytes) of `path` as verified in memory, if still held."""
         with self._lock:
             return self._held.get(_key(path))
 

@@ -10,13 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import pytest
 
-from data_plane.lora.artifact_fetch import (
-    ArtifactFetcher,
-    ArtifactFetchError,
-    ArtifactOrigins,
-    FetchedFile,
-    origin_of,
-)
+from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError, ArtifactOrigins, origin_of
 from data_plane.lora.errors import LoRAAdapterError
 from shared.artifacts import ArtifactRef, manifest_url
 from shared.errors import PayloadTooLargeError
@@ -40,10 +34,6 @@ def elsewhere() -> Iterator[ArtifactServer]:
         yield server
 
 
-def contents(received: dict[str, FetchedFile]) -> dict[str, bytes]:
-    return {name: bytes(f.data) for name, f in received.items()}
-
-
 def fetcher_for(cp: ArtifactServer, *, store: str | None = None, max_bytes: int = 1 << 30) -> ArtifactFetcher:
     return ArtifactFetcher(ArtifactOrigins(cp.url, store), TOKEN, max_bytes=max_bytes, read_timeout_s=5)
 
@@ -58,7 +48,7 @@ async def fetcher(cp: ArtifactServer) -> AsyncIterator[ArtifactFetcher]:
 async def test_fetch_verifies_every_file_in_memory_with_the_token(cp, fetcher):
     ref = cp.publish(FILES)
     manifest = await fetcher.manifest(ref)
-    assert contents(await fetcher.receive(manifest)) == FILES
+    assert await fetcher.receive(manifest) == FILES
     assert sorted(cp.paths()) == sorted([f"/v1/artifacts/{ref.digest}", *(f"/v1/artifacts/{ref.digest}/{n}" for n in FILES)])
     assert all(headers["authorization"] == f"Bearer {TOKEN}" for _, headers in cp.seen)
 
@@ -66,7 +56,7 @@ async def test_fetch_verifies_every_file_in_memory_with_the_token(cp, fetcher):
 async def test_a_ref_given_as_a_path_is_fetched_from_the_engines_own_control_plane(cp, fetcher):
     ref = cp.publish(FILES)
     as_path = msgspec.structs.replace(ref, url=f"/v1/artifacts/{ref.digest}")  # no public URL configured
-    assert contents(await fetcher.receive(await fetcher.manifest(as_path))) == FILES
+    assert await fetcher.receive(await fetcher.manifest(as_path)) == FILES
     assert cp.paths()[0] == f"/v1/artifacts/{ref.digest}"
     no_control_plane = ArtifactFetcher(ArtifactOrigins(None), TOKEN, max_bytes=1 << 30)
     try:
@@ -114,7 +104,7 @@ async def test_presigned_store_urls_get_no_token(cp, elsewhere):
         got = await fetcher.receive(await fetcher.manifest(ref))
     finally:
         await fetcher.aclose()
-    assert contents(got) == FILES
+    assert got == FILES
     assert len(elsewhere.seen) == len(FILES) and all("authorization" not in h for _, h in elsewhere.seen)
     assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]  # bytes did not flow through the control plane
 

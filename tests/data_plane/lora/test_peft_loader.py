@@ -21,7 +21,6 @@ from data_plane.lora.demo_adapters import DEMO_ADAPTERS, write_demo_adapters
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.peft_targets import TargetSpec, module_name
-from data_plane.lora.safetensors_memory import StagedTensors
 from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
@@ -313,41 +312,31 @@ def test_tolerates_adapter_name_in_tensor_keys(tiny_checkpoints, peft_adapters, 
         _load(adapter, tiny_checkpoints["llama"])
 
 
-def _load_held(adapter: Path, base: Path, root: Path, *, staged: bool = False, **kwargs) -> LoRAAdapterWeights:
+def _load_held(adapter: Path, base: Path, root: Path, **kwargs) -> LoRAAdapterWeights:
     """Load `adapter`'s files from verified bytes held in memory, under a folder that is not on disk (a
-    version just fetched, its cache copy not yet written): nothing may be read from the file system.
-    `staged`: with the weights' reader that parsed and checked them as they arrived, in pieces (as a
-    download's hashing thread feeds it)."""
+    version just fetched, its cache copy not yet written): nothing may be read from the file system."""
     held = root / "fetched"
     verified = VerifiedFiles()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         data = bytearray((adapter / name).read_bytes())
-        tensors = None
-        if staged and name == "adapter_model.safetensors":
-            stage = StagedTensors(data)
-            for n in [*range(0, len(data), 1000), len(data)]:
-                stage.advance(n)
-            tensors = stage.tensors()
-        verified.hold(held / name, hashlib.sha256(data).hexdigest(), data, tensors)
+        verified.hold(held / name, hashlib.sha256(data).hexdigest(), data)
     return load_peft_adapter(held, ModelConfig.from_pretrained(base), max_rank=64, allowed_roots=[str(root)],
                              verified=verified, **kwargs)
 
 
-@pytest.mark.parametrize("staged", [False, True], ids=["parsed", "staged"])
 @pytest.mark.parametrize("kind", SUPPORTED_KINDS)
-def test_held_bytes_load_as_the_files_do(kind, staged, tiny_checkpoints, peft_adapters, tmp_path) -> None:
+def test_held_bytes_load_as_the_files_do(kind, tiny_checkpoints, peft_adapters, tmp_path) -> None:
     base, adapter = tiny_checkpoints["llama"], peft_adapters("llama", kind)
-    ours = _load_held(adapter, base, tmp_path, staged=staged)
+    ours = _load_held(adapter, base, tmp_path)
     assert not (tmp_path / "fetched").exists()
     _assert_matches_peft(ours, base, adapter)
     assert ours.sha256 == _load(adapter, base).sha256  # the same version digest as from disk
 
 
-@pytest.mark.parametrize("staged", [False, True], ids=["parsed", "staged"])
 @pytest.mark.parametrize("name", [n for n in REFUSALS if not n.startswith("missing")])
-def test_held_bytes_are_refused_for_the_same_causes(name, staged, tiny_checkpoints, peft_adapters, tmp_path) -> None:
+def test_held_bytes_are_refused_for_the_same_causes(name, tiny_checkpoints, peft_adapters, tmp_path) -> None:
     mutate, cause = REFUSALS[name]
     adapter = shutil.copytree(peft_adapters("llama", "attention"), tmp_path / "adapter")
     mutate(adapter)
     with pytest.raises(LoRAAdapterError, match=cause):
-        _load_held(adapter, tiny_checkpoints["llama"], tmp_path, staged=staged)
+        _load_held(adapter, tiny_checkpoints["llama"], tmp_path)

@@ -11,7 +11,7 @@ import torch
 from safetensors import SafetensorError, deserialize
 from safetensors.torch import load, save
 
-from data_plane.lora.safetensors_memory import BufferTensors, StagedTensors
+from data_plane.lora.safetensors_memory import BufferTensors
 
 
 def test_tensors_equal_safetensors_own_and_are_views_of_the_buffer() -> None:
@@ -61,36 +61,3 @@ def test_what_safetensors_refuses_is_refused(name: str) -> None:
         deserialize(data)
     with pytest.raises(SafetensorError):
         BufferTensors(bytearray(data))
-
-
-def test_staged_tensors_are_checked_as_their_bytes_arrive_and_read_like_the_whole_file() -> None:
-    tensors = {"a": torch.randn(64, 32), "b": torch.randn(16), "c_nan": torch.tensor([1.0, float("nan")]),
-               "d_int": torch.arange(6, dtype=torch.int32), "e_inf": torch.tensor([float("inf")]).half()}
-    data = bytearray(save(tensors))
-    header_end = 8 + struct.unpack("<Q", data[:8])[0]
-    stage = StagedTensors(data)
-    stage.advance(header_end - 1)  # the header is not all in: nothing parsed yet
-    assert stage.tensors() is None
-    stage.advance(header_end)
-    assert stage.tensors() is None  # parsed, but not every tensor is in yet
-    for n in range(header_end, len(data) + 1, 7):
-        stage.advance(n)
-    stage.advance(len(data))
-    staged = stage.tensors()
-    assert staged is not None and sorted(staged.keys()) == sorted(tensors)
-    whole = BufferTensors(bytearray(data))
-    for key, tensor in load(bytes(data)).items():
-        got = staged.get_tensor(key)
-        torch.testing.assert_close(got, tensor, rtol=0, atol=0, equal_nan=True)
-        assert staged.shape(key) == whole.shape(key), key
-        if got.is_floating_point():  # known from the staging, and what a check of the whole file finds
-            assert staged.all_finite(key, got) == whole.all_finite(key, got) == (key in ("a", "b")), key
-
-
-@pytest.mark.parametrize("name", list(MALFORMED))
-def test_what_the_staging_cannot_read_it_leaves_to_the_parse_of_the_whole_file(name: str) -> None:
-    data = bytearray(MALFORMED[name])
-    stage = StagedTensors(data)
-    for n in range(len(data) + 1):
-        stage.advance(n)
-    assert stage.tensors() is None
