@@ -177,9 +177,7 @@ class PlacementPlanner:
         mode = DesiredState.PINNED if plan.pinned else DesiredState.LOADED
         ids = await desire_held(session, [Held(adapter.id, version.id, e, mode) for e in engine_ids])
         recorded = await recorded_version(session, version)
-        return [PushOrder(engine_id=e.id, engine=e.name, url=e.url, adapter=adapter.name, action="load",
-                          desired=mode.value, placement_ids=(ids[(e.id, version.id)],), recorded=recorded,
-                          adapter_id=adapter.id, version=version.number)
+        return [_load_order(adapter, version, e, mode, ids[(e.id, version.id)], recorded)
                 for e in await self._by_id(session, engine_ids)]
 
     async def release(self, session: AsyncSession, adapter: Adapter, placement_ids: list[int]) -> list[PushOrder]:
@@ -284,7 +282,13 @@ class PlacementPlanner:
                      desired: DesiredState) -> PushOrder:
         """`version` desired on `engine` (its other versions there absent); the order that tells it."""
         ids = await desire_held(session, [Held(adapter.id, version.id, engine.id, desired)])
-        return PushOrder(engine_id=engine.id, engine=engine.name, url=engine.url, adapter=adapter.name,
-                         action="load", desired=desired.value, placement_ids=(ids[(engine.id, version.id)],),
-                         recorded=await recorded_version(session, version), adapter_id=adapter.id,
-                         version=version.number)
+        return _load_order(adapter, version, engine, desired, ids[(engine.id, version.id)],
+                           await recorded_version(session, version))
+
+
+def _load_order(adapter: Adapter, version: AdapterVersion, engine: Engine, desired: DesiredState, placement_id: int,
+                recorded: RecordedVersion) -> PushOrder:
+    """The order that tells `engine` to hold `version` as `desired` (its placement row `placement_id`)."""
+    return PushOrder(engine_id=engine.id, engine=engine.name, url=engine.url, adapter=adapter.name, action="load",
+                     desired=desired.value, placement_ids=(placement_id,), recorded=recorded, adapter_id=adapter.id,
+                     version=version.number)
