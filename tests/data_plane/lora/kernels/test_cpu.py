@@ -112,7 +112,9 @@ def test_half_width_slots_under_float32_activations_are_the_rounded_weights_in_f
         for backend in (kernels, TORCH_KERNELS):
             got = y.clone()
             lora_shrink_expand(got, x, narrow_a, narrow_b, lanes, batch, backend)
-            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+            # float32 sums in another order: the error grows with the sum's length (512 in the wide case,
+            # where this CPU's kernel differed from the torch ops by 1.4e-4 on a value of 3.8)
+            torch.testing.assert_close(got, want, atol=1e-4 * max(1, x.shape[1] // 64), rtol=1e-5)
     with pytest.raises(RuntimeError, match="not supported|float32 activations"):  # half activations, other slots
         kernels.bgmv_shrink(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.bfloat16),
                             torch.zeros(1, 8, 4, dtype=torch.float16), torch.tensor([0]), torch.tensor([0]), 1, 4)
