@@ -330,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
 
         from data_plane.api.app import create_app
         from data_plane.api.shutdown import AdmissionGate, DrainingServer
+        from data_plane.lora.shared_tensors import sweep_orphans
 
+        for path in sweep_orphans():  # adapters' host copies left by engines that were killed outright
+            logger.info("removed %s: its engine is gone", path)
         engine = load_engine(config, core)  # slow: reads the checkpoint, sizes the KV cache
         sock = _bind(config.host, config.port)
     except (LoraplaneError, OSError) as exc:

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_targets
 from data_plane.lora.safetensors_memory import open_tensors
+from data_plane.lora.shared_tensors import TensorKey, allocate
 from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
@@ -73,30 +74,41 @@ def load_peft_adapter(
             f"rank {rank} (module {module_name(*worst)}) exceeds --max-lora-rank {max_rank}; "
             "restart the engine with a larger --max-lora-rank or use an adapter of lower rank"
         )
-    tensors = _read_tensors(weights, targets, model_config, dtype)
-    layers: dict[int, dict[str, LoRAModuleWeights]] = {}
-    for (layer, short), (r, alpha) in sorted(targets.items()):
-        lora_a, lora_b = tensors[(layer, short)]
-        scaling = alpha / math.sqrt(r) if spec.use_rslora else alpha / r
-        layers.setdefault(layer, {})[short] = LoRAModuleWeights(lora_a=lora_a, lora_b=lora_b, scaling=scaling)
-    # The version's identity is the manifest digest (shared.manifest), the same the control plane records:
-    # the config's entry is taken from the very bytes parsed above, so what is served is what is named.
-    if weights_sha256 is None:
-        weights_entry = entries_of([weights_path])[0]
-    else:
-        size = len(weights) if isinstance(weights, bytearray) else weights_path.stat().st_size
-        weights_entry = ManifestEntry(WEIGHTS_NAME, size, weights_sha256)
-    entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
-               weights_entry]
-    return LoRAAdapterWeights(
-        path=str(folder),
-        sha256=manifest_digest(entries),
-        rank=rank,
-        alpha=float(spec.lora_alpha),
-        target_modules=sorted({s for _, s in targets}, key=TARGET_MODULES.index),
-        size_bytes=sum(e.size for e in entries),
-        layers=layers,
-    )
+    loaded = _read_tensors(weights, targets, model_config)
+    # The host copy: one shared-memory file (shared_tensors.py) that the engine-core process maps as it is,
+    # written once, in the slots' input-major layout. It is removed here on any refusal from now on.
+    views, shared = allocate(_input_major_shapes(loaded), dtype)
+    try:
+        _check_and_copy(loaded, targets, views)
+        layers: dict[int, dict[str, LoRAModuleWeights]] = {}
+        for (layer, short), (r, alpha) in sorted(targets.items()):
+            scaling = alpha / math.sqrt(r) if spec.use_rslora else alpha / r
+            # A and B as PEFT stores them, transposed views of the file's A^T and B^T: the dataclass finds
+            # those contiguous already and copies nothing
+            a_t, b_t = views[(layer, short, "a_t")], views[(layer, short, "b_t")]
+            layers.setdefault(layer, {})[short] = LoRAModuleWeights(lora_a=a_t.T, lora_b=b_t.T, scaling=scaling)
+        # The version's identity is the manifest digest (shared.manifest), the same the control plane records:
+        # the config's entry is taken from the very bytes parsed above, so what is served is what is named.
+        if weights_sha256 is None:
+            weights_entry = entries_of([weights_path])[0]
+        else:
+            size = len(weights) if isinstance(weights, bytearray) else weights_path.stat().st_size
+            weights_entry = ManifestEntry(WEIGHTS_NAME, size, weights_sha256)
+        entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
+                   weights_entry]
+        return LoRAAdapterWeights(
+            path=str(folder),
+            sha256=manifest_digest(entries),
+            rank=rank,
+            alpha=float(spec.lora_alpha),
+            target_modules=sorted({s for _, s in targets}, key=TARGET_MODULES.index),
+            size_bytes=sum(e.size for e in entries),
+            layers=layers,
+            shared=shared,
+        )
+    except BaseException:
+        shared.remove()
+        raise
 
 
 def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
@@ -164,35 +176,44 @@ def _read_config(data: bytes) -> dict[str, Any]:
     return config
 
 
+Loaded = dict[tuple[int, str, str], tuple[str, torch.Tensor]]  # (layer, short, "lora_A"/"lora_B") -> (name, tensor)
+
+
 def _read_tensors(
     weights: Path | bytearray, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
-    dtype: torch.dtype,
-) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    """Check every tensor name and shape from the header, then read them: (layer, short) -> (A, B).
+) -> Loaded:
+    """Check every tensor name and shape from the header, then read the tensors (not yet checked).
     `weights`: the file, or its verified bytes in memory (the tensors are then views of them)."""
     try:
         with open_tensors(weights) as f:
             shapes = {key: f.shape(key) for key in f.keys()}  # noqa: SIM118
             keys = _check_names_and_shapes(shapes, targets, cfg)
-            loaded = {key: f.get_tensor(key) for key in keys.values()}
+            return {ours: (key, f.get_tensor(key)) for ours, key in keys.items()}
     except (SafetensorError, OSError) as exc:  # a bad header, offsets past the end, an unreadable file
         raise LoRAAdapterError(
             f"{WEIGHTS_NAME} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}); "
             "copy or save the adapter again"
         ) from None
-    out: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    for (layer, short), _ in targets.items():
-        pair = []
-        for ab in ("lora_A", "lora_B"):
-            key = keys[(layer, short, ab)]
-            tensor = loaded[key]
+
+
+def _input_major_shapes(loaded: Loaded) -> dict[TensorKey, list[int]]:
+    """The slots' layout of each tensor: A [r, in] -> a_t [in, r], B [out, r] -> b_t [r, out]."""
+    part = {"lora_A": "a_t", "lora_B": "b_t"}
+    return {(layer, short, part[ab]): list(tensor.shape)[::-1] for (layer, short, ab), (_, tensor) in loaded.items()}
+
+
+def _check_and_copy(
+    loaded: Loaded, targets: dict[tuple[int, str], tuple[int, int | float]], views: dict[TensorKey, torch.Tensor],
+) -> None:
+    """Refuse what cannot be served, else copy each tensor transposed (and cast) into its view: one pass."""
+    for layer, short in targets:
+        for ab, part in (("lora_A", "a_t"), ("lora_B", "b_t")):
+            key, tensor = loaded[(layer, short, ab)]
             if not tensor.is_floating_point():
                 raise LoRAAdapterError(f"tensor {key} has dtype {tensor.dtype}; LoRA weights must be floating point")
             if not _all_finite(tensor):
                 raise LoRAAdapterError(f"tensor {key} contains NaN or infinite values; the adapter is broken")
-            pair.append(tensor.to(dtype).contiguous())
-        out[(layer, short)] = (pair[0], pair[1])
-    return out
+            views[(layer, short, part)].copy_(tensor.T)
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:

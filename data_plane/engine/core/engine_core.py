@@ -47,6 +47,7 @@ class EngineCore:
         self.outbox = outbox
         self.stop = threading.Event()  # set by Shutdown, SIGTERM or the parent-watch thread
         self.adapters: dict[int, LoRAAdapterWeights] = {}  # host copies handed over by the client
+        self.unmapped: dict[int, str] = {}  # adapters whose hand-over could not be mapped -> why
         self._poller = zmq.Poller()
         self._poller.register(inbox, zmq.POLLIN)
 
@@ -96,19 +97,39 @@ class EngineCore:
                 if aborted is not None:
                     outputs.append(_wire(aborted))
             elif isinstance(msg, m.ShipAdapter):
-                self.adapters[msg.adapter_id] = open_adapter(msg.adapter)
+                self._open(msg)
             elif isinstance(msg, m.ForgetAdapter):
                 self.adapters.pop(msg.adapter_id, None)
+                self.unmapped.pop(msg.adapter_id, None)
             elif isinstance(msg, m.Call):
                 self._call(msg, outputs)
             elif isinstance(msg, m.Shutdown):
                 self.stop.set()
                 return admitted
 
-    def _add(self, msg: m.AddRequest) -> None:
-        request = Request(msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.adapter_id,
-                          msg.prefix_hash_seed, self.adapters.get(msg.adapter_id) if msg.adapter_id else None)
+    def _open(self, msg: m.ShipAdapter) -> None:
+        """Map the adapter's shared file; one that is gone (removed by someone else) refuses that adapter
+        (its requests fail, the engine serves on) until it is handed over again or dropped."""
         try:
+            self.adapters[msg.adapter_id] = open_adapter(msg.adapter)
+            self.unmapped.pop(msg.adapter_id, None)
+        except OSError as exc:
+            logger.error("adapter %d: its host copy %s cannot be mapped (%s); its requests are refused",
+                         msg.adapter_id, msg.adapter.file, exc)
+            self.adapters.pop(msg.adapter_id, None)
+            self.unmapped[msg.adapter_id] = exc.strerror or str(exc)
+
+    def _weights(self, adapter_id: int) -> LoRAAdapterWeights | None:
+        why = self.unmapped.get(adapter_id)
+        if why is not None:
+            raise LoraplaneError(f"The engine could not map adapter {adapter_id}'s weights ({why}); unload the "
+                                 "adapter and load it again.")
+        return self.adapters.get(adapter_id)
+
+    def _add(self, msg: m.AddRequest) -> None:
+        try:
+            request = Request(msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.adapter_id,
+                              msg.prefix_hash_seed, self._weights(msg.adapter_id) if msg.adapter_id else None)
             self.engine.add_request(request)  # all or nothing: a refusal leaves nothing queued
         except Exception as exc:
             self._send(m.AdmissionFailed(msg.request_id, _wire_error(exc, "admit the request")))
@@ -117,7 +138,7 @@ class EngineCore:
         error = None
         try:
             if msg.method == "pin_lora":
-                weights = self.adapters.get(msg.adapter_id)
+                weights = self._weights(msg.adapter_id)
                 if weights is None:
                     raise LoraplaneError(f"adapter {msg.adapter_id} was never handed to the engine core")
                 self.engine.pin_lora(msg.adapter_id, weights)
@@ -126,6 +147,7 @@ class EngineCore:
             elif msg.method == "remove_lora":
                 self.engine.remove_lora(msg.adapter_id)
                 self.adapters.pop(msg.adapter_id, None)
+                self.unmapped.pop(msg.adapter_id, None)
             else:
                 raise LoraplaneError(f"unknown engine call {msg.method!r}")
         except Exception as exc:

@@ -6,6 +6,11 @@ core keeps at most `capacity` copies (--max-cpu-loras, like the registry's host 
 the least recently used copy of an adapter with no request in flight here is dropped there. A device
 slot keeps its own copy of the weights, so dropping a host copy never touches a slot; if that adapter
 is needed again later, its next request hands a copy over again.
+
+The weights handed over are kept here until the core is told to drop them: their shared file lives as
+long as they do (data_plane/lora/shared_tensors.py), and the core maps it only when it reads the
+hand-over, maybe after the registry dropped its own reference. Keeping them costs no memory: the core's
+mapping holds the same pages.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ class HostCopies:
     def __init__(self, capacity: int, send: Callable[[object], None]) -> None:
         self.capacity = capacity
         self._send = send
-        self._held: OrderedDict[int, None] = OrderedDict()  # adapter ids the core holds, oldest use first
+        # adapter id -> the weights the core holds (maps) of it, oldest use first
+        self._held: OrderedDict[int, LoRAAdapterWeights] = OrderedDict()
         self._in_flight: Counter[int] = Counter()
 
     def held(self) -> list[int]:
@@ -44,8 +50,8 @@ class HostCopies:
             return
         if weights is None:  # nothing to hand over: the core refuses the request itself (400)
             return
-        self._send(ShipAdapter(adapter_id, share_adapter(weights)))
-        self._held[adapter_id] = None
+        self._send(ShipAdapter(adapter_id, share_adapter(weights)))  # its layout only: no copy on the loop
+        self._held[adapter_id] = weights
         self._trim(keep=adapter_id)
 
     def forget(self, adapter_id: int) -> None:

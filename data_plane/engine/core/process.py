@@ -75,9 +75,8 @@ class CoreProcess:
         self.from_core.close(linger=0)
         self.context.term()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
-        from data_plane.engine.core.adapter_transfer import sweep  # torch: only once the API runs
-
-        sweep(os.getpid())
+        # (the adapters' shared files are not the core's: each goes with the weights owning it, see
+        # data_plane/lora/shared_tensors.py)
 
 
 def core_env(environ: Mapping[str, str]) -> dict[str, str]:

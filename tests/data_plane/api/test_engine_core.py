@@ -15,6 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.shared_tensors import file_prefix, shm_dir
+from data_plane.lora.weights import TARGET_MODULES
 from tests.data_plane.api.conftest import EngineServer
 
 COMPLETIONS = "/v1/completions"
@@ -94,3 +97,24 @@ def test_a_number_the_wire_cannot_carry_is_a_400_and_the_engine_serves_on(start_
         assert "64 bits" in r.json()["error"]["message"]
     ok = httpx.post(server.url + COMPLETIONS, json={"model": "demo", "prompt": "Hi", "max_tokens": 3}, timeout=60)
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_adapter_files_of_an_engine_killed_outright_are_removed_when_the_next_one_starts(start_engine, demo_model_dir,
+                                                                                          tmp_path):
+    """An adapter's host copy is a shared-memory file its API process owns (data_plane/lora/shared_tensors.py);
+    killed outright, that process removes nothing: the next engine to start does, and only that one's."""
+    adapter = write_lora_adapter(demo_model_dir, tmp_path / "x", DemoAdapter(8, 16, TARGET_MODULES), seed=1)
+    killed = start_engine("--enable-lora", "--lora-modules", f"x={adapter}")
+    ok = httpx.post(killed.url + COMPLETIONS, json={"model": "x", "prompt": "Hi", "max_tokens": 3}, timeout=60)
+    assert ok.status_code == 200  # handed to its core too
+    (left,) = shm_dir().glob(file_prefix(killed.process.pid) + "*")
+    live = shm_dir() / f"{file_prefix(os.getpid())}kept"
+    live.write_bytes(b"x")
+    try:
+        killed.process.kill()
+        killed.process.wait(30)
+        assert left.exists()
+        start_engine()
+        assert not left.exists() and live.exists()
+    finally:
+        live.unlink(missing_ok=True)

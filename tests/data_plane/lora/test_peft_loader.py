@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +28,7 @@ from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from tests.data_plane.checkpoints import FAMILIES
 from tests.data_plane.lora.adapters import SUPPORTED_KINDS, edit_config, load_base, write_peft_adapter
+from tests.data_plane.lora.shared_files import inside, mappings_of, own_shared_files
 
 PREFIX = "base_model.model."
 
@@ -161,7 +164,10 @@ REFUSALS = {  # mutation of a copy of the llama "attention" adapter (r=4, q/k/v/
                                                         torch.zeros(4, 64)})), "layer 7, but the base model has 2"),
     "dora tensor": (_tensors(lambda t: t.update({Q0 + ".lora_magnitude_vector": torch.ones(64)})), "DoRA"),
     "nan": (_tensors(lambda t: t[Q0 + ".lora_B.weight"].fill_(float("nan"))), "NaN"),
+    "inf in the last layer": (_tensors(lambda t: t[PREFIX + "model.layers.1.self_attn.o_proj.lora_A.weight"][0, 1]
+                                       .fill_(float("-inf"))), "NaN or infinite"),
 }
+
 
 
 @pytest.mark.parametrize("name", list(REFUSALS))
@@ -169,9 +175,11 @@ def test_refusals_name_the_cause(name, tiny_checkpoints, peft_adapters, tmp_path
     mutate, cause = REFUSALS[name]
     adapter = shutil.copytree(peft_adapters("llama", "attention"), tmp_path / "adapter")
     mutate(adapter)
+    before = own_shared_files()
     with pytest.raises(LoRAAdapterError, match=cause) as exc:
         _load(adapter, tiny_checkpoints["llama"])
     assert exc.value.status_code == 400 and "secret" not in exc.value.message
+    assert own_shared_files() == before  # a refusal after the host copy's file was made removes it
 
 
 def test_refuses_pickle_bin(tiny_checkpoints, tmp_path) -> None:
@@ -242,6 +250,32 @@ def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoint
     assert ours.sha256 == files_digest([src / "adapter_config.json", src / "adapter_model.safetensors"])
     assert inspect_adapter(str(src), (str(src.parent),)).sha256 == ours.sha256
     assert ours.cache_namespace == int(ours.sha256[:16], 16)
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["file", "held bytes"])
+def test_the_host_copy_is_one_shared_file_written_once(held, tiny_checkpoints, peft_adapters, tmp_path) -> None:
+    """A and B are views of the adapter's one shared-memory file (the engine core maps it as it is): no
+    tensor has storage of its own, and they equal the safetensors file's; dropping the weights removes it."""
+    base, adapter = tiny_checkpoints["llama"], peft_adapters("llama", "patterns")
+    ours = _load_held(adapter, base, tmp_path) if held else _load(adapter, base)
+    assert ours.shared is not None
+    file = ours.shared.file
+    ranges = mappings_of(file)
+    theirs = load_file(adapter / "adapter_model.safetensors")
+    storages = set()
+    for layer, modules in ours.layers.items():
+        for short, w in modules.items():
+            key = PREFIX + module_name(layer, short)
+            assert torch.equal(w.lora_a, theirs[key + ".lora_A.weight"])
+            assert torch.equal(w.lora_b, theirs[key + ".lora_B.weight"])
+            for t in (w.a_t, w.b_t):
+                assert t.is_contiguous() and inside(t, ranges), (layer, short)
+                storages.add(t.untyped_storage().data_ptr())
+            assert w.lora_a.data_ptr() == w.a_t.data_ptr() and w.lora_b.data_ptr() == w.b_t.data_ptr()
+    assert len(storages) == 1  # one mapping for the whole adapter
+    del ours  # its views (w, t) keep their pages, not the file
+    gc.collect()
+    assert not os.path.exists(file)
 
 
 def test_dtype_conversion(tiny_checkpoints, peft_adapters) -> None:
@@ -338,5 +372,7 @@ def test_held_bytes_are_refused_for_the_same_causes(name, tiny_checkpoints, peft
     mutate, cause = REFUSALS[name]
     adapter = shutil.copytree(peft_adapters("llama", "attention"), tmp_path / "adapter")
     mutate(adapter)
+    before = own_shared_files()
     with pytest.raises(LoRAAdapterError, match=cause):
         _load_held(adapter, tiny_checkpoints["llama"], tmp_path)
+    assert own_shared_files() == before

@@ -1,39 +1,74 @@
-"""Adapter weights cross in shared memory: the same tensors on the other side, no file left behind."""
+"""Adapter weights cross in shared memory: the same tensors on the other side, only the layout on the socket,
+and the file is the API process's (the loaded adapter's own), never copied again nor removed by the core."""
 
 from __future__ import annotations
 
+import gc
 import os
+import time
+from pathlib import Path
 
+import pytest
 import torch
 
 from data_plane.engine.core import messages as m
-from data_plane.engine.core.adapter_transfer import file_prefix, open_adapter, share_adapter, shm_dir, sweep
+from data_plane.engine.core.adapter_transfer import open_adapter, share_adapter
 from data_plane.engine.core.host_copies import HostCopies
+from data_plane.lora.weights import LoRAAdapterWeights
+from tests.data_plane.lora.shared_files import own_shared_files, unshared
 
 
-def test_the_core_sees_the_same_weights_and_the_file_is_gone(demo_adapter):
+def assert_same_weights(got: LoRAAdapterWeights, want: LoRAAdapterWeights) -> None:
+    assert (got.sha256, got.rank, got.alpha, got.path) == (want.sha256, want.rank, want.alpha, want.path)
+    assert got.layers.keys() == want.layers.keys()
+    for index, modules in want.layers.items():
+        assert got.layers[index].keys() == modules.keys()
+        for name, module in modules.items():
+            g = got.layers[index][name]
+            assert torch.equal(g.a_t, module.a_t) and torch.equal(g.b_t, module.b_t)
+            assert torch.equal(g.lora_a, module.lora_a) and g.scaling == module.scaling
+            assert g.a_t.is_contiguous() and g.b_t.is_contiguous()  # what slot writes copy from
+
+
+def test_a_loaded_adapter_is_handed_over_as_its_own_file_with_nothing_written(demo_adapter):
+    assert demo_adapter.shared is not None
+    before = os.stat(demo_adapter.shared.file)
+    files = own_shared_files()
+    start = time.perf_counter()
     shared = share_adapter(demo_adapter)
+    took = time.perf_counter() - start
+    assert shared.file == demo_adapter.shared.file and own_shared_files() == files  # no new file
+    after = os.stat(shared.file)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+    assert took < 0.05  # the layout of a few dozen tensors, whatever their size
     # the layout crosses the socket, the tensors do not
     assert len(m.encoder.encode(m.ShipAdapter(1, shared))) < 64 * 1024 < shared.size
     back = open_adapter(m.core_decoder.decode(m.encoder.encode(m.ShipAdapter(1, shared))).adapter)
-    assert not os.path.exists(shared.file)
-    assert (back.sha256, back.rank, back.alpha, back.path) == (demo_adapter.sha256, 8, 16, demo_adapter.path)
-    assert back.layers.keys() == demo_adapter.layers.keys()
-    for index, modules in demo_adapter.layers.items():
-        assert back.layers[index].keys() == modules.keys()
-        for name, module in modules.items():
-            got = back.layers[index][name]
-            assert torch.equal(got.a_t, module.a_t) and torch.equal(got.b_t, module.b_t)
-            assert torch.equal(got.lora_a, module.lora_a) and got.scaling == module.scaling
-            assert got.a_t.is_contiguous() and got.b_t.is_contiguous()  # what slot writes copy from
+    assert_same_weights(back, demo_adapter)
+    assert os.path.exists(shared.file)  # the core leaves it: the API may hand it over again later
+    assert share_adapter(demo_adapter) == shared
 
 
-def test_files_no_core_picked_up_are_swept(demo_adapter):
-    shared = share_adapter(demo_adapter)
-    assert os.path.basename(shared.file).startswith(file_prefix(os.getpid()))
-    sweep(os.getpid())
+def test_weights_built_otherwise_are_copied_once_into_a_file_they_own(demo_adapter):
+    weights = unshared(demo_adapter)
+    files = own_shared_files()
+    shared = share_adapter(weights)
+    assert weights.shared is not None and weights.shared.file == shared.file
+    assert own_shared_files() == files | {Path(shared.file)}
+    assert share_adapter(weights) == shared and own_shared_files() == files | {Path(shared.file)}  # once
+    assert_same_weights(open_adapter(shared), demo_adapter)
+    del weights
+    gc.collect()
     assert not os.path.exists(shared.file)
-    assert not list(shm_dir().glob(file_prefix(os.getpid()) + "*"))
+
+
+def test_a_file_that_is_gone_cannot_be_opened(demo_adapter):
+    weights = unshared(demo_adapter)
+    shared = share_adapter(weights)
+    weights.shared.remove()
+    with pytest.raises(FileNotFoundError):
+        open_adapter(shared)
+    assert not os.path.exists(shared.file)  # and mapping it made no new (zeroed) file
 
 
 def test_host_copies_ship_once_and_drop_the_least_recent_idle_one(demo_adapter):
@@ -52,6 +87,21 @@ def test_host_copies_ship_once_and_drop_the_least_recent_idle_one(demo_adapter):
     assert copies.held() == [1, 4]
     copies.forget(4)
     assert copies.held() == [1]
-    for s in sent:
-        if isinstance(s, m.ShipAdapter):
-            open_adapter(s.adapter)  # unlinks the file
+
+
+def test_a_handed_over_file_lives_until_the_core_is_told_to_drop_it(demo_adapter):
+    """The core maps the file when it reads the hand-over, which may be after the registry dropped the
+    weights: HostCopies keeps them (and so the file) until it tells the core to drop its copy."""
+    sent: list[object] = []
+    copies = HostCopies(1, sent.append)
+    weights = unshared(demo_adapter)
+    copies.acquire(1, weights)
+    file = weights.shared.file
+    copies.release(1)
+    del weights  # the registry dropped its host copy
+    gc.collect()
+    assert os.path.exists(file)
+    copies.acquire(2, demo_adapter)  # over capacity: 1 is dropped in the core, and its file here
+    assert isinstance(sent[-1], m.ForgetAdapter) and sent[-1].adapter_id == 1
+    gc.collect()
+    assert not os.path.exists(file)

@@ -7,20 +7,29 @@ against transformers and PEFT): what crosses the process boundary must not chang
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from data_plane.engine.core.adapter_transfer import share_adapter
 from data_plane.engine.core.client import EngineCoreClient
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
-from shared.errors import EngineDeadError, InvalidRequestError
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.lora.registry import LoRARegistry, loader_for
+from data_plane.lora.weights import TARGET_MODULES
+from data_plane.model.config import ModelConfig
+from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError
 from tests.data_plane.api.engines import MAX_MODEL_LEN, engine_config, greedy
 from tests.data_plane.engine.protocol_check import mismatches
+from tests.data_plane.lora.shared_files import unshared
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 
@@ -40,15 +49,17 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def reference(demo_model_dir: Path, requests: list[Request]) -> dict[str, list[int]]:
-    engine = LLMEngine.from_config(engine_config(demo_model_dir, enable_lora=True, max_loras=2))
+def reference(demo_model_dir: Path, requests: list[Request], *, one_at_a_time: bool = False,
+              **config: object) -> dict[str, list[int]]:
+    engine = LLMEngine.from_config(engine_config(demo_model_dir, **{"enable_lora": True, "max_loras": 2, **config}))
     tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    for r in requests:
-        engine.add_request(r)
-    while engine.has_work():
-        for out in engine.step():
-            for d in out.deltas:
-                tokens[out.request_id] += d.token_ids
+    for batch in ([r] for r in requests) if one_at_a_time else [requests]:
+        for r in batch:
+            engine.add_request(r)
+        while engine.has_work():
+            for out in engine.step():
+                for d in out.deltas:
+                    tokens[out.request_id] += d.token_ids
     return tokens
 
 
@@ -165,3 +176,133 @@ def test_a_model_the_core_cannot_load_is_refused_with_its_reason(demo_model_dir,
         EngineCoreClient.from_config(engine_config(model))
     assert not any("process_main" in Path(f"/proc/{c}/cmdline").read_text() for c in children(os.getpid())
                    if Path(f"/proc/{c}").exists())
+
+
+async def test_an_adapter_dropped_and_read_again_is_handed_over_again(demo_model_dir, tmp_path):
+    """The registry drops a host copy (and so its file) and reads it again; the core, told to drop its
+    copy, gets the new file: the tokens stay the in-process engine's."""
+    root = tmp_path / "adapters"
+    spec = DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES)
+    for name, seed in (("a", 1), ("b", 2)):
+        write_lora_adapter(demo_model_dir, root / name, spec, seed=seed)
+    config = engine_config(demo_model_dir, enable_lora=True, max_loras=1, max_cpu_loras=1, lora_roots=[str(root)])
+    client = EngineCoreClient.from_config(config)
+    client.start()
+    try:
+        registry = LoRARegistry(client, loader_for(config), base_name="demo", max_cpu_loras=1)
+        await registry.load("a", str(root / "a"))
+        (entry_a,) = registry.ready()
+        first_file = entry_a.weights.shared.file
+        await registry.load("b", str(root / "b"))  # one host copy at most: a's is dropped, its file with it
+        gc.collect()
+        assert entry_a.weights is None and not os.path.exists(first_file)
+        got, files = [], []
+        for name in ("a", "b", "a"):  # each one read again, and handed over again (the core holds one)
+            lease = await registry.acquire(name)
+            try:
+                files.append(lease.weights.shared.file)
+                request = Request(f"r{len(got)}", PROMPTS[0], greedy(6), lease.adapter_id, lease.cache_namespace,
+                                  lease.weights)
+                got.append(await collect(client, request))
+            finally:
+                lease.release()
+            del lease, request
+        gc.collect()
+        assert not os.path.exists(files[0])  # dropped by the registry, then by the core: removed
+        assert client.stats().lora.adapters[entry_a.adapter_id].loads == 2
+    finally:
+        await client.shutdown()
+    load = loader_for(config)
+    fresh = {name: load(str(root / name)) for name in ("a", "b")}
+    requests = [Request(f"r{i}", PROMPTS[0], greedy(6), i + 1, fresh[name].cache_namespace, fresh[name])
+                for i, name in enumerate(("a", "b", "a"))]
+    want = reference(demo_model_dir, requests, one_at_a_time=True, max_loras=1, max_cpu_loras=1)
+    assert got == list(want.values()) and got[0] != got[1]
+
+
+async def test_the_same_weights_are_handed_over_again_after_the_core_dropped_them(demo_model_dir, demo_adapter, tmp_path):
+    other = load_peft_adapter(write_lora_adapter(demo_model_dir, tmp_path / "o", DemoAdapter(r=8, lora_alpha=16,
+                              target_modules=TARGET_MODULES), seed=5), ModelConfig.from_pretrained(demo_model_dir),
+                              max_rank=8, allowed_roots=[str(tmp_path)])
+    config = engine_config(demo_model_dir, enable_lora=True, max_loras=1, max_cpu_loras=1)
+    client = EngineCoreClient.from_config(config)
+    client.start()
+    requests = [Request(f"s{i}", PROMPTS[1], greedy(5), adapter_id, weights.cache_namespace, weights)
+                for i, (adapter_id, weights) in enumerate(((1, demo_adapter), (2, other), (1, demo_adapter)))]
+    try:
+        got = [await collect(client, r) for r in requests]  # 2 makes the core drop 1; then 1 crosses again
+    finally:
+        await client.shutdown()
+    assert os.path.exists(demo_adapter.shared.file)  # still the loaded adapter's, as long as it lives
+    assert got == list(reference(demo_model_dir, requests, one_at_a_time=True, max_loras=1, max_cpu_loras=1).values())
+
+
+async def test_a_hand_over_whose_file_is_gone_refuses_that_adapter_and_the_core_serves_on(
+        client, demo_model_dir, demo_adapter):
+    weights = load_peft_adapter(demo_adapter.path, ModelConfig.from_pretrained(demo_model_dir), max_rank=8,
+                                allowed_roots=[str(Path(demo_adapter.path).parent)])
+    file = weights.shared.file
+    weights.shared.remove()  # someone cleaned /dev/shm
+    with pytest.raises(LoraplaneError, match="could not map adapter 1") as refused:
+        await collect(client, Request("gone", PROMPTS[0], greedy(3), 1, weights.cache_namespace, weights))
+    assert refused.value.status_code == 500 and not os.path.exists(file)  # and no zeroed file was made for it
+    assert client.healthy
+    assert len(await collect(client, Request("base", PROMPTS[0], greedy(3)))) == 3
+    assert len(await collect(client, Request("ok", PROMPTS[0], greedy(3), 2, demo_adapter.cache_namespace,
+                                             demo_adapter))) == 3
+
+
+async def longest_stall(work: Callable[[], Awaitable[object]]) -> float:
+    """The longest the event loop went without running a 1 ms timer while `work` ran (seconds)."""
+    gaps: list[float] = []
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.02)
+    gaps.clear()
+    gc.disable()  # the collector's pauses are not what is measured
+    try:
+        await work()
+    finally:
+        gc.enable()
+        stop.set()
+        await ticker
+    return max(gaps)
+
+
+async def test_handing_a_large_adapter_over_does_not_stall_the_event_loop(demo_model_dir, tmp_path):
+    """The first request of an 80 MB adapter sends its layout only: other streams' timers keep their pace,
+    where copying it into a new file (the hand-over before) stalled the loop for the whole copy."""
+    rank = 1024
+    path = write_lora_adapter(demo_model_dir, tmp_path / "big", DemoAdapter(r=rank, lora_alpha=16,
+                              target_modules=TARGET_MODULES), seed=3)
+    big = load_peft_adapter(path, ModelConfig.from_pretrained(demo_model_dir), max_rank=rank,
+                            allowed_roots=[str(tmp_path)])
+    assert big.shared.size > 50_000_000
+    copy = unshared(big)
+
+    async def old_hand_over() -> None:
+        share_adapter(copy)  # no shared file: every tensor copied into a new one, as every hand-over did
+
+    async def first_request() -> None:
+        tokens.extend(await collect(client, Request("big", PROMPTS[0], greedy(4), 1, big.cache_namespace, big)))
+
+    tokens: list[int] = []
+    client = EngineCoreClient.from_config(engine_config(demo_model_dir, enable_lora=True, max_loras=1,
+                                                        max_lora_rank=rank))
+    client.start()
+    try:
+        baseline = await longest_stall(old_hand_over)
+        stall = await longest_stall(first_request)
+    finally:
+        await client.shutdown()
+    assert len(tokens) == 4
+    assert stall < baseline / 2, (stall, baseline)
