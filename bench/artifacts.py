@@ -15,7 +15,9 @@ in alternating order:
   the first streamed token of a request to it; fetch+verify MB/s = size / (load call → the moment every
   sha256 matched in memory, which the cache marks by creating the version's folder under .partial/ to
   write it into, in the background, while the load parses the verified bytes);
-- p99 inter-token latency of another (small) adapter's streaming decode while a cold fetch runs vs steady.
+- p99 inter-token latency of another (small) adapter's streaming decode while a cold fetch runs vs steady,
+  with how long that fetch and its load took meanwhile (a fetch that waited for the decode to end, as an
+  idle-class download thread did, is counted in loads_outliving_the_1500_token_decode).
 Figures are medians over the repeats, with [min, max].
 
 --prefault-mib: on a virtual machine whose host backs guest memory lazily (Firecracker here), the first
@@ -82,6 +84,7 @@ class Bench:
         self.admin = s.admin()
         self.engine = httpx.Client(base_url=s.engine, timeout=600,
                                    headers={"Authorization": f"Bearer {s.engine_admin_token}"})
+        self.outlived = 0  # loads during a decode that were still running when its 1,500 tokens ended
 
     def upload(self, name: str, folder: Path) -> tuple[str, float]:
         """(the version's digest, seconds) for one multipart upload streamed from disk, not activated."""
@@ -163,6 +166,8 @@ class Bench:
         gaps = list(zip(arrivals[8:], arrivals[9:], strict=False))
         if during is None:
             return [[b - a for a, b in gaps]]
+        if worker.is_alive():  # the stream ended on its own first: `during` waited for the engine to idle
+            self.outlived += 1
         worker.join()
         if not marks:
             raise SystemExit("the load during the decode failed; see the engine's log")
@@ -235,7 +240,10 @@ def measure(bench: Bench, digests: tuple[str, str], folder: Path, tag: str, flip
             bench.load(f"during-{tag}", **bench.artifact(digests[1]))
         finally:
             published.stop()
-        return [published.started, published.started + published.seen_after(), time.perf_counter()]
+        done = time.perf_counter()
+        out["fetch_during_s"].append(published.seen_after())
+        out["load_during_s"].append(done - published.started)
+        return [published.started, published.started + published.seen_after(), done]
 
     def steady() -> None:
         out["steady_p99"].append(p99(bench.decode_gaps("small")[0]))
@@ -283,9 +291,11 @@ def main() -> int:
             bench.load("small", lora_path=str(small))
             uploads: list[float] = []
             out: dict[str, list[float]] = {k: [] for k in ("cold_s", "local_s", "fetch_mb_s", "steady_p99",
-                                                           "fetching_p99", "loading_p99", "fetching_gaps")}
+                                                           "fetching_p99", "loading_p99", "fetching_gaps", "fetch_during_s",
+                                                           "load_during_s")}
             for i in range(-1, args.repeats):  # -1: a warm-up round, not counted
                 tag = "warm" if i < 0 else str(i)
+                bench.outlived = 0 if i == 0 else bench.outlived  # the warm-up round is not counted
                 digests = []
                 for part in ("a", "b"):  # new random weights each time: a new digest, a cold fetch
                     folder = write_lora_adapter(base, root / f"big-{tag}-{part}", spec, seed=102 + 2 * i + len(digests))
@@ -322,7 +332,11 @@ def main() -> int:
             "ratio": round(statistics.median(ms[1]) / statistics.median(ms[0]), 3),
             "ratio_range": [round(min(itl_ratios), 3), round(max(itl_ratios), 3)],
             "while_loading_incl_slot_copy": spread([1e3 * x for x in out["loading_p99"]], 2),
-            "gaps_per_fetch_window": spread(out["fetching_gaps"], 0), "target": "ratio <= 1.5"},
+            "gaps_per_fetch_window": spread(out["fetching_gaps"], 0),
+            # the fetch must happen while the other adapter decodes, not wait for the engine to idle
+            "fetch_while_decoding_s": spread(out["fetch_during_s"], 3),
+            "load_while_decoding_s": spread(out["load_during_s"], 3),
+            "loads_outliving_the_1500_token_decode": bench.outlived, "target": "ratio <= 1.5"},
         # each repeat's own figures: on a shared machine a repeat whose steady p99 jumps was disturbed
         "repeats_raw": [{"cold_s": round(c, 3), "local_s": round(lo, 3), "fetch_mb_s": round(f, 1),
                          "steady_p99_ms": round(1e3 * st, 1), "fetching_p99_ms": round(1e3 * fe, 1)}

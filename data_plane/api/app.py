@@ -150,6 +150,12 @@ async def get_version() -> dict[str, str]:
     return {"version": __version__}
 
 
+def _has_requests(engine: EngineProtocol) -> bool:
+    """Whether the engine is serving (its last reported stats): background adapter work rests then."""
+    stats = engine.stats()
+    return stats.num_running + stats.num_waiting > 0
+
+
 def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
     """engine: an EngineProtocol (EngineCoreClient or AsyncLLMEngine), not started: startup starts it
     inside the server's loop.
@@ -160,7 +166,7 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     registry = None
     artifacts = None  # versions named by digest: fetched from the control plane into the engine's cache
     if config.enable_lora:
-        cache = artifact_cache_for(config)
+        cache = artifact_cache_for(config, busy=lambda: _has_requests(engine))
         registry = LoRARegistry(
             engine,
             lora_loader or loader_for(config, cache_dir=str(cache.root), verified=cache.verified),

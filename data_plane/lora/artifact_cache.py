@@ -4,9 +4,11 @@
   (artifact_fetch), written into DIR/.partial/<digest>.<nonce>/ and fsynced, the manifest is written
   beside them as `.manifest.json` (a name no artifact file can have), and the whole folder is renamed
   into place, then the directory fsynced. A crash or a failed fetch leaves only .partial/ debris,
-  removed at the next start. That write runs in the background, in an idle-priority thread, while the
-  load parses the held bytes (a 200 MB write and fsync took 0.2-0.6 s here, all of it on the cold
-  path before); a crash before it ends only means the next start fetches the version again.
+  removed at the next start. That write runs in the background, in a low-priority thread that rests
+  while the engine is busy (reader.BackgroundPace), and only once the load that fetched the version
+  has taken its weights from the held bytes (or after WRITE_DELAY_S): a 200 MB write and fsync took
+  0.2-0.6 s here, and beside the load it slowed the load's copies too. A crash before it ends only
+  means the next start fetches the version again.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
   Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed here: the
   load hashes them anyway (the PEFT loader digests what it reads and the registry refuses another
@@ -34,6 +36,7 @@ import re
 import secrets
 import shutil
 import stat
+import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
@@ -46,11 +49,14 @@ from data_plane.config import ConfigError
 from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError
 from data_plane.lora.keyed_lock import KeyedLock
 from data_plane.lora.reader import fetch_off_loop, read_off_loop
+from data_plane.lora.safetensors_memory import Buffer
 from data_plane.lora.verified_files import VerifiedFiles
 from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
 from shared.errors import OverloadedError
 
 MANIFEST_NAME = ".manifest.json"
+WRITE_DELAY_S = 10.0  # the longest a fetched version's write waits for the load that needed it
+WRITE_PIECE_BYTES = 8 << 20  # the cache's copy is written in pieces, resting between them when busy
 PARTIAL_DIR = ".partial"
 LOCK_NAME = ".lock"
 _DIGEST = re.compile(DIGEST_PATTERN)
@@ -87,6 +93,7 @@ class ArtifactCache:
         self._reserved = 0  # bytes of fetches in progress
         self._locks = KeyedLock()
         self._writing: dict[str, asyncio.Task[None]] = {}  # digest -> its fetched bytes being written
+        self._loaded: dict[str, asyncio.Event] = {}  # digest just fetched -> set once its load is done
         self._lock_file: IO[bytes] | None = None
         self.verified = VerifiedFiles()  # what _fetch hashed, for the loader (not hashed again)
 
@@ -136,6 +143,7 @@ class ArtifactCache:
         are, `verified` holds their checked bytes, which is what the loader reads."""
         self.fetcher.check(ref)  # the origin rule holds for cached digests too: the same push, the same answer
         digest = ref.digest
+        fetched: asyncio.Event | None = None
         self._holds[digest] += 1
         try:
             async with self._locks(digest):
@@ -146,10 +154,13 @@ class ArtifactCache:
                 if folder is None:
                     self.stats.misses += 1
                     folder = await self._fetch(ref)
+                    fetched = self._loaded.get(digest)
                 else:
                     self.stats.hits += 1
             yield folder
         finally:
+            if fetched is not None:
+                fetched.set()  # the holder is done with the held bytes: the cache's copy may be written
             self._holds[digest] -= 1
             if not self._holds[digest]:
                 del self._holds[digest]
@@ -198,16 +209,21 @@ class ArtifactCache:
         folder = self.root / ref.digest
         for f in manifest.files:
             self.verified.hold(folder / f.name, f.sha256, contents[f.name])
-        # made here, at once: its appearance is when the version was verified (bench/artifacts.py)
+        # named here; `_write` makes it at once, so its appearance is when the version was verified
         partial = self.root / PARTIAL_DIR / f"{ref.digest}.{secrets.token_hex(4)}"
-        self._writing[ref.digest] = asyncio.ensure_future(self._write(partial, manifest, contents))
+        loaded = self._loaded[ref.digest] = asyncio.Event()
+        self._writing[ref.digest] = asyncio.ensure_future(self._write(partial, manifest, contents, loaded))
         return folder
 
-    async def _write(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, bytearray]) -> None:
-        """The verified version into the cache; a failure is logged, and the next need fetches it again."""
+    async def _write(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, Buffer],
+                     loaded: asyncio.Event) -> None:
+        """The verified version into the cache, once `loaded` (the load took its weights) or after
+        WRITE_DELAY_S; a failure is logged, and the next need fetches it again."""
         digest, size = manifest.digest, manifest.size_bytes
         try:
-            partial.mkdir()
+            partial.mkdir()  # at once: its appearance is when the version was verified (bench/artifacts.py)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loaded.wait(), WRITE_DELAY_S)
             folder = await fetch_off_loop(self._publish, partial, manifest, contents)
         except Exception as exc:
             self.stats.write_failures += 1
@@ -222,15 +238,15 @@ class ArtifactCache:
         finally:
             self._reserved -= size
             del self._writing[digest]
+            self._loaded.pop(digest, None)
 
-    def _publish(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, bytearray]) -> Path:
+    def _publish(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, Buffer]) -> Path:
         """Blocking: the verified files and their manifest written and fsynced, then the whole folder
         renamed into place, durably. A local disk error (full, read-only) is worth a retry later."""
         try:
             for name, data in (*contents.items(), (MANIFEST_NAME, msgspec.json.encode(manifest))):
-                with (partial / name).open("xb") as fh:
-                    fh.write(data)  # one write: the GIL is released for the copy into the page cache
-                    fh.flush()
+                with (partial / name).open("xb", buffering=0) as fh:
+                    self._write_paced(fh, memoryview(data))
                     os.fsync(fh.fileno())
             _fsync_dir(partial)
             folder = self.root / manifest.digest
@@ -241,6 +257,15 @@ class ArtifactCache:
             raise ArtifactFetchError(f"cannot write adapter {manifest.digest[:16]}… into the LoRA cache "
                                      f"({exc.strerror or exc})", param="artifact") from None
         return folder
+
+    def _write_paced(self, fh: IO[bytes], data: memoryview) -> None:
+        """All of `data` into `fh` in pieces (the GIL released for each copy into the page cache),
+        resting between them while the engine is busy."""
+        written = 0
+        while written < len(data):
+            started = time.thread_time()
+            written += fh.write(data[written:written + WRITE_PIECE_BYTES]) or 0
+            self.fetcher.pace.rest(time.thread_time() - started)
 
     async def _make_room(self, size: int) -> None:
         busy = set(self.in_use()) | set(self._holds) | set(self._writing)

@@ -1,4 +1,4 @@
-"""One artifact file downloaded and hashed in memory by a single idle-priority thread (blocking code).
+"""One artifact file downloaded and hashed in memory by a single low-priority, paced thread (blocking code).
 
 Why not the API's event loop (httpx, as the manifest is fetched): httpx hands a download to Python in
 64 KiB pieces, each parsed and copied while holding the GIL, on the thread that also serves requests.
@@ -9,10 +9,11 @@ the sha256 update of each step releases the GIL too. Nothing is written to disk 
 the verified bytes, parses them in memory and writes the cache's copy (artifact_cache), so a cold load
 neither waits for a file write inside the receive loop nor reads back the file it has just written.
 
-Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES) and the thread runs at idle
-priority (data_plane.lora.reader), so the sender (the control plane, often on the same host) can only
-send as fast as this thread takes bytes, in windows of at most that size, i.e. when the engine leaves a
-CPU idle: a fetch does not compete with the forward pass, neither here nor in the process serving it.
+Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES), so the sender (the control
+plane, often on the same host) can only send as fast as this thread takes bytes, in windows of at most
+that size; and the thread rests between steps while the engine has requests (data_plane.lora.reader.
+BackgroundPace: at most a quarter of one CPU then, full speed while the engine is idle), so a fetch
+neither stalls the forward pass, here or in the process serving it, nor waits for the engine to idle.
 
 The rules are those of artifact_fetch: the caller has checked the URL's origin; redirects are answers,
 never followed (http.client does not follow them); `headers` carry the token only when the URL is the
@@ -28,10 +29,12 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.reader import BackgroundPace
+from data_plane.lora.safetensors_memory import Buffer, new_buffer
 from shared.artifacts import ArtifactFile
 from shared.errors import LoraplaneError
 
@@ -49,6 +52,7 @@ class Download:
     where: str  # "file adapter_model.safetensors at '…'" for messages
     read_timeout_s: float  # connect, or one read
     deadline: float  # time.monotonic() by which the whole version must be in
+    pace: BackgroundPace = field(default_factory=BackgroundPace)  # rests while the engine is busy
 
 
 class DownloadProblem(Exception):
@@ -83,7 +87,7 @@ def mismatch(f: ArtifactFile, detail: str) -> DownloadProblem:
     return DownloadProblem("checksum_mismatch", f"checksum mismatch for {f.name}: {detail}; nothing was loaded")
 
 
-def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> bytearray:
+def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> Buffer:
     """Blocking: GET `job.url`; its bytes, verified against `job.file` (size and sha256)."""
     conn = _connection(job.url, job.read_timeout_s)
     try:
@@ -104,15 +108,19 @@ def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int]
 
 
 def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threading.Event,
-             on_bytes: Callable[[int], None] | None) -> bytearray:
+             on_bytes: Callable[[int], None] | None) -> Buffer:
     f = job.file
-    data = bytearray(f.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
+    data = new_buffer(f.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
     view = memoryview(data)
     digest = hashlib.sha256()
     received = 0
+    worked = time.thread_time()
     while received < f.size:
         if cancelled.is_set() or time.monotonic() > job.deadline:
             raise DownloadProblem("timeout", f"{job.where} was not fetched in time")
+        now = time.thread_time()  # CPU seconds of this thread: waiting for bytes is not work
+        job.pace.rest(now - worked)
+        worked = time.thread_time()
         n = response.readinto(view[received:received + STEP_BYTES])
         if not n:
             if response.length:  # Content-Length not reached: the connection broke off (http.client

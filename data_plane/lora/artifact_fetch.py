@@ -16,10 +16,10 @@ The rules, in the order they are applied:
 Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
 its files (exactly a PEFT version's two), and the version's size (the cache's capacity: a bigger one
 could never be kept; it is also what a fetch holds in memory).
-The files are downloaded and hashed concurrently, each in an idle-priority thread of its own
-(artifact_download: the stdlib client reading into the file's buffer, the GIL released for the copies),
-so the event loop and the engine's step thread keep their pace while it runs; the small manifest comes
-over httpx on the loop.
+The files are downloaded and hashed concurrently, each in a low-priority thread of its own that rests
+while the engine is busy (artifact_download: the stdlib client reading into the file's buffer, the GIL
+released for the copies; `pace`), so the event loop and the engine's step thread keep their pace while
+it runs; the small manifest comes over httpx on the loop.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import msgspec
 
 from data_plane.lora.artifact_download import Download, DownloadProblem, as_error, download, status_problem
 from data_plane.lora.errors import LoRAAdapterError
-from data_plane.lora.reader import fetch_off_loop
+from data_plane.lora.reader import BackgroundPace, fetch_off_loop
+from data_plane.lora.safetensors_memory import Buffer
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
@@ -109,12 +110,14 @@ class ArtifactFetcher:
     def __init__(
         self, origins: ArtifactOrigins, token: str | None, *, max_bytes: int, timeout_s: float = FETCH_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S, on_bytes: Callable[[int], None] | None = None,
+        pace: BackgroundPace | None = None,
     ) -> None:
         self.origins = origins
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.read_timeout_s = read_timeout_s
         self._on_bytes = on_bytes  # bytes received (metrics)
+        self.pace = pace if pace is not None else BackgroundPace()  # downloads rest while the engine is busy
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         # identity: sizes are checked against the bytes as stored; never follow a redirect elsewhere
         self._http = httpx.AsyncClient(timeout=read_timeout_s, follow_redirects=False, trust_env=False,
@@ -163,7 +166,7 @@ class ArtifactFetcher:
                 f"holds (--lora-cache-max-bytes {self.max_bytes})", param="artifact", code="artifact_too_large")
         return manifest
 
-    async def receive(self, manifest: ArtifactManifest) -> dict[str, bytearray]:
+    async def receive(self, manifest: ArtifactManifest) -> dict[str, Buffer]:
         """Every file of `manifest` (name -> bytes), each verified against its size and sha256."""
         deadline = time.monotonic() + self.timeout_s  # the threads stop on their own by then too
         async with self._deadline(f"adapter {manifest.digest[:16]}…"):
@@ -194,11 +197,11 @@ class ArtifactFetcher:
                           "untrusted_artifact_origin")
         return file_url(self.origins.control_plane, manifest.digest, f.name)
 
-    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> bytearray:
+    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> Buffer:
         url = self._file_url(manifest, f)
         job = Download(url=url, headers=self._auth if self.origins.is_control_plane(url) else {}, file=f,
                        where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
-                       deadline=deadline)
+                       deadline=deadline, pace=self.pace)
         cancelled = threading.Event()
         try:
             return await fetch_off_loop(download, job, cancelled, self._on_bytes)

@@ -31,6 +31,9 @@ class ArtifactCollector(Collector):
         yield CounterMetricFamily("loraplane_artifact_cache_misses", "Artifact needs that fetched", value=s.misses)
         yield CounterMetricFamily("loraplane_artifact_cache_evictions", "Versions evicted from the artifact cache",
                                   value=s.evictions)
+        yield CounterMetricFamily("loraplane_artifact_paced_seconds",
+                                  "Seconds downloads and cache writes rested because the engine was serving "
+                                  "(they use at most a quarter of a CPU then)", value=self._cache.fetcher.pace.rested_s)
         yield GaugeMetricFamily("loraplane_artifact_cache_bytes", "Bytes of verified versions in the artifact cache",
                                 value=self._cache.size_bytes)
         yield GaugeMetricFamily("loraplane_artifact_cache_capacity_bytes", "--lora-cache-max-bytes",

@@ -6,9 +6,10 @@ The cached folder is read by the same PEFT loader as a `lora_path`, but under th
 digests what it reads and the registry refuses another digest, so a cached folder whose files
 changed on disk since they were verified is dropped and fetched once more, never served.
 
-Nothing here touches the engine's step loop: the files are received and hashed in idle-priority threads
-(artifact_download), the registry's load parses the verified bytes off the loop (from memory, while the
-cache writes its copy in the background), as it reads any path.
+Nothing here touches the engine's step loop: the files are received and hashed in low-priority threads
+that rest while the engine is busy (artifact_download, reader.BackgroundPace), the registry's load
+parses the verified bytes off the loop (from memory; the cache writes its copy in the background once
+the load has its weights), as it reads any path.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from data_plane.config import EngineConfig
 from data_plane.lora.artifact_cache import ArtifactCache, ArtifactStats
 from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactOrigins
 from data_plane.lora.errors import LoRAConflictError
-from data_plane.lora.reader import read_off_loop
+from data_plane.lora.reader import BackgroundPace, read_off_loop
 from data_plane.lora.registry import LoRARegistry
 from shared.artifacts import ArtifactRef
 
@@ -67,7 +69,8 @@ def cache_dir_for(config: EngineConfig) -> tuple[Path, bool]:
     return Path(tempfile.gettempdir()) / f"loraplane-lora-cache-{os.getpid()}-{secrets.token_hex(3)}", True
 
 
-def artifact_cache_for(config: EngineConfig) -> ArtifactCache:
+def artifact_cache_for(config: EngineConfig, busy: Callable[[], bool]) -> ArtifactCache:
+    """busy: whether the engine has requests (downloads and the cache's writes rest between pieces then)."""
     root, temporary = cache_dir_for(config)
     stats = ArtifactStats()
 
@@ -76,5 +79,5 @@ def artifact_cache_for(config: EngineConfig) -> ArtifactCache:
 
     fetcher = ArtifactFetcher(
         ArtifactOrigins(config.control_plane_url, config.lora_artifact_endpoint), config.control_plane_token,
-        max_bytes=config.lora_cache_max_bytes, on_bytes=received)
+        max_bytes=config.lora_cache_max_bytes, on_bytes=received, pace=BackgroundPace(busy))
     return ArtifactCache(root, config.lora_cache_max_bytes, fetcher, stats=stats, remove_on_close=temporary)

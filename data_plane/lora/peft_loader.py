@@ -92,7 +92,7 @@ def load_peft_adapter(
         if weights_sha256 is None:
             weights_entry = entries_of([weights_path])[0]
         else:
-            size = len(weights) if isinstance(weights, bytearray) else weights_path.stat().st_size
+            size = weights_path.stat().st_size if isinstance(weights, Path) else len(weights)
             weights_entry = ManifestEntry(WEIGHTS_NAME, size, weights_sha256)
         entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
                    weights_entry]

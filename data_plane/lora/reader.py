@@ -4,12 +4,13 @@ On a small host the engine's forward pass uses every core; a file read at normal
 one of them mid-step and stretch the inter-token latency of everyone decoding. At a lower nice
 value the read only gets the CPU the engine leaves idle. (Linux only; elsewhere it is a plain pool.)
 
-Downloads (artifact_download) go further, to SCHED_IDLE: on 2 CPUs the core's two OpenMP threads wait
-for each other at every parallel region, so even a nice-10 thread's share of one CPU (about a tenth)
-stalls the whole step; an idle-class thread runs only when a CPU has nothing else to do. Reads stay
-at nice 10: a request may be waiting for its adapter's re-read, and an idle-class thread could wait
-for as long as the engine is busy. A download is not on any request's path (the load waits, not a
-request), and while the engine is idle it runs at full speed.
+Downloads and the cache's writes (artifact_download, artifact_cache) move hundreds of megabytes, so
+they are also paced (`BackgroundPace`): while the engine has requests, such a thread rests after each
+piece of work so that it uses at most BUSY_CPU_SHARE of one CPU; while the engine is idle it runs at
+full speed. Priority alone cannot do this on 2 CPUs: the core's two OpenMP threads wait for each
+other at every parallel region, so a nice-10 thread running flat out stalls every step, and an
+idle-class (SCHED_IDLE) thread, which was tried, never runs while the engine decodes: a 200 MB fetch
+waited for a 1,500-token stream to end, and a request waiting for its adapter would wait as long.
 
 Both run torch on one thread. Torch's first parallel op on a thread starts an OpenMP team of its own for
 it (one more thread, spinning between ops), so a reader that casts or checks an adapter's tensors ran
@@ -26,12 +27,16 @@ import ctypes
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
 READER_NICENESS = 10
+# while the engine has requests, what a background thread (download, cache write) may use of one CPU:
+# bench/artifacts.py, 2 CPUs: see BackgroundPace
+BUSY_CPU_SHARE = 0.25
 
 
 def one_torch_thread() -> None:
@@ -50,19 +55,9 @@ def lower_thread_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), READER_NICENESS)
 
 
-def idle_thread_priority() -> None:
-    """This thread in the SCHED_IDLE class (Linux lets any thread lower itself to it); else nice."""
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        lower_thread_priority()
-        return
-    one_torch_thread()
-
-
 _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lora-read", initializer=lower_thread_priority)
 # Downloads hold their thread for a whole file: a pool of their own, so that they never keep reads waiting.
-_fetch_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lora-fetch", initializer=idle_thread_priority)
+_fetch_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lora-fetch", initializer=lower_thread_priority)
 
 
 async def read_off_loop(fn: Callable[..., T], *args: object) -> T:
@@ -71,3 +66,27 @@ async def read_off_loop(fn: Callable[..., T], *args: object) -> T:
 
 async def fetch_off_loop(fn: Callable[..., T], *args: object) -> T:
     return await asyncio.get_running_loop().run_in_executor(_fetch_pool, functools.partial(fn, *args))
+
+
+class BackgroundPace:
+    """Paces a background thread's bulk work (a download's receive and hash, the cache's writes).
+
+    The thread calls `rest(cpu_s)` after each piece of work with the CPU seconds it took. While `busy()`
+    (the engine has requests running or waiting), it then sleeps so that the thread uses at most `share`
+    of one CPU: a 200 MB download then takes a few seconds instead of stalling every decode step, and it
+    always makes progress. While the engine is idle it does not sleep at all."""
+
+    def __init__(self, busy: Callable[[], bool] = lambda: False, share: float = BUSY_CPU_SHARE) -> None:
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
+        self.busy = busy
+        self.share = share
+        self.rested_s = 0.0  # seconds background work has waited for the engine (every thread's)
+        self._lock = threading.Lock()
+
+    def rest(self, cpu_s: float) -> None:
+        if cpu_s > 0 and self.share < 1 and self.busy():
+            pause = cpu_s * (1 - self.share) / self.share
+            time.sleep(pause)
+            with self._lock:
+                self.rested_s += pause

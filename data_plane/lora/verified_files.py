@@ -22,6 +22,8 @@ import os
 import threading
 from pathlib import Path
 
+from data_plane.lora.safetensors_memory import Buffer
+
 Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode, device
 
 
@@ -40,7 +42,7 @@ def _key(path: Path) -> str:
 class VerifiedFiles:
     def __init__(self) -> None:
         self._known: dict[str, tuple[Stamp, str]] = {}
-        self._held: dict[str, tuple[str, bytearray]] = {}  # path -> (sha256, the verified bytes)
+        self._held: dict[str, tuple[str, Buffer]] = {}  # path -> (sha256, the verified bytes)
         self._lock = threading.Lock()  # the cache publishes on the loop, loaders ask from reader threads
 
     def remember(self, path: Path, sha256: str) -> None:
@@ -49,7 +51,7 @@ class VerifiedFiles:
             with self._lock:
                 self._known[_key(path)] = (stamp, sha256)
 
-    def hold(self, path: Path, sha256: str, contents: bytearray) -> None:
+    def hold(self, path: Path, sha256: str, contents: Buffer) -> None:
         """`contents` are the bytes of `path` whose sha256 was checked in memory (the caller no longer
         writes them); answered by `contents_of` until `release_under`."""
         with self._lock:
@@ -69,7 +71,7 @@ class VerifiedFiles:
                 for key in [k for k in table if k.startswith(prefix)]:
                     del table[key]
 
-    def contents_of(self, path: Path) -> tuple[str, bytearray] | None:
+    def contents_of(self, path: Path) -> tuple[str, Buffer] | None:
         """(sha256, bytes) of `path` as verified in memory, if still held."""
         with self._lock:
             return self._held.get(_key(path))

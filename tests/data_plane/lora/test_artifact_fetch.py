@@ -12,6 +12,7 @@ import pytest
 
 from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError, ArtifactOrigins, origin_of
 from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.reader import BackgroundPace
 from shared.artifacts import ArtifactRef, manifest_url
 from shared.errors import PayloadTooLargeError
 from tests.data_plane.lora.artifact_server import ArtifactServer, serve_artifacts
@@ -34,8 +35,14 @@ def elsewhere() -> Iterator[ArtifactServer]:
         yield server
 
 
-def fetcher_for(cp: ArtifactServer, *, store: str | None = None, max_bytes: int = 1 << 30) -> ArtifactFetcher:
-    return ArtifactFetcher(ArtifactOrigins(cp.url, store), TOKEN, max_bytes=max_bytes, read_timeout_s=5)
+def fetcher_for(cp: ArtifactServer, *, store: str | None = None, max_bytes: int = 1 << 30,
+                pace: BackgroundPace | None = None) -> ArtifactFetcher:
+    return ArtifactFetcher(ArtifactOrigins(cp.url, store), TOKEN, max_bytes=max_bytes, read_timeout_s=5, pace=pace)
+
+
+def as_bytes(contents: dict) -> dict[str, bytes]:
+    """Received files as bytes (a large one arrives in an anonymous mapping, a small one in a bytearray)."""
+    return {name: bytes(data) for name, data in contents.items()}
 
 
 @pytest.fixture
@@ -48,7 +55,7 @@ async def fetcher(cp: ArtifactServer) -> AsyncIterator[ArtifactFetcher]:
 async def test_fetch_verifies_every_file_in_memory_with_the_token(cp, fetcher):
     ref = cp.publish(FILES)
     manifest = await fetcher.manifest(ref)
-    assert await fetcher.receive(manifest) == FILES
+    assert as_bytes(await fetcher.receive(manifest)) == FILES
     assert sorted(cp.paths()) == sorted([f"/v1/artifacts/{ref.digest}", *(f"/v1/artifacts/{ref.digest}/{n}" for n in FILES)])
     assert all(headers["authorization"] == f"Bearer {TOKEN}" for _, headers in cp.seen)
 
@@ -56,7 +63,7 @@ async def test_fetch_verifies_every_file_in_memory_with_the_token(cp, fetcher):
 async def test_a_ref_given_as_a_path_is_fetched_from_the_engines_own_control_plane(cp, fetcher):
     ref = cp.publish(FILES)
     as_path = msgspec.structs.replace(ref, url=f"/v1/artifacts/{ref.digest}")  # no public URL configured
-    assert await fetcher.receive(await fetcher.manifest(as_path)) == FILES
+    assert as_bytes(await fetcher.receive(await fetcher.manifest(as_path))) == FILES
     assert cp.paths()[0] == f"/v1/artifacts/{ref.digest}"
     no_control_plane = ArtifactFetcher(ArtifactOrigins(None), TOKEN, max_bytes=1 << 30)
     try:
@@ -104,7 +111,7 @@ async def test_presigned_store_urls_get_no_token(cp, elsewhere):
         got = await fetcher.receive(await fetcher.manifest(ref))
     finally:
         await fetcher.aclose()
-    assert got == FILES
+    assert as_bytes(got) == FILES
     assert len(elsewhere.seen) == len(FILES) and all("authorization" not in h for _, h in elsewhere.seen)
     assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]  # bytes did not flow through the control plane
 
@@ -173,3 +180,18 @@ async def test_a_manifest_that_is_not_a_peft_version_is_refused_before_any_file(
     with pytest.raises(LoRAAdapterError, match="an adapter version is exactly adapter_config.json and "):
         await fetcher.manifest(ref)
     assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]
+
+
+async def test_a_download_rests_while_the_engine_is_busy_and_still_completes(cp):
+    """While the engine has requests a download uses at most its share of a CPU, but it always finishes
+    (an idle-class thread, tried before, never ran while the engine decoded)."""
+    ref = cp.publish(FILES)
+    busy = BackgroundPace(lambda: True, share=0.5)
+    idle = BackgroundPace(lambda: False, share=0.5)
+    for pace in (busy, idle):
+        fetcher = fetcher_for(cp, pace=pace)
+        try:
+            assert as_bytes(await fetcher.receive(await fetcher.manifest(ref))) == FILES
+        finally:
+            await fetcher.aclose()
+    assert busy.rested_s > 0 and idle.rested_s == 0

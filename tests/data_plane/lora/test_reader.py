@@ -1,13 +1,17 @@
-"""The adapter reader threads run torch on one thread, and leave every other thread's count alone."""
+"""The adapter reader threads run torch on one thread, and leave every other thread's count alone;
+background adapter work rests while the engine is busy, in proportion to the CPU it took."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
+import time
 
+import pytest
 import torch
 
-from data_plane.lora.reader import read_off_loop
+from data_plane.lora.reader import BackgroundPace, read_off_loop
 
 
 def _torch_threads_here() -> int:
@@ -24,3 +28,31 @@ def test_reader_threads_use_one_torch_thread_and_others_keep_theirs():
     thread.start()
     thread.join()
     assert later == [before]
+
+
+def _paced_work(pace: BackgroundPace, pieces: int) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of hashing `pieces` MiB, resting after each piece as a download does."""
+    data = bytes(1 << 20)
+    cpu = 0.0
+    started = time.perf_counter()
+    for _ in range(pieces):
+        before = time.thread_time()
+        hashlib.sha256(data).digest()
+        took = time.thread_time() - before
+        cpu += took
+        pace.rest(took)
+    return cpu, time.perf_counter() - started
+
+
+def test_background_work_rests_only_while_the_engine_is_busy():
+    busy = [True]
+    pace = BackgroundPace(lambda: busy[0], share=0.25)
+    cpu, wall = _paced_work(pace, 16)
+    # at most a quarter of a CPU: it waited three times the CPU it used (sleep never returns early)
+    assert pace.rested_s == pytest.approx(3 * cpu) and wall >= 4 * cpu * 0.99
+    busy[0] = False
+    rested = pace.rested_s
+    _paced_work(pace, 16)
+    assert pace.rested_s == rested  # an idle engine: full speed
+    with pytest.raises(ValueError, match="share"):
+        BackgroundPace(share=0)
