@@ -85,6 +85,7 @@ class Bench:
         self.engine = httpx.Client(base_url=s.engine, timeout=600,
                                    headers={"Authorization": f"Bearer {s.engine_admin_token}"})
         self.outlived = 0  # loads during a decode that were still running when its 1,500 tokens ended
+        self.load_calls: list[float] = []  # seconds of each first_token_s's load call (the rest: the request)
 
     def upload(self, name: str, folder: Path) -> tuple[str, float]:
         """(the version's digest, seconds) for one multipart upload streamed from disk, not activated."""
@@ -127,6 +128,7 @@ class Bench:
         """Seconds from the load call to the first streamed token of a request to the loaded adapter."""
         started = time.perf_counter()
         self.load(name, **source)
+        self.load_calls.append(time.perf_counter() - started)
         first: list[float] = []
 
         def on_token(t: float) -> bool:
@@ -144,7 +146,17 @@ class Bench:
             seconds = self.first_token_s(name, **self.artifact(digest))
         finally:
             published.stop()
+        self.written(digest)
         return seconds, published.seen_after()
+
+    def written(self, digest: str) -> None:
+        """Wait for the engine's background write of `digest` into its cache (it starts once the load has
+        its weights), so that the next measurement does not share the machine with it."""
+        deadline = time.monotonic() + 120
+        while not (self.cache / digest).is_dir():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{digest[:16]}… was never written into the engine's cache")
+            time.sleep(POLL_S)
 
     def decode_gaps(self, model: str, during: Callable[[], list[float]] | None = None) -> list[list[float]]:
         """Inter-token gaps of `model`'s streaming decode. Steady: the 96 gaps after 8 tokens. With `during`
@@ -229,10 +241,12 @@ def measure(bench: Bench, digests: tuple[str, str], folder: Path, tag: str, flip
     def cold() -> None:
         ttft, fetch = bench.cold_load(f"cold-{tag}", digests[0])
         out["cold_s"].append(ttft)
+        out["cold_load_call_s"].append(bench.load_calls[-1])
         out["fetch_mb_s"].append(size / MB / fetch)
 
     def local() -> None:
         out["local_s"].append(bench.first_token_s(f"local-{tag}", lora_path=str(folder)))
+        out["local_load_call_s"].append(bench.load_calls[-1])
 
     def fetch_during() -> list[float]:
         published = Watch(bench.cache, digests[1])
@@ -250,6 +264,7 @@ def measure(bench: Bench, digests: tuple[str, str], folder: Path, tag: str, flip
 
     def during() -> None:
         fetching, loading = bench.decode_gaps("small", fetch_during)
+        bench.written(digests[1])  # held back while the decode ran; not beside the next measurement
         bench.unload(f"during-{tag}")
         out["fetching_p99"].append(p99(fetching))
         out["loading_p99"].append(p99(loading))
@@ -292,7 +307,7 @@ def main() -> int:
             uploads: list[float] = []
             out: dict[str, list[float]] = {k: [] for k in ("cold_s", "local_s", "fetch_mb_s", "steady_p99",
                                                            "fetching_p99", "loading_p99", "fetching_gaps", "fetch_during_s",
-                                                           "load_during_s")}
+                                                           "load_during_s", "cold_load_call_s", "local_load_call_s")}
             for i in range(-1, args.repeats):  # -1: a warm-up round, not counted
                 tag = "warm" if i < 0 else str(i)
                 bench.outlived = 0 if i == 0 else bench.outlived  # the warm-up round is not counted
@@ -338,10 +353,12 @@ def main() -> int:
             "load_while_decoding_s": spread(out["load_during_s"], 3),
             "loads_outliving_the_1500_token_decode": bench.outlived, "target": "ratio <= 1.5"},
         # each repeat's own figures: on a shared machine a repeat whose steady p99 jumps was disturbed
-        "repeats_raw": [{"cold_s": round(c, 3), "local_s": round(lo, 3), "fetch_mb_s": round(f, 1),
+        "repeats_raw": [{"cold_s": round(c, 3), "cold_load_call_s": round(cl, 3), "local_s": round(lo, 3),
+                         "local_load_call_s": round(ll, 3), "fetch_mb_s": round(f, 1),
                          "steady_p99_ms": round(1e3 * st, 1), "fetching_p99_ms": round(1e3 * fe, 1)}
-                        for c, lo, f, st, fe in zip(out["cold_s"], out["local_s"], out["fetch_mb_s"], out["steady_p99"],
-                                                    out["fetching_p99"], strict=True)],
+                        for c, cl, lo, ll, f, st, fe in zip(out["cold_s"], out["cold_load_call_s"], out["local_s"],
+                                                            out["local_load_call_s"], out["fetch_mb_s"],
+                                                            out["steady_p99"], out["fetching_p99"], strict=True)],
     }
     print(json.dumps(figures))
     return 0

@@ -151,9 +151,8 @@ async def get_version() -> dict[str, str]:
 
 
 def _has_requests(engine: EngineProtocol) -> bool:
-    """Whether the engine is serving (its last reported stats): background adapter work rests then."""
-    stats = engine.stats()
-    return stats.num_running + stats.num_waiting > 0
+    """Whether the engine is serving: background adapter work rests then."""
+    return engine.num_requests() > 0
 
 
 def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:

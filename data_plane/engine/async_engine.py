@@ -126,6 +126,9 @@ class AsyncLLMEngine:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def num_requests(self) -> int:
+        return len(self._streams)
+
     # ---- adapters: run on the engine thread between steps --------------------------------------
     async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
         """Copy the adapter into a device slot now and keep it there until unpinned or removed."""

@@ -63,6 +63,11 @@ class EngineProtocol(EngineHealth, LoRAEngine, Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def num_requests(self) -> int:
+        """Requests this API process has sent that have not finished: current at once, unlike the
+        queues in `stats()`, which are those of the last step."""
+        ...
+
     async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
         """Copy the adapter into a device slot now and keep it there; 409 when every slot is pinned or busy."""
         ...

@@ -4,11 +4,13 @@
   (artifact_fetch), written into DIR/.partial/<digest>.<nonce>/ and fsynced, the manifest is written
   beside them as `.manifest.json` (a name no artifact file can have), and the whole folder is renamed
   into place, then the directory fsynced. A crash or a failed fetch leaves only .partial/ debris,
-  removed at the next start. That write runs in the background, in a low-priority thread that rests
-  while the engine is busy (reader.BackgroundPace), and only once the load that fetched the version
-  has taken its weights from the held bytes (or after WRITE_DELAY_S): a 200 MB write and fsync took
-  0.2-0.6 s here, and beside the load it slowed the load's copies too. A crash before it ends only
-  means the next start fetches the version again.
+  removed at the next start. That write only serves the next start, so it waits: until the load that
+  fetched the version has taken its weights from the held bytes (or WRITE_DELAY_S), then until the
+  engine has had no request for a second (or WRITE_IDLE_WAIT_S), and it runs in a low-priority thread that rests while
+  the engine is busy (reader.BackgroundPace). A 200 MB write took 0.5-0.8 s here, and beside the first
+  request of the adapter just loaded it tripled that request's time to its first token (0.43 s
+  against 0.14 s with the write held back), even paced: on a VM the disk's emulation takes host CPU.
+  A crash before it ends only means the next start fetches the version again.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
   Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed here: the
   load hashes them anyway (the PEFT loader digests what it reads and the registry refuses another
@@ -56,7 +58,10 @@ from shared.errors import OverloadedError
 
 MANIFEST_NAME = ".manifest.json"
 WRITE_DELAY_S = 10.0  # the longest a fetched version's write waits for the load that needed it
-WRITE_PIECE_BYTES = 8 << 20  # the cache's copy is written in pieces, resting between them when busy
+WRITE_IDLE_WAIT_S = 30.0  # then the longest it waits for the engine to have no request for WRITE_QUIET_S
+WRITE_QUIET_S = 1.0
+IDLE_POLL_S = 0.05
+WRITE_PIECE_BYTES = 4 << 20  # the cache's copy is written in pieces, resting between them when busy
 PARTIAL_DIR = ".partial"
 LOCK_NAME = ".lock"
 _DIGEST = re.compile(DIGEST_PATTERN)
@@ -217,13 +222,15 @@ class ArtifactCache:
 
     async def _write(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, Buffer],
                      loaded: asyncio.Event) -> None:
-        """The verified version into the cache, once `loaded` (the load took its weights) or after
-        WRITE_DELAY_S; a failure is logged, and the next need fetches it again."""
+        """The verified version into the cache, once `loaded` (the load took its weights) and the engine
+        is idle, or later waits run out (module docstring); a failure is logged, and the next need
+        fetches it again."""
         digest, size = manifest.digest, manifest.size_bytes
         try:
             partial.mkdir()  # at once: its appearance is when the version was verified (bench/artifacts.py)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(loaded.wait(), WRITE_DELAY_S)
+            await self._quiet_engine()
             folder = await fetch_off_loop(self._publish, partial, manifest, contents)
         except Exception as exc:
             self.stats.write_failures += 1
@@ -240,6 +247,18 @@ class ArtifactCache:
             del self._writing[digest]
             self._loaded.pop(digest, None)
 
+    async def _quiet_engine(self) -> None:
+        """Until the engine has had no request for WRITE_QUIET_S (the first requests of an adapter just
+        loaded come right after its load), or WRITE_IDLE_WAIT_S have passed."""
+        give_up = time.monotonic() + WRITE_IDLE_WAIT_S
+        quiet_since = time.monotonic()
+        while time.monotonic() < give_up:
+            if self.fetcher.pace.busy():
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= WRITE_QUIET_S:
+                return
+            await asyncio.sleep(IDLE_POLL_S)
+
     def _publish(self, partial: Path, manifest: ArtifactManifest, contents: dict[str, Buffer]) -> Path:
         """Blocking: the verified files and their manifest written and fsynced, then the whole folder
         renamed into place, durably. A local disk error (full, read-only) is worth a retry later."""
@@ -247,7 +266,7 @@ class ArtifactCache:
             for name, data in (*contents.items(), (MANIFEST_NAME, msgspec.json.encode(manifest))):
                 with (partial / name).open("xb", buffering=0) as fh:
                     self._write_paced(fh, memoryview(data))
-                    os.fsync(fh.fileno())
+                    os.fsync(fh.fileno())  # the file's metadata (the data is on the disk already)
             _fsync_dir(partial)
             folder = self.root / manifest.digest
             shutil.rmtree(folder, ignore_errors=True)  # an invalid leftover _hit found
@@ -259,13 +278,17 @@ class ArtifactCache:
         return folder
 
     def _write_paced(self, fh: IO[bytes], data: memoryview) -> None:
-        """All of `data` into `fh` in pieces (the GIL released for each copy into the page cache),
-        resting between them while the engine is busy."""
+        """All of `data` into `fh`, durably, in pieces: each copied into the page cache (the GIL
+        released) and flushed to the disk at once, so that the disk's work is spread out too, not one
+        burst at a final fsync (on a VM its emulation takes host CPU from the engine); between pieces
+        the thread rests while the engine is busy, for the piece's whole time, waits on the disk
+        included."""
         written = 0
         while written < len(data):
-            started = time.thread_time()
+            started = time.perf_counter()
             written += fh.write(data[written:written + WRITE_PIECE_BYTES]) or 0
-            self.fetcher.pace.rest(time.thread_time() - started)
+            os.fdatasync(fh.fileno())
+            self.fetcher.pace.rest(time.perf_counter() - started)
 
     async def _make_room(self, size: int) -> None:
         busy = set(self.in_use()) | set(self._holds) | set(self._writing)

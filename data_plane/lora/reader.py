@@ -71,9 +71,10 @@ async def fetch_off_loop(fn: Callable[..., T], *args: object) -> T:
 class BackgroundPace:
     """Paces a background thread's bulk work (a download's receive and hash, the cache's writes).
 
-    The thread calls `rest(cpu_s)` after each piece of work with the CPU seconds it took. While `busy()`
-    (the engine has requests running or waiting), it then sleeps so that the thread uses at most `share`
-    of one CPU: a 200 MB download then takes a few seconds instead of stalling every decode step, and it
+    The thread calls `rest(work_s)` after each piece of work with the seconds it took (CPU seconds for a
+    download, whose waits for bytes are the sender's pace; wall seconds for a write, whose waits on the
+    disk cost the host too). While `busy()` (the engine has requests), it then sleeps so that the thread
+    uses at most `share` of one CPU: a 200 MB download then takes a few seconds instead of stalling every decode step, and it
     always makes progress. While the engine is idle it does not sleep at all."""
 
     def __init__(self, busy: Callable[[], bool] = lambda: False, share: float = BUSY_CPU_SHARE) -> None:
@@ -84,9 +85,9 @@ class BackgroundPace:
         self.rested_s = 0.0  # seconds background work has waited for the engine (every thread's)
         self._lock = threading.Lock()
 
-    def rest(self, cpu_s: float) -> None:
-        if cpu_s > 0 and self.share < 1 and self.busy():
-            pause = cpu_s * (1 - self.share) / self.share
+    def rest(self, work_s: float) -> None:
+        if work_s > 0 and self.share < 1 and self.busy():
+            pause = work_s * (1 - self.share) / self.share
             time.sleep(pause)
             with self._lock:
                 self.rested_s += pause

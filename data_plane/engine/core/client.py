@@ -157,6 +157,9 @@ class EngineCoreClient:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def num_requests(self) -> int:
+        return len(self._streams)
+
     async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
         """Copy the adapter into a device slot now and keep it there until unpinned or removed."""
         self._host_copies.ensure(adapter_id, weights)

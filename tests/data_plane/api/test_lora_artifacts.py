@@ -18,6 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from data_plane.api.app import create_app
 from data_plane.control_client import ControlPlaneClient
+from data_plane.engine.sampling_params import SamplingParams
+from data_plane.engine.sequence import Request
 from data_plane.lora.artifact_cache import MANIFEST_NAME
 from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.artifacts import ArtifactRef
@@ -160,6 +162,30 @@ def test_a_download_in_progress_holds_up_no_other_request(demo_model_dir, adapte
             loading.join(60)
         assert outcome == {"status": 200}
         assert chat(client, "short").status_code == 200
+
+
+def test_a_download_rests_while_the_engine_serves_and_runs_flat_out_while_idle(demo_model_dir, adapters, cp,
+                                                                               tmp_path):
+    """The download and the cache's write pace themselves by the engine's requests in flight (a quarter of a
+    CPU while it serves), and still finish while a request is being generated."""
+    poet, short = cp.publish_folder(adapters / "demo-poet"), cp.publish_folder(adapters / "demo-short")
+    with artifact_app(demo_model_dir, cp, tmp_path / "cache") as client:
+        engine, portal = client.app.state.engine, client.blocking_portal
+        assert load(client, "poet", poet).status_code == 200
+        written(tmp_path / "cache", poet.digest)
+        assert metric(client, "loraplane_artifact_paced_seconds_total") == 0  # idle: nothing rested
+        # a request in flight: its first output read, the rest left waiting until the generator is closed
+        generation = engine.generate(Request("in-flight", [1, 2, 3], SamplingParams(max_tokens=8)))
+        portal.call(anext, generation)
+        try:
+            assert engine.num_requests() == 1
+            assert load(client, "short", short).status_code == 200  # fetched, verified and loaded meanwhile
+            written(tmp_path / "cache", short.digest)
+            assert engine.num_requests() == 1
+        finally:
+            portal.call(generation.aclose)
+        assert metric(client, "loraplane_artifact_paced_seconds_total") > 0
+        assert engine.num_requests() == 0
 
 
 def test_a_name_resolved_to_an_artifact_is_fetched_on_demand(demo_model_dir, adapters, cp, tmp_path):

@@ -27,7 +27,7 @@ def test_the_protocol_names_what_the_api_calls():
     members = set(protocol_members(EngineProtocol))
     assert members == {
         "config", "tokenizer", "vocab_size", "healthy", "dead_reason", "start", "shutdown", "generate", "abort",
-        "stats", "pin_lora", "unpin_lora", "remove_lora",
+        "stats", "num_requests", "pin_lora", "unpin_lora", "remove_lora",
     }
     assert set(protocol_members(EngineHealth)) <= members and set(protocol_members(LoRAEngine)) <= members
 
