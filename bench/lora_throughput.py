@@ -83,7 +83,8 @@ class Bench:
         ]
 
     def run(self, engine: LLMEngine, jobs: list[Job], arrive_every: int = 0, on_step=None) -> dict:
-        """Serve jobs to completion; returns seconds, output tokens, TTFTs and per-step durations."""
+        """Serve jobs to completion; returns seconds, output tokens, TTFTs and per-step intervals (one step's
+        end to the next's: the inter-token latency of a running decode)."""
         params = SamplingParams(temperature=0.0, max_tokens=self.args.output_len, ignore_eos=True)
         arrival: dict[str, float] = {}
         ttft: dict[str, float] = {}
@@ -91,6 +92,7 @@ class Bench:
         tokens = 0
         pending = list(enumerate(jobs))
         start = time.perf_counter()
+        last_end = start
         steps = 0
         while pending or engine.has_work():
             while pending and steps >= pending[0][0] * arrive_every:
@@ -101,9 +103,12 @@ class Bench:
                 arrival[rid] = time.perf_counter()
             if on_step is not None:
                 on_step(engine, steps)
-            t0 = time.perf_counter()
             outputs = engine.step()
-            step_times.append(time.perf_counter() - t0)
+            # from the previous step's end: what a server's loop does between steps (add_request, which
+            # makes a new adapter's slot image) delays the next token as much as the step itself
+            step_end = time.perf_counter()
+            step_times.append(step_end - last_end)
+            last_end = step_end
             for out in outputs:
                 new = sum(len(d.token_ids) for d in out.deltas)
                 tokens += new

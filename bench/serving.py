@@ -68,7 +68,8 @@ def build_adapters(args: argparse.Namespace, model: Path, root: Path) -> list[Pa
 
 # ---- servers -----------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, model: Path, adapters: list[Path], threads: int, kind: str, log: Path, args) -> None:
+    def __init__(self, model: Path, adapters: list[Path], threads: int, kind: str, log: Path, args,
+                 extra: tuple[str, ...] = ()) -> None:
         cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(model), "--served-model-name", "bench",
                "--port", "0", "--device", "cpu", "--num-threads", str(threads), "--max-model-len", str(MAX_MODEL_LEN),
                "--num-kv-blocks", "2048", "--max-num-seqs", "64", "--log-level", "warning",
@@ -77,6 +78,7 @@ class Server:
         if adapters:
             cmd += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(args.rank),
                     "--lora-modules", *(f"a{i}={p}" for i, p in enumerate(adapters))]
+        cmd += extra
         self.log = log
         # "default": an empty OMP_WAIT_POLICY, which the core keeps and libgomp reads as unset (spin a while, then sleep)
         policy = "" if args.omp_wait_policy == "default" else args.omp_wait_policy

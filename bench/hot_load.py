@@ -1,0 +1,219 @@
+"""Inter-token latency of running streams while adapters hot-load, over HTTP against a real engine. One JSON
+object.
+
+    .venv/bin/python bench/hot_load.py [--shape 512,1408,6,8,2,384] [--streams 16] [--repeats 3]
+        [--torch-threads 2] [--rank 16]
+
+What bench/lora_throughput.py's figure (e) measures in process, as a client sees it: one `loraplane engine`
+(engine-core process, --max-loras 4, four adapters registered at start with --lora-modules) serves
+`--streams` streaming completions of two of them; this script's client runs in another process. In a
+window that starts once every stream has 8 tokens, one of three things happens (rotated order each
+repeat, after an uncounted warm-up round):
+- steady: nothing (the window lasts 1.5 s);
+- arrivals: six short requests (2 tokens) of the two other registered adapters, already in slots,
+  50 ms apart: their prefills, no file read, no slot write (the baseline of the same arrivals);
+- hot: six adapters never seen are loaded (POST /v1/load_lora_adapter: the API process reads and checks
+  their files) and get one short request each, 50 ms apart: each is read, handed to the engine core,
+  and written into a slot by the step that admits it, beside the running streams;
+- slots: the same with six adapters loaded before the window: in it, only their hand-over to the core
+  and their slot writes.
+The arrival windows end when the last arrival has its answer. An inter-token latency is the time between
+two consecutive tokens of one running stream, counted when the gap begins in the window (all streams share
+each step, so one slow step is `--streams` long gaps). Reported per mode:
+p50/p99 over the repeats (median, range), and per repeat the ratios hot/steady (the issue's) and
+hot/arrivals (what the loads add beside the arrivals' own prefills).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from serving import Server, build_model  # bench/serving.py: run as `python bench/hot_load.py`
+from tqdm import tqdm
+
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.weights import TARGET_MODULES
+
+RESIDENT = 4  # registered at start; the streams use the first two, the arrivals the other two
+HOT = 6  # arrivals per window
+ARRIVAL_GAP_S = 0.05
+STEADY_WINDOW_S = 1.5
+PROMPT = "the quick brown fox jumps over the lazy dog"
+
+
+def client_main(conn) -> None:
+    """Runs in its own process: each job is (url, mode, streams, hot adapter paths) -> gaps and timings."""
+    import aiohttp
+
+    async def stream(session, url, model, stamps: list[float]) -> None:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 480, "temperature": 0.0, "ignore_eos": True,
+                "stream": True}
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"stream answered {resp.status}: {await resp.text()}")
+            rest = b""
+            async for data in resp.content.iter_any():
+                now = time.perf_counter()
+                *events, rest = (rest + data).split(b"\n\n")
+                stamps.extend(now for e in events if e.startswith(b"data: {"))
+
+    async def short(session, url, model) -> float:
+        started = time.perf_counter()
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+        async with session.post(url + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{model} answered {resp.status}: {await resp.text()}")
+            await resp.read()
+        return time.perf_counter() - started
+
+    async def hot(session, url, name, path) -> float:
+        started = time.perf_counter()
+        async with session.post(url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"load of {name} answered {r.status}: {await r.text()}")
+        await short(session, url, name)
+        return time.perf_counter() - started
+
+    async def job(url: str, mode: str, streams: int, hot_paths: list[str]) -> dict:
+        connector = aiohttp.TCPConnector(limit=streams + HOT + 4)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+            if mode == "arrivals":  # the arrivals' adapters into the two free slots, before the window
+                for i in (2, 3):
+                    await short(session, url, f"a{i}")
+            if mode == "slots":  # the files read before the window: in it, only slot writes
+                for path in hot_paths:
+                    async with session.post(url + "/v1/load_lora_adapter",
+                                            json={"lora_name": Path(path).name, "lora_path": path}) as r:
+                        if r.status != 200:
+                            raise RuntimeError(f"load of {path} answered {r.status}: {await r.text()}")
+            stamps: list[list[float]] = [[] for _ in range(streams)]
+            running = [asyncio.ensure_future(stream(session, url, f"a{i % 2}", stamps[i])) for i in range(streams)]
+            while min(len(s) for s in stamps) < 8:
+                if any(t.done() for t in running):
+                    [t.result() for t in running if t.done()]  # raises what ended a stream early
+                await asyncio.sleep(0.005)
+            start = time.perf_counter()
+            arrivals: list[asyncio.Future] = []
+            if mode == "steady":
+                await asyncio.sleep(STEADY_WINDOW_S)
+            else:
+                for k in range(HOT):
+                    if mode == "hot":
+                        name = Path(hot_paths[k]).name
+                        arrivals.append(asyncio.ensure_future(hot(session, url, name, hot_paths[k])))
+                    elif mode == "slots":
+                        arrivals.append(asyncio.ensure_future(short(session, url, Path(hot_paths[k]).name)))
+                    else:
+                        arrivals.append(asyncio.ensure_future(short(session, url, f"a{2 + k % 2}")))
+                    await asyncio.sleep(ARRIVAL_GAP_S)
+                await asyncio.gather(*arrivals)
+            end = time.perf_counter()
+            for task in running:
+                task.cancel()  # closing the connections aborts the streams
+            await asyncio.gather(*running, return_exceptions=True)
+            if mode in ("hot", "slots"):
+                for path in hot_paths:
+                    async with session.post(url + "/v1/unload_lora_adapter", json={"lora_name": Path(path).name}) as r:
+                        await r.read()
+        # gaps that begin in the window (one that began before it is the streams' own start, not the window's)
+        gaps = [b - a for s in stamps for a, b in zip(s, s[1:], strict=False) if start <= a < end]
+        return {"gaps": gaps, "window_s": end - start, "arrival_s": [a.result() for a in arrivals]}
+
+    while (work := conn.recv()) is not None:
+        conn.send(asyncio.run(job(*work)))
+
+
+def ready(url: str) -> None:
+    """Until the engine answers /health (its log line may come a moment before it listens)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            sys.exit(f"the engine at {url} never became healthy")
+        time.sleep(0.1)
+
+
+def p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * q))]
+
+
+def spread(values: list[float], digits: int = 2) -> dict:
+    return {"median": round(statistics.median(values), digits),
+            "range": [round(min(values), digits), round(max(values), digits)]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="512,1408,6,8,2,384", help="hidden,intermediate,layers,heads,kv_heads,vocab")
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--rank", type=int, default=16)
+    args = parser.parse_args()
+    args.model, args.omp_threads_bind, args.omp_wait_policy = None, "auto", None  # what serving.Server reads
+
+    root = Path(tempfile.mkdtemp(prefix="bench-hot-load-"))
+    model = build_model(args, root)
+    spec = DemoAdapter(r=args.rank, lora_alpha=2 * args.rank, target_modules=TARGET_MODULES)
+    resident = [write_lora_adapter(model, root / f"a{i}", spec, seed=i) for i in range(RESIDENT)]
+    rounds = args.repeats + 1  # the first is a warm-up
+    hot = [[str(write_lora_adapter(model, root / f"hot{r}-{k}", spec, seed=100 + HOT * r + k)) for k in range(HOT)]
+           for r in range(rounds)]
+    slots = [[str(write_lora_adapter(model, root / f"slot{r}-{k}", spec, seed=500 + HOT * r + k)) for k in range(HOT)]
+             for r in range(rounds)]
+    ctx = mp.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    client = ctx.Process(target=client_main, args=(child_conn,), daemon=True)
+    client.start()
+    server = Server(model, resident, args.torch_threads, "core", root / "engine.log", args,
+                    extra=("--lora-roots", str(root)))
+    ready(server.url)
+    results: dict[str, list[dict]] = {"steady": [], "arrivals": [], "hot": [], "slots": []}
+    modes = list(results)
+    try:
+        with tqdm(total=rounds * len(modes), desc="hot-load windows", file=sys.stderr) as bar:
+            for r in range(rounds):
+                for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
+                    conn.send((server.url, mode, args.streams, hot[r] if mode == "hot" else slots[r]))
+                    outcome = conn.recv()
+                    if r > 0:
+                        results[mode].append(outcome)
+                    bar.update()
+    finally:
+        conn.send(None)
+        server.stop()
+    p99 = {m: [1e3 * p(o["gaps"], 0.99) for o in runs] for m, runs in results.items()}
+    figures = {
+        "benchmark": "hot_load",
+        "model": f"generated Qwen2 shape {args.shape}", "adapter_rank": args.rank, "adapter_targets": list(TARGET_MODULES),
+        "engine": f"loraplane engine, engine-core process, --max-loras {RESIDENT}, {args.torch_threads} torch threads",
+        "streams": args.streams, "repeats": args.repeats, "arrivals_per_window": HOT,
+        "itl_p50_ms": {m: spread([1e3 * p(o["gaps"], 0.5) for o in runs]) for m, runs in results.items()},
+        "itl_p99_ms": {m: spread(v) for m, v in p99.items()},
+        "gaps_per_window": {m: spread([len(o["gaps"]) for o in runs], 0) for m, runs in results.items()},
+        "ratio_hot_vs_steady": spread([h / s for h, s in zip(p99["hot"], p99["steady"], strict=True)], 3)
+        | {"target": "<= 1.5"},
+        "ratio_hot_vs_arrivals": spread([h / a for h, a in zip(p99["hot"], p99["arrivals"], strict=True)], 3),
+        "ratio_slot_writes_only_vs_steady": spread([w / s for w, s in zip(p99["slots"], p99["steady"], strict=True)], 3),
+        "hot_load_and_answer_s": spread([s for o in results["hot"] for s in o["arrival_s"]], 3),
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
