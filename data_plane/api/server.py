@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from shared.errors import LoraplaneError
+from shared.listen import listening_socket
 from shared.logging_setup import LOG_FORMAT_ENV, add_log_format_argument, configure_logging
 
 if TYPE_CHECKING:
@@ -270,18 +271,6 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
     return modules
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind before serving so `--port 0` can report the port it got."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only where a socket's proto says TCP; without it every
-    # small answer waited ~40 ms for the client's delayed ACK (Nagle)
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
-
-
 def load_engine(config: EngineConfig, core: CoreProcess | None) -> EngineProtocol:
     """The engine-core process `core` once it has loaded the model, or the engine on a thread here."""
     if core is None:
@@ -335,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in sweep_orphans():  # adapters' host copies left by engines that were killed outright
             logger.info("removed %s: its engine is gone", path)
         engine = load_engine(config, core)  # slow: reads the checkpoint, sizes the KV cache
-        sock = _bind(config.host, config.port)
+        sock = listening_socket(config.host, config.port, inheritable=True)
     except (LoraplaneError, OSError) as exc:
         print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2

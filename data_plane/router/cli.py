@@ -17,6 +17,7 @@ import socket
 import sys
 
 from data_plane.router.config import RouterConfig, RouterConfigError, secrets_from_env
+from shared.listen import listening_socket
 from shared.logging_setup import add_log_format_argument, configure_logging
 
 logger = logging.getLogger("loraplane.router")
@@ -83,7 +84,7 @@ def main(argv: list[str]) -> int:
             quota_failure=args.quota_failure, key_cache_ttl_s=args.key_cache_ttl_s,
             **secrets_from_env(),  # type: ignore[arg-type]
         )
-        sock = _bind(config.host, config.port)
+        sock = listening_socket(config.host, config.port)
         name_after_bind(config, sock.getsockname()[1])
     except (RouterConfigError, OSError) as exc:
         print(f"loraplane router: {exc}", file=sys.stderr)
@@ -107,17 +108,6 @@ def main(argv: list[str]) -> int:
                                            timeout_graceful_shutdown=5))
     server.run(sockets=[sock])
     return 0 if server.started else 1
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """Bound before serving, so that `--port 0` can say which port it got. IPPROTO_TCP is named: asyncio
-    turns Nagle's algorithm off (TCP_NODELAY) only on sockets whose proto says TCP, and with it on, every
-    small answer waited ~40 ms for the client's delayed ACK."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
 
 
 if __name__ == "__main__":
