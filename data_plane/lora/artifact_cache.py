@@ -6,11 +6,12 @@
   into place, then the directory fsynced. A crash or a failed fetch leaves only .partial/ debris,
   removed at the next start. That write only serves the next start, so it waits: until the load that
   fetched the version has taken its weights from the held bytes (or WRITE_DELAY_S), then until the
-  engine has had no request for a second (or WRITE_IDLE_WAIT_S), and it runs in a low-priority thread that rests while
-  the engine is busy (reader.BackgroundPace). A 200 MB write took 0.5-0.8 s here, and beside the first
-  request of the adapter just loaded it tripled that request's time to its first token (0.43 s
-  against 0.14 s with the write held back), even paced: on a VM the disk's emulation takes host CPU.
-  A crash before it ends only means the next start fetches the version again.
+  engine has had no request for WRITE_QUIET_S (at most WRITE_IDLE_WAIT_S, and not at all once
+  something waits for it: shutdown, room for another fetch, a discard); it runs in a low-priority
+  thread that rests while the engine is busy (reader.BackgroundPace). A 200 MB write took 0.5-0.8 s
+  here, and beside the first request of the adapter just loaded it tripled that request's time to its
+  first token (0.43 s against 0.14 s with the write held back), even paced: on a VM the disk's
+  emulation takes host CPU. A crash before it ends only means the next start fetches it again.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
   Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed here: the
   load hashes them anyway (the PEFT loader digests what it reads and the registry refuses another
@@ -99,6 +100,7 @@ class ArtifactCache:
         self._locks = KeyedLock()
         self._writing: dict[str, asyncio.Task[None]] = {}  # digest -> its fetched bytes being written
         self._loaded: dict[str, asyncio.Event] = {}  # digest just fetched -> set once its load is done
+        self._hurry = asyncio.Event()  # something waits for the pending writes: they stop waiting for quiet
         self._lock_file: IO[bytes] | None = None
         self.verified = VerifiedFiles()  # what _fetch hashed, for the loader (not hashed again)
 
@@ -144,24 +146,24 @@ class ArtifactCache:
     @contextlib.asynccontextmanager
     async def acquire(self, ref: ArtifactRef) -> AsyncIterator[Path]:
         """The folder of `ref`'s verified version, fetched if not cached; it is not evicted while held.
-        Right after a fetch its files may still be being written (`settle` waits for them); until they
-        are, `verified` holds their checked bytes, which is what the loader reads."""
+        Right after a fetch its files may not be written yet (`settle` waits for them); until they are,
+        `verified` holds their checked bytes, which is what the loader reads (a second holder too: it
+        never waits for the write, which may be waiting for the engine to be quiet)."""
         self.fetcher.check(ref)  # the origin rule holds for cached digests too: the same push, the same answer
         digest = ref.digest
         fetched: asyncio.Event | None = None
         self._holds[digest] += 1
         try:
             async with self._locks(digest):
-                writing = self._writing.get(digest)
-                if writing is not None:  # fetched a moment ago: once written, it is a hit
-                    await asyncio.shield(writing)
-                folder = self._hit(digest)
-                if folder is None:
+                if digest in self._writing:  # fetched a moment ago: its verified bytes are held until written
+                    self.stats.hits += 1
+                    folder = self.root / digest
+                elif (folder := self._hit(digest)) is not None:
+                    self.stats.hits += 1
+                else:
                     self.stats.misses += 1
                     folder = await self._fetch(ref)
                     fetched = self._loaded.get(digest)
-                else:
-                    self.stats.hits += 1
             yield folder
         finally:
             if fetched is not None:
@@ -173,13 +175,13 @@ class ArtifactCache:
     async def settle(self) -> None:
         """Wait until every fetched version is written into the cache (or its write failed)."""
         while self._writing:
-            await asyncio.wait(list(self._writing.values()))
+            await self._written(list(self._writing.values()))
 
     async def discard(self, digest: str) -> None:
         """Drop a cached version whose files no longer hash to its digest (the next need fetches it)."""
         writing = self._writing.get(digest)
         if writing is not None:
-            await asyncio.shield(writing)
+            await self._written([writing])
         if digest in self._entries:
             del self._entries[digest]
             await self._remove(self.root / digest)
@@ -246,13 +248,21 @@ class ArtifactCache:
             self._reserved -= size
             del self._writing[digest]
             self._loaded.pop(digest, None)
+            if not self._writing:
+                self._hurry.clear()
+
+    async def _written(self, writes: list[asyncio.Task[None]]) -> None:
+        """Wait for these writes; pending writes stop waiting for a quiet engine, since something waits."""
+        self._hurry.set()
+        await asyncio.wait([asyncio.shield(w) for w in writes])
 
     async def _quiet_engine(self) -> None:
         """Until the engine has had no request for WRITE_QUIET_S (the first requests of an adapter just
-        loaded come right after its load), or WRITE_IDLE_WAIT_S have passed."""
+        loaded come right after its load), WRITE_IDLE_WAIT_S have passed, or something waits for the
+        writes (`_written`)."""
         give_up = time.monotonic() + WRITE_IDLE_WAIT_S
         quiet_since = time.monotonic()
-        while time.monotonic() < give_up:
+        while time.monotonic() < give_up and not self._hurry.is_set():
             if self.fetcher.pace.busy():
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= WRITE_QUIET_S:
@@ -295,7 +305,7 @@ class ArtifactCache:
         while self.size_bytes + self._reserved + size > self.max_bytes:
             victim = next((d for d in self._entries if d not in busy), None)
             if victim is None and self._writing:  # versions being written count as reserved: once
-                await asyncio.wait(list(self._writing.values()))  # written they may be evictable
+                await self._written(list(self._writing.values()))  # written they may be evictable
                 busy = set(self.in_use()) | set(self._holds) | set(self._writing)
                 continue
             if victim is None:

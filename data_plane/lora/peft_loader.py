@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_targets
-from data_plane.lora.safetensors_memory import open_tensors
+from data_plane.lora.safetensors_memory import Buffer, open_tensors
 from data_plane.lora.shared_tensors import TensorKey, allocate
 from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
@@ -127,7 +127,7 @@ def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
     return resolved
 
 
-def _held_files(folder: Path, verified: VerifiedFiles | None) -> tuple[bytes, tuple[str, bytearray]] | None:
+def _held_files(folder: Path, verified: VerifiedFiles | None) -> tuple[bytes, tuple[str, Buffer]] | None:
     """(config bytes, (weights sha256, weights bytes)) when `verified` holds both files' checked bytes."""
     if verified is None:
         return None
@@ -180,7 +180,7 @@ Loaded = dict[tuple[int, str, str], tuple[str, torch.Tensor]]  # (layer, short, 
 
 
 def _read_tensors(
-    weights: Path | bytearray, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
+    weights: Path | Buffer, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
 ) -> Loaded:
     """Check every tensor name and shape from the header, then read the tensors (not yet checked).
     `weights`: the file, or its verified bytes in memory (the tensors are then views of them)."""

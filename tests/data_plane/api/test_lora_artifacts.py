@@ -166,8 +166,8 @@ def test_a_download_in_progress_holds_up_no_other_request(demo_model_dir, adapte
 
 def test_a_download_rests_while_the_engine_serves_and_runs_flat_out_while_idle(demo_model_dir, adapters, cp,
                                                                                tmp_path):
-    """The download and the cache's write pace themselves by the engine's requests in flight (a quarter of a
-    CPU while it serves), and still finish while a request is being generated."""
+    """The download paces itself by the engine's requests in flight (a quarter of a CPU while it serves) and
+    still finishes while a request is being generated; the cache's copy waits for the engine to be quiet."""
     poet, short = cp.publish_folder(adapters / "demo-poet"), cp.publish_folder(adapters / "demo-short")
     with artifact_app(demo_model_dir, cp, tmp_path / "cache") as client:
         engine, portal = client.app.state.engine, client.blocking_portal
@@ -180,12 +180,14 @@ def test_a_download_rests_while_the_engine_serves_and_runs_flat_out_while_idle(d
         try:
             assert engine.num_requests() == 1
             assert load(client, "short", short).status_code == 200  # fetched, verified and loaded meanwhile
-            written(tmp_path / "cache", short.digest)
+            time.sleep(1.5)
+            assert not (tmp_path / "cache" / short.digest / MANIFEST_NAME).exists()  # held back while serving
             assert engine.num_requests() == 1
         finally:
             portal.call(generation.aclose)
-        assert metric(client, "loraplane_artifact_paced_seconds_total") > 0
         assert engine.num_requests() == 0
+        written(tmp_path / "cache", short.digest)  # a second after the request ended
+        assert metric(client, "loraplane_artifact_paced_seconds_total") > 0
 
 
 def test_a_name_resolved_to_an_artifact_is_fetched_on_demand(demo_model_dir, adapters, cp, tmp_path):

@@ -15,6 +15,7 @@ from data_plane.config import ConfigError
 from data_plane.lora.artifact_cache import MANIFEST_NAME, PARTIAL_DIR, ArtifactCache
 from data_plane.lora.artifact_fetch import ArtifactFetcher, ArtifactFetchError, ArtifactOrigins
 from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.reader import BackgroundPace
 from shared.artifacts import ArtifactRef
 from shared.errors import OverloadedError
 from tests.data_plane.lora.artifact_server import ArtifactServer, serve_artifacts
@@ -36,8 +37,9 @@ def cp() -> Iterator[ArtifactServer]:
 async def make_cache(cp: ArtifactServer, tmp_path: Path) -> AsyncIterator:
     opened: list[ArtifactCache] = []
 
-    def make(max_bytes: int = 64 * MiB, in_use=frozenset, root: Path | None = None) -> ArtifactCache:
-        fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), "t", max_bytes=max_bytes, read_timeout_s=5)
+    def make(max_bytes: int = 64 * MiB, in_use=frozenset, root: Path | None = None,
+             pace: BackgroundPace | None = None) -> ArtifactCache:
+        fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), "t", max_bytes=max_bytes, read_timeout_s=5, pace=pace)
         cache = ArtifactCache(root or tmp_path / "cache", max_bytes, fetcher, in_use=in_use)
         cache.open()
         opened.append(cache)
@@ -131,6 +133,25 @@ async def test_fetched_bytes_are_held_for_the_loader_until_the_cache_copy_is_wri
     weights = folder / "adapter_model.safetensors"
     assert cache.verified.sha256_of(weights) == hashlib.sha256(content["adapter_model.safetensors"]).hexdigest()
     assert list((cache.root / PARTIAL_DIR).iterdir()) == [] and ref.digest in cache
+
+
+async def test_a_write_waiting_for_a_quiet_engine_holds_up_no_load_and_no_shutdown(cp, make_cache):
+    """While the engine serves, the cache's copy waits (up to 30 s); another holder of the same version
+    meanwhile gets it at once from the held bytes, and shutdown's settle makes the write go now."""
+    content = files(8)
+    ref = cp.publish(content)
+    cache = make_cache(pace=BackgroundPace(lambda: True))  # an engine that never stops serving
+    async with cache.acquire(ref) as folder:
+        pass  # the load that fetched it is done: the write now waits for a quiet engine
+    await asyncio.sleep(0.3)
+    assert not (folder / MANIFEST_NAME).exists()
+    started = asyncio.get_running_loop().time()
+    async with cache.acquire(ref) as again:  # a second load of the version (a retried push)
+        held = {n: bytes(h[1]) for n in content if (h := cache.verified.contents_of(again / n)) is not None}
+    assert held == content and asyncio.get_running_loop().time() - started < 1
+    assert cache.stats.fetches == 1 and cache.stats.hits == 1
+    await asyncio.wait_for(cache.settle(), 20)  # as at shutdown: written now, paced, not after 30 s
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != MANIFEST_NAME} == content
 
 
 async def test_a_partial_folder_left_by_a_crash_is_removed_at_open(cp, make_cache, tmp_path):
