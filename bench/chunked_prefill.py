@@ -1,7 +1,7 @@
 """Inter-token latency of running decodes while 2,048-token prompts arrive, with and without chunked prefill.
 
     .venv/bin/python bench/chunked_prefill.py [--model DIR | --shape 512,1408,6,8,2,384] [--decodes 32]
-        [--long-prompt-len 2048] [--long-prompts 3] [--budgets 64 128] [--repeats 3]
+        [--long-prompt-len 2048] [--long-prompts 3] [--budgets 2048] [--stall-limits 1.25 0] [--repeats 3]
 
 In one process, one engine per configuration: `--decodes` requests decode all along; in the measured
 window `--long-prompts` prompts of `--long-prompt-len` tokens arrive one after another (the next when
@@ -10,7 +10,10 @@ running decodes. Each repeat runs, in turn, the decodes alone (the baseline), th
 prefill at each `--budgets` token budget, and the arrivals without chunking (each long prompt in one
 step, the stall chunking removes); the baseline counts the same number of steps as the first chunked
 run. Reported: per configuration the median and range over repeats of the p50/p99 ITL, of the p99's
-ratio to the same repeat's baseline (target <= 1.5) and of the long prompts' time to first token.
+ratio to the same repeat's baseline (target <= 1.5) and of the long prompts' time to first token. Chunked
+configurations are `chunked_<budget>_stall_<limit>`: the token budget (--max-num-batched-tokens) and
+the engine's --decode-stall-limit (0: no pacing, chunks fill the budget as in vLLM); the defaults are
+the engine's own (2048, 1.25) next to vLLM's behaviour.
 Prints one JSON object.
 """
 
@@ -30,6 +33,7 @@ import torch
 from data_plane.config import EngineConfig
 from data_plane.demo.model_builder import DemoModelShape, write_demo_model
 from data_plane.engine.llm_engine import LLMEngine
+from data_plane.engine.prefill_pacer import MIN_LONG_CHUNK
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
 
@@ -111,7 +115,8 @@ def main() -> int:
     parser.add_argument("--decode-prompt-len", type=int, default=32)
     parser.add_argument("--long-prompt-len", type=int, default=2048)
     parser.add_argument("--long-prompts", type=int, default=3)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[64, 128], help="chunked --max-num-batched-tokens")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[2048], help="chunked --max-num-batched-tokens")
+    parser.add_argument("--stall-limits", type=float, nargs="+", default=[1.25, 0.0], help="chunked --decode-stall-limit")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -121,14 +126,17 @@ def main() -> int:
     max_len = args.long_prompt_len + 64
     # the decodes outlive the slowest window: every long prompt chunked at the smallest budget
     chunk = max(1, min(args.budgets) - args.decodes - 1)
+    if any(args.stall_limits):
+        chunk = min(chunk, MIN_LONG_CHUNK)  # the pacer's smallest share
     args.decode_output_len = args.long_prompts * (args.long_prompt_len // chunk + 4) + 16
     max_len = max(max_len, args.decode_prompt_len + args.decode_output_len)
     common = dict(model=str(model), device="cpu", max_num_seqs=args.decodes + 1, max_model_len=max_len,
                   kv_cache_memory_mb=1024)
-    engines = {f"chunked_{b}": LLMEngine.from_config(EngineConfig(**common, max_num_batched_tokens=b))
-               for b in args.budgets}
+    engines = {f"chunked_{b}_stall_{limit:g}": LLMEngine.from_config(
+                   EngineConfig(**common, max_num_batched_tokens=b, decode_stall_limit=limit))
+               for b in args.budgets for limit in args.stall_limits}
     engines["unchunked"] = LLMEngine.from_config(EngineConfig(**common, enable_chunked_prefill=False))
-    first = f"chunked_{args.budgets[0]}"
+    first = next(iter(engines))
 
     per: dict[str, dict[str, list[float]]] = {}
     for repeat in range(args.repeats):

@@ -40,6 +40,9 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     # a long prompt is computed a chunk per step beside the running decodes (vLLM's flag, on by default)
     enable_chunked_prefill: bool = True
+    # while requests decode, a step that also computes chunks of long prompts may take at most this
+    # many times a decode-only step (engine/prefill_pacer.py); 0: chunks fill the token budget (vLLM)
+    decode_stall_limit: float = 1.25
     max_waiting_requests: int = 1024  # waiting *sequences* (n per request); past this the API answers 503
     max_n: int | None = None  # samples per request; defaults to (and is capped by) max_num_seqs
     max_stop_strings: int = 16
@@ -145,6 +148,9 @@ class EngineConfig:
         if self.omp_threads_bind not in ("auto", "nobind") and not re.fullmatch(
                 r"\d+(-\d+)?(,\d+(-\d+)?)*", self.omp_threads_bind):
             raise ConfigError(f"--omp-threads-bind {self.omp_threads_bind!r}: expected auto, nobind or a CPU list like 1-3")
+        if self.decode_stall_limit != 0 and self.decode_stall_limit <= 1:
+            raise ConfigError(f"--decode-stall-limit {self.decode_stall_limit}: expected 0 (off) or a factor above 1, "
+                              "such as 1.25")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
 

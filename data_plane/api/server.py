@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         "on by default (--max-num-batched-tokens may then be below --max-model-len)",
     )
     p.add_argument(
+        "--decode-stall-limit", type=float, default=1.25,
+        help="while requests decode, a step that also computes chunks of a long prompt (over 256 new tokens) may "
+        "take at most this many times a step of the decodes alone, measured as the engine runs, so a long prompt "
+        "does not hold up their next tokens; 0 lets chunks fill --max-num-batched-tokens, as vLLM (default 1.25)",
+    )
+    p.add_argument(
         "--max-waiting-requests", type=int, default=1024,
         help="waiting sequences (a request counts n times) past which requests get 503",
     )
@@ -199,6 +205,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        decode_stall_limit=args.decode_stall_limit,
         max_waiting_requests=args.max_waiting_requests,
         max_n=args.max_n,
         max_stop_strings=args.max_stop_strings,

@@ -14,10 +14,14 @@ from data_plane.model.step_input import StepInput
 
 
 class BatchBuilder:
-    def __init__(self, block_size: int, device: torch.device, lora_slots: LoRASlotManager | None = None) -> None:
+    def __init__(
+        self, block_size: int, device: torch.device, lora_slots: LoRASlotManager | None = None,
+        fold_chunks: bool = False,
+    ) -> None:
         self.block_size = block_size
         self.device = device
         self.lora_slots = lora_slots
+        self.fold_chunks = fold_chunks  # see build_attention_metadata
 
     def build(self, sched: SchedulerOutput) -> tuple[StepInput, list[Sequence]]:
         """The step input and the sequences in the order of its logits rows: every decode and each
@@ -49,7 +53,7 @@ class BatchBuilder:
             table = seq.block_table[: -(-end // self.block_size)]
             prefill_entries.append(PrefillEntry(table, start, item.num_new_tokens))
 
-        attn = build_attention_metadata(decode_entries, prefill_entries, self.block_size, self.device)
+        attn = build_attention_metadata(decode_entries, prefill_entries, self.block_size, self.device, self.fold_chunks)
         adapter_ids = [s.adapter_id for s in sched.decodes] + [p.seq.adapter_id for p in sched.prefills]
         lora = None
         if self.lora_slots is not None and any(adapter_ids):  # base-only steps skip LoRA entirely

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -17,8 +18,9 @@ from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.output_processor import OutputProcessor
 from data_plane.engine.outputs import RequestOutput
+from data_plane.engine.prefill_pacer import PrefillPacer
 from data_plane.engine.sampling_params import SamplingParams, sample_seed
-from data_plane.engine.scheduler import Scheduler
+from data_plane.engine.scheduler import Scheduler, SchedulerOutput
 from data_plane.engine.sequence import FinishReason, Request, Sequence
 from data_plane.engine.worker import build_runner
 from data_plane.lora.slots import LoRAEngineStats, LoRASlotManager
@@ -89,8 +91,9 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, lora_slots,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            prefill_pacer=PrefillPacer(config.decode_stall_limit) if config.decode_stall_limit else None,
         )
-        self.builder = BatchBuilder(config.block_size, runner.device, lora_slots)
+        self.builder = BatchBuilder(config.block_size, runner.device, lora_slots, fold_chunks=runner.reads_kv_in_place)
         self.sampler = Sampler(tokenizer.eos_token_ids)
         self.outputs = OutputProcessor(tokenizer, config.max_model_len)
         self.requests: dict[str, _RequestState] = {}
@@ -167,9 +170,17 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return self._fail_unschedulable()
+        outputs = self._run(sched)
+        if self.scheduler.prefill_pacer is not None:
+            prefill_tokens = sum(item.num_new_tokens for item in sched.prefills)
+            self.scheduler.prefill_pacer.observe(len(sched.decodes), prefill_tokens, time.perf_counter() - started)
+        return outputs
+
+    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
         scheduled = sched.decodes + [item.seq for item in sched.prefills]
         try:
             step_input, seqs = self.builder.build(sched)  # seqs: those sampled, in logits-row order

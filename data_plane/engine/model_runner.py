@@ -41,6 +41,11 @@ class ModelRunner:
         return max(2, memory_mb * 2**20 // self._bytes_per_block())
 
     @property
+    def reads_kv_in_place(self) -> bool:
+        """Decode attention runs on a kernel that reads the paged cache in place (attention_kernels.py)."""
+        return any(getattr(m, "decode_kernel", None) is not None for m in self.model.modules())
+
+    @property
     def kv_cache_bytes(self) -> int:
         return self.num_blocks * self._bytes_per_block()
 

@@ -13,6 +13,10 @@ of its own that would stall them. Each step spends the budget in this order:
     2. the next chunk of every running sequence still in its prefill, oldest first
     3. waiting sequences (the admission passes below); the last one admitted may get a partial chunk
 
+While sequences decode, prompts longer than LONG_PREFILL_TOKENS share a part of the budget that
+the prefill pacer (prefill_pacer.py, `--decode-stall-limit`) sizes from measured step times, so that
+the decodes' steps stay within the stall limit; a long prompt then takes more, cheaper steps.
+
 A sequence gets KV blocks for its whole prompt when it is admitted, so a prefill in progress never
 needs a block mid-way; it samples its first token in the step whose chunk reaches its last token.
 Without chunking a prompt is admitted only when all its new tokens fit the budget left.
@@ -44,6 +48,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from data_plane.engine.block_manager import BlockManager
+from data_plane.engine.prefill_pacer import LONG_PREFILL_TOKENS, PrefillPacer
 from data_plane.engine.sequence import Sequence, SequenceStatus
 from data_plane.lora.slots import LoRASlotManager
 
@@ -57,11 +62,35 @@ class _Verdict(enum.Enum):
     NOT_RESIDENT = "not_resident"  # its adapter has no slot and this pass loads none
 
 
+class _LongPrefillShare:
+    """Tokens of long prompts this step may still compute beside its decodes (prefill_pacer.py). The
+    pacer is asked once a step, and only when a long prompt is scheduled: it grows its share only over
+    steps that use it."""
+
+    def __init__(self, pacer: PrefillPacer | None, num_decodes: int) -> None:
+        self._pacer = pacer if num_decodes else None  # nothing to stall without decodes
+        self._num_decodes = num_decodes
+        self._left: int | None = None
+
+    def cap(self, seq: Sequence, num_new: int) -> int:
+        """How many of `num_new` tokens of `seq`'s prefill this step may compute."""
+        if self._pacer is None or len(seq) <= LONG_PREFILL_TOKENS:
+            return num_new
+        if self._left is None:
+            self._left = self._pacer.long_prefill_budget(self._num_decodes)
+        return min(num_new, self._left)
+
+    def spend(self, seq: Sequence, num_new: int) -> None:
+        if self._left is not None and len(seq) > LONG_PREFILL_TOKENS:
+            self._left -= num_new
+
+
 @dataclass
 class _Admission:
     """One step's admission, shared by its passes."""
 
     token_budget: int
+    long_share: _LongPrefillShare
     busy: set[int]  # adapters of running and admitted sequences: their slots are not evicted
     held_back: int | None = None  # the adapter drained for an overdue head
     admitted: set[int] = field(default_factory=set)  # seq ids
@@ -105,6 +134,7 @@ class Scheduler:
         lora_slots: LoRASlotManager | None = None,
         max_slot_wait_steps: int = MAX_SLOT_WAIT_STEPS,
         enable_chunked_prefill: bool = False,
+        prefill_pacer: PrefillPacer | None = None,
     ) -> None:
         self.block_manager = block_manager
         self.lora_slots = lora_slots
@@ -112,6 +142,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_slot_wait_steps = max_slot_wait_steps
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.prefill_pacer = prefill_pacer if enable_chunked_prefill else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -128,8 +159,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._schedule_decodes(out)
-        token_budget = self._continue_prefills(out, self.max_num_batched_tokens - len(out.decodes))
-        self._admit_waiting(out, token_budget)
+        long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes))
+        token_budget = self._continue_prefills(out, self.max_num_batched_tokens - len(out.decodes), long_share)
+        self._admit_waiting(out, token_budget, long_share)
         return out
 
     def _schedule_decodes(self, out: SchedulerOutput) -> None:
@@ -151,21 +183,25 @@ class Scheduler:
                 out.decodes.append(seq)
         self.running = running
 
-    def _continue_prefills(self, out: SchedulerOutput, token_budget: int) -> int:
-        """The next chunk of each running prefill, oldest first, within the budget; answers what is left."""
+    def _continue_prefills(self, out: SchedulerOutput, token_budget: int, long_share: _LongPrefillShare) -> int:
+        """The next chunk of each running prefill, oldest first, within the budget and the long
+        prompts' share; answers what is left of the budget."""
         for seq in self.running:
             if token_budget <= 0:
                 break
             if is_prefilling(seq):
-                chunk = min(len(seq) - seq.num_computed_tokens, token_budget)
+                chunk = long_share.cap(seq, min(len(seq) - seq.num_computed_tokens, token_budget))
+                if chunk <= 0:
+                    continue  # the long prompts' share is spent; shorter prefills behind may still run
                 out.prefills.append(ScheduledPrefill(seq, chunk))
+                long_share.spend(seq, chunk)
                 token_budget -= chunk
         return token_budget
 
-    def _admit_waiting(self, out: SchedulerOutput, token_budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, token_budget: int, long_share: _LongPrefillShare) -> None:
         if not self.waiting:
             return
-        step = _Admission(token_budget, {s.adapter_id for s in self.running})
+        step = _Admission(token_budget, long_share, {s.adapter_id for s in self.running})
         head = self.waiting[0]
         load = True
         if self._waited.get(head.seq_id, 0) >= self.max_slot_wait_steps:
@@ -204,8 +240,8 @@ class Scheduler:
         num_new = self.block_manager.plan_allocation(seq)
         if len(self.running) >= self.max_num_seqs or num_new is None:
             return _Verdict.NO_ROOM
-        if self.enable_chunked_prefill:
-            num_new = min(num_new, step.token_budget)  # the first chunk; the rest in later steps
+        if self.enable_chunked_prefill:  # the first chunk; the rest in later steps
+            num_new = step.long_share.cap(seq, min(num_new, step.token_budget))
         if num_new <= 0 or num_new > step.token_budget:
             return _Verdict.NO_ROOM
         if not resident and not self.lora_slots.ensure_resident(adapter, seq.request.lora, step.busy):
@@ -215,6 +251,7 @@ class Scheduler:
             self.lora_slots.use(adapter)
         self.block_manager.allocate(seq)
         step.token_budget -= num_new
+        step.long_share.spend(seq, num_new)
         step.admitted.add(seq.seq_id)
         self._waited.pop(seq.seq_id, None)
         seq.status = SequenceStatus.RUNNING

@@ -16,6 +16,7 @@ from data_plane.api.server import build_parser, config_from_args
 from data_plane.config import ConfigError, EngineConfig
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.llm_engine import LLMEngine
+from data_plane.engine.prefill_pacer import LONG_PREFILL_TOKENS, MIN_LONG_CHUNK, PrefillPacer
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.scheduler import Scheduler
 from data_plane.engine.sequence import Request, Sequence
@@ -211,3 +212,52 @@ def test_chunked_prefill_flags(tmp_path: Path):
         config("--no-enable-chunked-prefill", "--max-num-batched-tokens", "256").finalize(model_max_len=4096)
     with pytest.raises(ConfigError, match="--max-num-seqs"):
         config("--max-num-batched-tokens", "64").finalize(model_max_len=4096)  # 128 decodes cannot fit 64
+    assert default.decode_stall_limit == 1.25 and config("--decode-stall-limit", "0").decode_stall_limit == 0
+    with pytest.raises(ConfigError, match="--decode-stall-limit"):
+        config("--decode-stall-limit", "0.5")
+
+
+def _decoding(scheduler: Scheduler, count: int) -> list[Sequence]:
+    """`count` sequences past their prompts, decoding."""
+    seqs = [_seq(i, 3) for i in range(count)]
+    for seq in seqs:
+        scheduler.add(seq)
+    scheduler.schedule()
+    for seq in seqs:
+        seq.num_computed_tokens = len(seq)
+        seq.output_token_ids.append(9)
+    return seqs
+
+
+def test_long_prompts_beside_decodes_get_the_pacers_share_and_short_ones_run_whole():
+    pacer = PrefillPacer(1.25)
+    for _ in range(4):
+        pacer.observe(3, 0, 0.010)
+    scheduler = Scheduler(BlockManager(512, block_size=4), max_num_seqs=8, max_num_batched_tokens=1024,
+                          enable_chunked_prefill=True, prefill_pacer=pacer)
+    _decoding(scheduler, 3)
+    long, short = _seq(10, LONG_PREFILL_TOKENS + 100), _seq(11, LONG_PREFILL_TOKENS)
+    scheduler.add(long)
+    scheduler.add(short)
+    out = scheduler.schedule()
+    share = pacer.long_prefill_budget(3)
+    assert share < 1024 - 3  # what the token budget alone would have given the long prompt
+    assert [(p.seq, p.num_new_tokens) for p in out.prefills] == [(long, share), (short, len(short))]
+    # with no decodes running, nothing is stalled: the long prompt takes what the budget leaves
+    idle = Scheduler(BlockManager(512, block_size=4), max_num_seqs=8, max_num_batched_tokens=128,
+                     enable_chunked_prefill=True, prefill_pacer=pacer)
+    idle.add(_seq(12, LONG_PREFILL_TOKENS + 100))
+    assert [p.num_new_tokens for p in idle.schedule().prefills] == [128]
+
+
+def test_a_paced_long_prompt_beside_decodes_gives_transformers_tokens(engine_checkpoints):
+    path = engine_checkpoints["qwen2"]
+    prompts = _prompts([20, 24, LONG_PREFILL_TOKENS + 60, 16], seed=26)
+    expected = hf_greedy(load_hf(path), prompts, 16)
+    engine = make_engine(path, max_num_seqs=8)  # the defaults: budget 2048, stall limit 1.25
+    records = record_steps(engine)
+    assert run(engine, prompts, greedy(16), arrive_every=3) == expected
+    beside = [new for r in records if r.num_decodes for new, left in r.chunks if left > LONG_PREFILL_TOKENS]
+    # the long prompt was cut into chunks beside the decodes, the first no more than twice the smallest
+    assert beside and beside[0] <= 2 * MIN_LONG_CHUNK
+    assert engine.block_manager.num_used_blocks == 0

@@ -9,7 +9,12 @@ import torch.nn.functional as F
 
 from data_plane.model.attention import PagedAttention
 from data_plane.model.attention_kernels import load_cpu_decode_attention
-from data_plane.model.attention_metadata import DecodeEntry, PrefillEntry, build_attention_metadata
+from data_plane.model.attention_metadata import (
+    FOLDED_CHUNK_TOKENS,
+    DecodeEntry,
+    PrefillEntry,
+    build_attention_metadata,
+)
 
 H, HKV, D, BS = 4, 2, 8, 4
 CPU = torch.device("cpu")
@@ -73,3 +78,24 @@ def test_cached_prefix_and_mixed_decode_prefill(attn):
     )
     torch.testing.assert_close(out[0], _reference(*a)[-1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[1:], _reference(*b)[4:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_short_chunks_of_cached_prompts_as_decode_rows_match_reference(attn, fold):
+    """A decode beside two continuing chunks (the first short enough to fold into decode rows, the second
+    not) and a fresh prompt: each token's output is the reference's, folded or gathered."""
+    cache = torch.zeros(2, 256, HKV, D)
+    a, b, c, d = _qkv(9), _qkv(12 + FOLDED_CHUNK_TOKENS), _qkv(12 + FOLDED_CHUNK_TOKENS + 2), _qkv(5)
+    ta, tb, tc, td = [0, 1, 2], [3, 4, 5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18], [19, 20]
+    _step(attn, cache, [], [PrefillEntry(ta, 0, 8), PrefillEntry(tb, 0, 12), PrefillEntry(tc, 0, 12)],
+          [tuple(x[:8] for x in a), tuple(x[:12] for x in b), tuple(x[:12] for x in c)])
+    decode = [DecodeEntry(ta, 9)]
+    prefill = [PrefillEntry(tb, 12, FOLDED_CHUNK_TOKENS), PrefillEntry(tc, 12, FOLDED_CHUNK_TOKENS + 2), PrefillEntry(td, 0, 5)]
+    meta = build_attention_metadata(decode, prefill, BS, CPU, fold_chunks=fold and attn.decode_kernel is not None)
+    parts = [tuple(x[8:] for x in a), tuple(x[12:] for x in b), tuple(x[12:] for x in c), d]
+    q, k, v = (torch.cat(p) for p in zip(*parts, strict=True))
+    out = attn(q, k, v, cache, meta)
+    if fold and attn.decode_kernel is not None:
+        assert meta.num_decode_tokens == 1 + FOLDED_CHUNK_TOKENS and meta.num_prefill_seqs == 2  # b's chunk is rows, c's is not
+    expected = torch.cat([_reference(*a)[8:], _reference(*b)[12:], _reference(*c)[12:], _reference(*d)])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
