@@ -207,7 +207,7 @@ class ArtifactCache:
         await self._make_room(size)
         self._reserved += size
         try:
-            contents = await self.fetcher.receive(manifest)
+            received = await self.fetcher.receive(manifest)
         except BaseException:
             self.stats.fetch_failures += 1
             self._reserved -= size
@@ -215,7 +215,8 @@ class ArtifactCache:
         self.stats.fetches += 1
         folder = self.root / ref.digest
         for f in manifest.files:
-            self.verified.hold(folder / f.name, f.sha256, contents[f.name])
+            self.verified.hold(folder / f.name, f.sha256, received[f.name].data, received[f.name].stage)
+        contents = {name: r.data for name, r in received.items()}
         # named here; `_write` makes it at once, so its appearance is when the version was verified
         partial = self.root / PARTIAL_DIR / f"{ref.digest}.{secrets.token_hex(4)}"
         loaded = self._loaded[ref.digest] = asyncio.Event()

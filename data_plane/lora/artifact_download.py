@@ -8,6 +8,9 @@ once at its listed size (`readinto` in 1 MiB steps: the socket copies into it wi
 the sha256 update of each step releases the GIL too. Nothing is written to disk here: the caller gets
 the verified bytes, parses them in memory and writes the cache's copy (artifact_cache), so a cold load
 neither waits for a file write inside the receive loop nor reads back the file it has just written.
+The weights file is also staged (`Download.staged`, artifact_staging): a second thread copies each
+tensor into the adapter's host layout once its bytes are in, so that the load has nothing left to copy;
+the stage is handed on only with bytes whose sha256 matched, and discarded on any failure.
 
 Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES), so the sender (the control
 plane, often on the same host) can only send as fast as this thread takes bytes, in windows of at most
@@ -32,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from data_plane.lora.artifact_staging import TensorStage
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.reader import BackgroundPace
 from data_plane.lora.safetensors_memory import Buffer, new_buffer
@@ -53,6 +57,7 @@ class Download:
     read_timeout_s: float  # connect, or one read
     deadline: float  # time.monotonic() by which the whole version must be in
     pace: BackgroundPace = field(default_factory=BackgroundPace)  # rests while the engine is busy
+    staged: bool = False  # a safetensors file copied into the host layout as it arrives (artifact_staging)
 
 
 class DownloadProblem(Exception):
@@ -87,7 +92,15 @@ def mismatch(f: ArtifactFile, detail: str) -> DownloadProblem:
     return DownloadProblem("checksum_mismatch", f"checksum mismatch for {f.name}: {detail}; nothing was loaded")
 
 
-def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> Buffer:
+@dataclass
+class Received:
+    """A file's verified bytes, and for the weights what its stage copied while they arrived."""
+
+    data: Buffer
+    stage: TensorStage | None = None
+
+
+def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> Received:
     """Blocking: GET `job.url`; its bytes, verified against `job.file` (size and sha256)."""
     conn = _connection(job.url, job.read_timeout_s)
     try:
@@ -108,9 +121,23 @@ def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int]
 
 
 def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threading.Event,
-             on_bytes: Callable[[int], None] | None) -> Buffer:
+             on_bytes: Callable[[int], None] | None) -> Received:
+    data = new_buffer(job.file.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
+    stage = TensorStage(data, job.pace) if job.staged else None
+    try:
+        _receive_into(job, response, data, stage, cancelled, on_bytes)
+    except BaseException:
+        if stage is not None:
+            stage.discard()  # unverified: nothing it copied may be used
+        raise
+    if stage is not None:
+        stage.finish()  # every byte matched: what it staged may be adopted once it is done
+    return Received(data, stage)
+
+
+def _receive_into(job: Download, response: http.client.HTTPResponse, data: Buffer, stage: TensorStage | None,
+                  cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> None:
     f = job.file
-    data = new_buffer(f.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
     view = memoryview(data)
     digest = hashlib.sha256()
     received = 0
@@ -129,13 +156,14 @@ def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threa
             raise mismatch(f, f"{received} bytes received, {f.size} listed")
         digest.update(view[received:received + n])  # hashlib releases the GIL for pieces this large
         received += n
+        if stage is not None:
+            stage.arrived(received)
         if on_bytes is not None:
             on_bytes(n)
     if response.length or response.read(1):  # the body goes on past the listed size
         raise mismatch(f, f"more than the {f.size} bytes listed")
     if digest.hexdigest() != f.sha256:
         raise mismatch(f, f"sha256 {digest.hexdigest()[:16]}… received, {f.sha256[:16]}… listed")
-    return data
 
 
 def _connection(url: str, timeout_s: float) -> http.client.HTTPConnection:

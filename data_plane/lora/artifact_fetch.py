@@ -34,10 +34,16 @@ from dataclasses import dataclass
 import httpx
 import msgspec
 
-from data_plane.lora.artifact_download import Download, DownloadProblem, as_error, download, status_problem
+from data_plane.lora.artifact_download import (
+    Download,
+    DownloadProblem,
+    Received,
+    as_error,
+    download,
+    status_problem,
+)
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.reader import BackgroundPace, fetch_off_loop
-from data_plane.lora.safetensors_memory import Buffer
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
@@ -166,8 +172,9 @@ class ArtifactFetcher:
                 f"holds (--lora-cache-max-bytes {self.max_bytes})", param="artifact", code="artifact_too_large")
         return manifest
 
-    async def receive(self, manifest: ArtifactManifest) -> dict[str, Buffer]:
-        """Every file of `manifest` (name -> bytes), each verified against its size and sha256."""
+    async def receive(self, manifest: ArtifactManifest) -> dict[str, Received]:
+        """Every file of `manifest` (name -> bytes), each verified against its size and sha256; the weights
+        also copied into the host layout as they arrived (artifact_staging), for the loader to adopt."""
         deadline = time.monotonic() + self.timeout_s  # the threads stop on their own by then too
         async with self._deadline(f"adapter {manifest.digest[:16]}…"):
             tasks = [asyncio.ensure_future(self._download_file(manifest, f, deadline)) for f in manifest.files]
@@ -176,7 +183,10 @@ class ArtifactFetcher:
             except BaseException:
                 for task in tasks:  # the first refusal stops the other files' downloads too
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                done = await asyncio.gather(*tasks, return_exceptions=True)
+                for received in done:  # a file verified before another failed: its stage is unused
+                    if isinstance(received, Received) and received.stage is not None:
+                        received.stage.discard()
                 raise
         return {f.name: data for f, data in zip(manifest.files, contents, strict=True)}
 
@@ -197,11 +207,11 @@ class ArtifactFetcher:
                           "untrusted_artifact_origin")
         return file_url(self.origins.control_plane, manifest.digest, f.name)
 
-    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> Buffer:
+    async def _download_file(self, manifest: ArtifactManifest, f: ArtifactFile, deadline: float) -> Received:
         url = self._file_url(manifest, f)
         job = Download(url=url, headers=self._auth if self.origins.is_control_plane(url) else {}, file=f,
                        where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
-                       deadline=deadline, pace=self.pace)
+                       deadline=deadline, pace=self.pace, staged=f.name == WEIGHTS_NAME)
         cancelled = threading.Event()
         try:
             return await fetch_off_loop(download, job, cancelled, self._on_bytes)

@@ -8,8 +8,9 @@ changed on disk since they were verified is dropped and fetched once more, never
 
 Nothing here touches the engine's step loop: the files are received and hashed in low-priority threads
 that rest while the engine is busy (artifact_download, reader.BackgroundPace), the registry's load
-parses the verified bytes off the loop (from memory; the cache writes its copy in the background once
-the load has its weights), as it reads any path.
+parses the verified bytes off the loop (from memory, adopting the host copy staged while they arrived:
+artifact_staging; the cache writes its copy in the background once the load has its weights), as it
+reads any path.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from data_plane.lora.artifact_staging import TensorStage
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_targets import TargetSpec, module_name, resolve_targets
-from data_plane.lora.safetensors_memory import Buffer, open_tensors
+from data_plane.lora.safetensors_memory import Buffer, all_finite, open_tensors
 from data_plane.lora.shared_tensors import TensorKey, allocate
 from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
@@ -65,6 +66,21 @@ def load_peft_adapter(
         shown = repr(str(path)[:128]) + ("…" if len(str(path)) > 128 else "")
         raise LoRAAdapterError(f"adapter path {shown} cannot be read ({exc.strerror or type(exc).__name__}); "
                                "pass the folder peft's save_pretrained wrote") from None
+    # held bytes of a fetched version: the host copy made as they arrived, if any (taken by one load)
+    stage = verified.take_stage(weights_path) if held is not None and verified is not None else None
+    try:
+        return _load(folder, config_bytes, weights, weights_path, weights_sha256, config, model_config, max_rank,
+                     dtype, stage)
+    finally:
+        if stage is not None:
+            stage.discard()  # a no-op once adopted (the file is the weights' then); else nothing is left of it
+
+
+def _load(
+    folder: Path, config_bytes: bytes, weights: Path | Buffer, weights_path: Path, weights_sha256: str | None,
+    config: dict[str, Any], model_config: ModelConfig, max_rank: int, dtype: torch.dtype,
+    stage: TensorStage | None,
+) -> LoRAAdapterWeights:
     spec = TargetSpec.from_peft_config(config)
     targets = resolve_targets(spec, model_config)  # (layer, short) -> (rank, alpha)
     rank = max(r for r, _ in targets.values())
@@ -76,10 +92,18 @@ def load_peft_adapter(
         )
     loaded = _read_tensors(weights, targets, model_config)
     # The host copy: one shared-memory file (shared_tensors.py) that the engine-core process maps as it is,
-    # written once, in the slots' input-major layout. It is removed here on any refusal from now on.
-    views, shared = allocate(_input_major_shapes(loaded), dtype)
+    # written once, in the slots' input-major layout: made while the bytes arrived (a fetched version's
+    # stage, adopted if it holds exactly these tensors), or here. It is removed on any refusal from now on.
+    shapes = _input_major_shapes(loaded)
+    part = {"lora_A": "a_t", "lora_B": "b_t"}
+    staged = stage.adopt({(layer, short, part[ab]): name for (layer, short, ab), (name, _) in loaded.items()},
+                         shapes, dtype) if stage is not None else None
+    if staged is not None:
+        views, shared, finite = staged.views, staged.layout, staged.finite
+    else:
+        (views, shared), finite = allocate(shapes, dtype), None
     try:
-        _check_and_copy(loaded, targets, views)
+        _check_and_copy(loaded, targets, views, finite)
         layers: dict[int, dict[str, LoRAModuleWeights]] = {}
         for (layer, short), (r, alpha) in sorted(targets.items()):
             scaling = alpha / math.sqrt(r) if spec.use_rslora else alpha / r
@@ -204,28 +228,20 @@ def _input_major_shapes(loaded: Loaded) -> dict[TensorKey, list[int]]:
 
 def _check_and_copy(
     loaded: Loaded, targets: dict[tuple[int, str], tuple[int, int | float]], views: dict[TensorKey, torch.Tensor],
+    staged_finite: dict[TensorKey, bool] | None,
 ) -> None:
-    """Refuse what cannot be served, else copy each tensor transposed (and cast) into its view: one pass."""
+    """Refuse what cannot be served, else copy each tensor transposed (and cast) into its view: one pass.
+    `staged_finite`: the views hold the copies already, made (and checked for NaN/inf) as the bytes arrived."""
     for layer, short in targets:
         for ab, part in (("lora_A", "a_t"), ("lora_B", "b_t")):
             key, tensor = loaded[(layer, short, ab)]
             if not tensor.is_floating_point():
                 raise LoRAAdapterError(f"tensor {key} has dtype {tensor.dtype}; LoRA weights must be floating point")
-            if not _all_finite(tensor):
+            finite = staged_finite[(layer, short, part)] if staged_finite is not None else all_finite(tensor)
+            if not finite:
                 raise LoRAAdapterError(f"tensor {key} contains NaN or infinite values; the adapter is broken")
-            views[(layer, short, part)].copy_(tensor.T)
-
-
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """No NaN or infinity in `tensor`: its min and max (one pass that allocates nothing; NaN propagates
-    through both) are finite. `isfinite(t).all()` builds a bool tensor as long as the weights first,
-    about a quarter of the load's time on a fresh VM page here."""
-    if tensor.numel() == 0:
-        return True
-    if tensor.dtype.itemsize == 1:  # float8: no min/max kernels
-        return bool(torch.isfinite(tensor.float()).all())
-    lo, hi = torch.aminmax(tensor)
-    return math.isfinite(lo.item()) and math.isfinite(hi.item())
+            if staged_finite is None:
+                views[(layer, short, part)].copy_(tensor.T)
 
 
 def _check_names_and_shapes(

@@ -30,12 +30,15 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
 ALIGN = 64
 PREFIX = "loraplane-adapter-"
 TensorKey = tuple[int, str, str]  # (layer, module short name, "a_t" | "b_t")
+K = TypeVar("K")  # a layout's keys: TensorKey for an adapter's host copy, tensor names while staged
+K2 = TypeVar("K2")
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,10 @@ class TensorSpan:
     shape: tuple[int, ...]
 
 
-class SharedLayout:
+class SharedLayout(Generic[K]):
     """Where tensors lie in one shared file: what a process needs to map them. Owns the file."""
 
-    def __init__(self, file: str, size: int, dtype: torch.dtype, spans: dict[TensorKey, TensorSpan]) -> None:
+    def __init__(self, file: str, size: int, dtype: torch.dtype, spans: dict[K, TensorSpan]) -> None:
         self.file = file
         self.size = size  # bytes, > 0
         self.dtype = dtype
@@ -58,13 +61,19 @@ class SharedLayout:
         """Remove the file now; mappings made before keep their pages."""
         self._remove()
 
+    def rekeyed(self, keys: Mapping[K2, K]) -> SharedLayout[K2]:
+        """The same file under other keys (`keys`: new key -> old key), owning it from now on: this
+        layout no longer removes it (a stage's tensors, named by the file, adopted by the loader)."""
+        if not self._remove.alive:
+            raise FileNotFoundError(self.file)
+        self._remove.detach()
+        return SharedLayout(self.file, self.size, self.dtype, {new: self.spans[old] for new, old in keys.items()})
+
     def __reduce__(self) -> object:
         raise TypeError("a SharedLayout owns its file and is not copied to another process; send its fields")
 
 
-def allocate(
-    shapes: Mapping[TensorKey, Sequence[int]], dtype: torch.dtype,
-) -> tuple[dict[TensorKey, torch.Tensor], SharedLayout]:
+def allocate(shapes: Mapping[K, Sequence[int]], dtype: torch.dtype) -> tuple[dict[K, torch.Tensor], SharedLayout[K]]:
     """A new shared file holding one tensor of `dtype` per entry of `shapes`: (writable views, its layout)."""
     spans, size = {}, 0
     for key, shape in shapes.items():

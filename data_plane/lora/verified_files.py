@@ -12,7 +12,10 @@ in memory only: after a restart the first load of a cached version hashes it onc
 Held bytes (`hold`, while the cache's `acquire` that fetched them lasts): the buffer whose every byte
 matched the manifest's sha256 in memory, so the first load parses it there (views of the buffer, no
 re-read of the cached file, no copy) instead of mapping the file it was just written to. What the
-loader gets is exactly what was hashed, whatever happens to the file on disk meanwhile.
+loader gets is exactly what was hashed, whatever happens to the file on disk meanwhile. With the
+weights, their stage (artifact_staging: the host copy made while they arrived) is held too, for the
+first load to adopt (`take_stage`, once: a second load of the same bytes copies them itself); one
+nobody adopted is discarded with the held bytes.
 Paths are keyed by their real path, as the loader names them.
 """
 
@@ -22,6 +25,7 @@ import os
 import threading
 from pathlib import Path
 
+from data_plane.lora.artifact_staging import TensorStage
 from data_plane.lora.safetensors_memory import Buffer
 
 Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode, device
@@ -43,6 +47,7 @@ class VerifiedFiles:
     def __init__(self) -> None:
         self._known: dict[str, tuple[Stamp, str]] = {}
         self._held: dict[str, tuple[str, Buffer]] = {}  # path -> (sha256, the verified bytes)
+        self._stages: dict[str, TensorStage] = {}  # path -> its held bytes' stage, until adopted
         self._lock = threading.Lock()  # the cache publishes on the loop, loaders ask from reader threads
 
     def remember(self, path: Path, sha256: str) -> None:
@@ -51,11 +56,17 @@ class VerifiedFiles:
             with self._lock:
                 self._known[_key(path)] = (stamp, sha256)
 
-    def hold(self, path: Path, sha256: str, contents: Buffer) -> None:
+    def hold(self, path: Path, sha256: str, contents: Buffer, stage: TensorStage | None = None) -> None:
         """`contents` are the bytes of `path` whose sha256 was checked in memory (the caller no longer
-        writes them); answered by `contents_of` until `release_under`."""
+        writes them), `stage` what was staged from them; answered by `contents_of` and `take_stage` until
+        `release_under`."""
         with self._lock:
             self._held[_key(path)] = (sha256, contents)
+            replaced = self._stages.pop(_key(path), None)
+            if stage is not None:
+                self._stages[_key(path)] = stage
+        if replaced is not None:
+            replaced.discard()
 
     def release_under(self, folder: Path) -> None:
         """Drop the held bytes of files in `folder` (their file is the copy from now on)."""
@@ -63,13 +74,21 @@ class VerifiedFiles:
         with self._lock:
             for key in [k for k in self._held if k.startswith(prefix)]:
                 del self._held[key]
+            stages = [self._stages.pop(k) for k in [k for k in self._stages if k.startswith(prefix)]]
+        for stage in stages:
+            stage.discard()
 
     def forget_under(self, folder: Path) -> None:
+        self.release_under(folder)
         prefix = _key(folder) + os.sep
         with self._lock:
-            for table in (self._known, self._held):
-                for key in [k for k in table if k.startswith(prefix)]:
-                    del table[key]
+            for key in [k for k in self._known if k.startswith(prefix)]:
+                del self._known[key]
+
+    def take_stage(self, path: Path) -> TensorStage | None:
+        """The stage of `path`'s held bytes, handed out once (whoever takes it adopts or discards it)."""
+        with self._lock:
+            return self._stages.pop(_key(path), None)
 
     def contents_of(self, path: Path) -> tuple[str, Buffer] | None:
         """(sha256, bytes) of `path` as verified in memory, if still held."""

@@ -42,7 +42,7 @@ def fetcher_for(cp: ArtifactServer, *, store: str | None = None, max_bytes: int 
 
 def as_bytes(contents: dict) -> dict[str, bytes]:
     """Received files as bytes (a large one arrives in an anonymous mapping, a small one in a bytearray)."""
-    return {name: bytes(data) for name, data in contents.items()}
+    return {name: bytes(received.data) for name, received in contents.items()}
 
 
 @pytest.fixture

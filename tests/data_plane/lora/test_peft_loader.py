@@ -19,6 +19,7 @@ from peft.utils.other import get_pattern_key
 from safetensors.torch import load_file, save_file
 
 from data_plane.demo.cli import main as demo_main
+from data_plane.lora.artifact_staging import TensorStage
 from data_plane.lora.demo_adapters import DEMO_ADAPTERS, write_demo_adapters
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.peft_loader import load_peft_adapter
@@ -346,33 +347,53 @@ def test_tolerates_adapter_name_in_tensor_keys(tiny_checkpoints, peft_adapters, 
         _load(adapter, tiny_checkpoints["llama"])
 
 
-def _load_held(adapter: Path, base: Path, root: Path, **kwargs) -> LoRAAdapterWeights:
+def _load_held(adapter: Path, base: Path, root: Path, staged: bool = False,
+               on_staged: Callable[[], None] = lambda: None, **kwargs) -> LoRAAdapterWeights:
     """Load `adapter`'s files from verified bytes held in memory, under a folder that is not on disk (a
-    version just fetched, its cache copy not yet written): nothing may be read from the file system."""
+    version just fetched, its cache copy not yet written): nothing may be read from the file system.
+    `staged`: the weights also come with the stage a download makes (artifact_staging), fed in pieces."""
     held = root / "fetched"
     verified = VerifiedFiles()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         data = bytearray((adapter / name).read_bytes())
-        verified.hold(held / name, hashlib.sha256(data).hexdigest(), data)
-    return load_peft_adapter(held, ModelConfig.from_pretrained(base), max_rank=64, allowed_roots=[str(root)],
-                             verified=verified, **kwargs)
+        stage = None
+        if staged and name == "adapter_model.safetensors":
+            stage = TensorStage(data)
+            for end in range(0, len(data), 1000):
+                stage.arrived(end)
+            stage.arrived(len(data))
+            stage.finish()
+            on_staged()
+        verified.hold(held / name, hashlib.sha256(data).hexdigest(), data, stage)
+    try:
+        return load_peft_adapter(held, ModelConfig.from_pretrained(base), max_rank=64, allowed_roots=[str(root)],
+                                 verified=verified, **kwargs)
+    finally:
+        verified.release_under(held)  # as the cache does once its copy is written: a stage not taken is discarded
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["held", "staged"])
 @pytest.mark.parametrize("kind", SUPPORTED_KINDS)
-def test_held_bytes_load_as_the_files_do(kind, tiny_checkpoints, peft_adapters, tmp_path) -> None:
+def test_held_bytes_load_as_the_files_do(kind, staged, tiny_checkpoints, peft_adapters, tmp_path) -> None:
     base, adapter = tiny_checkpoints["llama"], peft_adapters("llama", kind)
-    ours = _load_held(adapter, base, tmp_path)
+    before = own_shared_files()
+    made: list[set[Path]] = []  # the files that exist once the stage is done: its own, when staged
+    ours = _load_held(adapter, base, tmp_path, staged, on_staged=lambda: made.append(own_shared_files() - before))
     assert not (tmp_path / "fetched").exists()
     _assert_matches_peft(ours, base, adapter)
     assert ours.sha256 == _load(adapter, base).sha256  # the same version digest as from disk
+    assert ours.shared is not None and own_shared_files() - before == {Path(ours.shared.file)}  # one host copy
+    if staged:  # ... which is the stage's: the load adopted it, copying nothing
+        assert made == [{Path(ours.shared.file)}]
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["held", "staged"])
 @pytest.mark.parametrize("name", [n for n in REFUSALS if not n.startswith("missing")])
-def test_held_bytes_are_refused_for_the_same_causes(name, tiny_checkpoints, peft_adapters, tmp_path) -> None:
+def test_held_bytes_are_refused_for_the_same_causes(name, staged, tiny_checkpoints, peft_adapters, tmp_path) -> None:
     mutate, cause = REFUSALS[name]
     adapter = shutil.copytree(peft_adapters("llama", "attention"), tmp_path / "adapter")
     mutate(adapter)
     before = own_shared_files()
     with pytest.raises(LoRAAdapterError, match=cause):
-        _load_held(adapter, tiny_checkpoints["llama"], tmp_path)
-    assert own_shared_files() == before
+        _load_held(adapter, tiny_checkpoints["llama"], tmp_path, staged)
+    assert own_shared_files() == before  # the stage's file too: nothing is left of a refused load
