@@ -32,6 +32,11 @@ import warnings
 from control_plane.settings import ControlPlaneSettings, parse_max_replicas
 from shared.logging_setup import add_log_format_argument, configure_logging
 
+# On SIGTERM, connections still open this long after the server stopped accepting are closed: a slow
+# artifact download or a client that keeps its connection must not hold the shutdown past a process
+# manager's kill (an engine whose fetch is cut retries it on the next reconcile pass)
+GRACEFUL_SHUTDOWN_S = 10
+
 logger = logging.getLogger("loraplane.control")
 
 
@@ -144,5 +149,5 @@ def _serve(settings: ControlPlaneSettings) -> int:
     logger.info("control plane on http://%s:%d (%s)", settings.host, settings.port, settings.safe_database_url)
     # log_config=None: uvicorn's loggers keep the handler configure_logging set (one format for all)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=None)
+                log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     return 0

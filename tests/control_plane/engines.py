@@ -15,6 +15,7 @@ import uvicorn
 from litestar import Litestar
 
 from control_plane.app import create_app
+from control_plane.cli import GRACEFUL_SHUTDOWN_S
 from control_plane.settings import ControlPlaneSettings
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 
@@ -81,7 +82,8 @@ async def served_control_plane(settings: ControlPlaneSettings, port: int) -> Asy
 @contextlib.contextmanager
 def serve_app(app: Litestar, port: int) -> Iterator[str]:
     """`app` on 127.0.0.1:`port` in a thread of its own (its own event loop) until the block ends."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on",
+                                           timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
     thread = threading.Thread(target=server.run, name=f"control-plane:{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
