@@ -14,7 +14,8 @@ in alternating order:
   plane, verify, cache, load) vs with `lora_path` (the same files under its --lora-roots), each timed to
   the first streamed token of a request to it; fetch+verify MB/s = size / (load call → the moment every
   sha256 matched in memory, which the cache marks by creating the version's folder under .partial/ to
-  write it into, in the background, while the load parses the verified bytes);
+  write it into, in the background, while the load parses the verified bytes; by then the weights are
+  also in the adapter's host copy, copied as they arrived: data_plane/lora/artifact_staging.py);
 - p99 inter-token latency of another (small) adapter's streaming decode while a cold fetch runs vs steady,
   with how long that fetch and its load took meanwhile (a fetch that waited for the decode to end, as an
   idle-class download thread did, is counted in loads_outliving_the_1500_token_decode).

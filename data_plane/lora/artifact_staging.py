@@ -16,18 +16,19 @@ would have copied, in its own dtype. Bytes the stage cannot handle (a header it 
 that is not a 2-D float) are simply not staged; the loader then copies from the verified bytes itself
 and refuses what it refuses for a file.
 
-Pacing: while the engine has requests, the stage does not run beside the download: it waits for the last
-byte, then copies resting as the download does (reader.BackgroundPace, by its CPU seconds), so that the
-background work never takes more than one paced thread's share from the decoding requests (two at once
-raised their p99 inter-token latency). While the engine is idle both run at once, at full speed, at
-the fetch threads' nice value.
+Only while the engine is idle: the stage overlaps the copy with the receive to use a CPU nobody uses.
+While the engine has requests there is none to spare (the download rests so as to take at most a
+quarter of one, reader.BackgroundPace), and staging would only move the copy into the download's window
+and beside its work; so a stage that finds the engine busy gives up, removes what it made, and the
+loader copies after the last byte as it did before (bench/artifacts.py --repeats 3, three runs each: the
+other adapter's p99 inter-token latency while fetching was 1.51, 1.62 and 1.66x steady with a stage that
+waited for the last byte and copied paced, 1.11, 1.41 and 1.42x without one).
 """
 
 from __future__ import annotations
 
 import struct
 import threading
-import time
 from collections.abc import Mapping
 
 import torch
@@ -38,7 +39,6 @@ from data_plane.lora.shared_tensors import SharedLayout, TensorKey, allocate
 
 # the PEFT loader's host dtype (registry.loader_for keeps host copies float32); `adopt` checks it
 STAGED_DTYPE = torch.float32
-BUSY_POLL_S = 0.02  # while it waits for an idle engine: how often it looks again
 
 
 class StagedCopy:
@@ -57,7 +57,7 @@ class TensorStage:
 
     def __init__(self, buffer: Buffer, pace: BackgroundPace | None = None) -> None:
         self._buffer = buffer
-        self._pace = pace if pace is not None else BackgroundPace()
+        self._pace = pace if pace is not None else BackgroundPace()  # its `busy`: whether to give up
         self._changed = threading.Condition()
         self._arrived = 0
         self._complete = self._stopped = False
@@ -114,8 +114,8 @@ class TensorStage:
         try:
             while True:
                 with self._changed:
-                    while not (self._stopped or self._complete or (self._ready(self._arrived) and not self._busy())):
-                        self._changed.wait(BUSY_POLL_S)
+                    while not (self._stopped or self._complete or self._ready(self._arrived)):
+                        self._changed.wait()
                     if self._stopped:
                         return
                     available, complete = self._arrived, self._complete
@@ -125,9 +125,16 @@ class TensorStage:
         except Exception:  # noqa: BLE001 - bytes it cannot stage: the loader reads them and says why
             self._failed = True
 
-    def _busy(self) -> bool:
-        """Whether to wait: the engine has requests and the download still runs."""
-        return not self._complete and self._pace.busy()
+    def _give_up_if_busy(self) -> bool:
+        """While the engine has requests: stop staging and remove what was made (module docstring)."""
+        if not self._pace.busy():
+            return False
+        self._failed = True
+        if self._layout is not None:
+            self._layout.remove()
+            self._layout = None
+        self._views.clear()
+        return True
 
     def _ready(self, available: int) -> bool:
         """Whether `available` bytes let it make progress (so it does not wake for every piece)."""
@@ -137,21 +144,17 @@ class TensorStage:
 
     def _advance(self, available: int) -> None:
         if self._spans is None:
-            if available < 8 or 8 + _header_length(self._buffer) > available:
+            if available < 8 or 8 + _header_length(self._buffer) > available or self._give_up_if_busy():
                 return
             self._start()
-        worked = time.thread_time()
         while self._pending and self._pending[-1][0] <= available and not self._stopped:
-            if self._busy():  # not beside the download (module docstring): until its last byte, or idle
+            if self._give_up_if_busy():
                 return
             _, name = self._pending.pop()
             assert self._spans is not None
             tensor = span_tensor(self._buffer, self._spans[name])  # [r, in] or [out, r]
             self._finite[name] = all_finite(tensor)
             self._views[name].copy_(tensor.T)  # input-major: [in, r] or [r, out], cast
-            now = time.thread_time()
-            self._pace.rest(now - worked)
-            worked = time.thread_time()
 
     def _start(self) -> None:
         """The header is in: the shared file for every tensor, or `_failed` if any is not a 2-D float."""

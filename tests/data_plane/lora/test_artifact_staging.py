@@ -1,12 +1,11 @@
 """TensorStage: a fetched weights file copied into the host layout while it arrives is used only once every
-byte matched its sha256 (else nothing of it is left), waits for the download's end while the engine is
-busy, and is what the loader adopts (tests/data_plane/lora/test_peft_loader.py's held-bytes tests run
+byte matched its sha256 (else nothing of it is left), is given up while the engine is busy, and is what
+the loader adopts (tests/data_plane/lora/test_peft_loader.py's held-bytes tests run
 staged too: the same tensors and refusals as from the files)."""
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,23 +84,25 @@ async def test_a_flipped_byte_refuses_the_load_and_leaves_nothing_staged(where, 
     assert own_shared_files() == before  # the stage's copy of the unverified bytes is gone
 
 
-def test_while_the_engine_is_busy_the_stage_waits_for_the_last_byte(peft_adapters):
-    """Beside a download both would take CPU from the decoding requests: the stage copies nothing (not
-    even allocating its file) until the download is over, then all of it."""
-    data = bytearray((peft_adapters("llama", "patterns") / WEIGHTS).read_bytes())
-    asked = threading.Semaphore(0)
-
-    def busy() -> bool:
-        asked.release()
-        return True
-
+def test_a_stage_that_finds_the_engine_busy_gives_up_and_the_loader_copies(peft_adapters, tiny_checkpoints,
+                                                                            tmp_path):
+    """With requests in flight the stage would only add work beside the download: it copies nothing,
+    leaves no file, and the load copies the verified bytes itself (the same tensors)."""
+    base, adapter = tiny_checkpoints["llama"], peft_adapters("llama", "patterns")
+    data = bytearray((adapter / WEIGHTS).read_bytes())
     before = own_shared_files()
-    stage = TensorStage(data, BackgroundPace(busy, share=1.0))
-    stage.arrived(len(data))  # every byte is in, but the download has not ended
-    for _ in range(3):  # the stage has looked at the engine three times since
-        assert asked.acquire(timeout=30)
-    assert own_shared_files() == before
+    stage = TensorStage(data, BackgroundPace(lambda: True))
+    stage.arrived(len(data))
     stage.finish()
-    assert len(own_shared_files() - before) == 1
-    stage.discard()
     assert own_shared_files() == before
+    verified, folder = VerifiedFiles(), tmp_path / "fetched"
+    verified.hold(folder / "adapter_config.json", "0" * 64, bytearray((adapter / "adapter_config.json").read_bytes()))
+    verified.hold(folder / WEIGHTS, hashlib.sha256(data).hexdigest(), data, stage)
+    config = ModelConfig.from_pretrained(base)
+    ours = load_peft_adapter(folder, config, max_rank=64, allowed_roots=[str(tmp_path)], verified=verified)
+    from_disk = load_peft_adapter(adapter, config, max_rank=64, allowed_roots=[str(adapter.parent)])
+    for index, modules in from_disk.layers.items():
+        for name, m in modules.items():
+            assert ours.layers[index][name].a_t.equal(m.a_t) and ours.layers[index][name].b_t.equal(m.b_t)
+    assert ours.shared is not None and from_disk.shared is not None
+    assert own_shared_files() - before == {Path(ours.shared.file), Path(from_disk.shared.file)}
