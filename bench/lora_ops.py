@@ -1,8 +1,11 @@
-"""The mixed-adapter LoRA ops alone: one decode step's LoRA work on every layer of a model shape, each
-token of another adapter, through the compiled CPU kernels and through the pure-torch ops (gather +
-bmm), alternated; medians of --repeats timings, with their range. Prints one JSON object.
+"""The mixed-adapter LoRA ops alone: one step's LoRA work on every layer of a model shape through the
+compiled CPU kernels and through the pure-torch ops (gather + bmm for decode tokens, one matmul per
+prefill segment), alternated; medians of --repeats timings, with their range. Two steps: a decode step
+of --tokens tokens, each of another adapter (cycling over --slots), and a prefill step of --slots
+segments of --prefill-len tokens, one adapter each. Prints one JSON object.
 
     .venv/bin/python bench/lora_ops.py [--shape 512,1408,6,8,2,384] [--tokens 32] [--slots 32] [--rank 16]
+        [--prefill-len 64]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--prefill-len", type=int, default=64, help="tokens of each prefill segment")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = parser.parse_args()
@@ -40,36 +44,45 @@ def main() -> int:
     if kernels is None:
         sys.exit("the CPU kernels did not build here")
     dtype, layers = getattr(torch, args.dtype), int(args.shape.split(",")[2])
-    linears = []
+    weights = []
     for dim, widths in layer_shapes(args.shape) * layers:
         a = torch.randn(args.slots, dim, len(widths) * args.rank, dtype=dtype)
         b = torch.randn(args.slots, args.rank, sum(widths), dtype=dtype)
-        lanes = [(sum(widths[:i]), w) for i, w in enumerate(widths)]
-        linears.append((torch.randn(args.tokens, dim, dtype=dtype), torch.zeros(args.tokens, sum(widths), dtype=dtype), a, b, lanes))
-    batch = LoRABatch.build([i % args.slots for i in range(args.tokens)], args.tokens, args.rank, torch.device("cpu"))
+        weights.append((dim, sum(widths), a, b, [(sum(widths[:i]), w) for i, w in enumerate(widths)]))
+    cpu = torch.device("cpu")
+    decode = [i % args.slots for i in range(args.tokens)]
+    prefill = [s for s in range(args.slots) for _ in range(args.prefill_len)]
+    steps = {"decode": (LoRABatch.build(decode, len(decode), args.rank, cpu), len(decode)),
+             "prefill": (LoRABatch.build(prefill, 0, args.rank, cpu), len(prefill))}
 
-    def step(backend) -> float:
+    def step(backend, name: str) -> float:
+        batch, tokens = steps[name]
+        linears = activations[name]
         start = time.perf_counter()
-        for x, y, a, b, lanes in linears:
+        for (x, y), (_, _, a, b, lanes) in zip(linears, weights, strict=True):
             lora_shrink_expand(y, x, a, b, lanes, batch, backend)
         return time.perf_counter() - start
 
-    timings: dict[str, list[float]] = {"kernels": [], "torch": []}
-    for _ in range(3):  # warm-up
-        step(kernels), step(TORCH_KERNELS)
-    for _ in range(args.repeats):
-        for _ in range(5):
-            timings["kernels"].append(step(kernels))
-            timings["torch"].append(step(TORCH_KERNELS))
-    ms = {k: statistics.median(v) * 1e3 for k, v in timings.items()}
-    print(json.dumps({
-        "shape": args.shape, "tokens": args.tokens, "slots": args.slots, "rank": args.rank, "dtype": args.dtype,
-        "torch_threads": torch.get_num_threads(),
-        "kernels_ms_per_step": round(ms["kernels"], 3), "torch_ms_per_step": round(ms["torch"], 3),
-        "kernels_range_ms": [round(min(timings["kernels"]) * 1e3, 3), round(max(timings["kernels"]) * 1e3, 3)],
-        "torch_range_ms": [round(min(timings["torch"]) * 1e3, 3), round(max(timings["torch"]) * 1e3, 3)],
-        "speedup": round(ms["torch"] / ms["kernels"], 2),
-    }))
+    activations = {name: [(torch.randn(tokens, dim, dtype=dtype), torch.zeros(tokens, out, dtype=dtype))
+                          for dim, out, *_ in weights] for name, (_, tokens) in steps.items()}
+    result = {"shape": args.shape, "tokens": args.tokens, "slots": args.slots, "rank": args.rank,
+              "prefill_len": args.prefill_len, "dtype": args.dtype, "torch_threads": torch.get_num_threads()}
+    for name, rounds in (("decode", 5), ("prefill", 1)):
+        timings: dict[str, list[float]] = {"kernels": [], "torch": []}
+        for _ in range(2):  # warm-up
+            step(kernels, name), step(TORCH_KERNELS, name)
+        for _ in range(args.repeats):
+            for _ in range(rounds):
+                timings["kernels"].append(step(kernels, name))
+                timings["torch"].append(step(TORCH_KERNELS, name))
+        ms = {k: statistics.median(v) * 1e3 for k, v in timings.items()}
+        result[name] = {
+            "kernels_ms": round(ms["kernels"], 3), "torch_ms": round(ms["torch"], 3),
+            "kernels_range_ms": [round(min(timings["kernels"]) * 1e3, 3), round(max(timings["kernels"]) * 1e3, 3)],
+            "torch_range_ms": [round(min(timings["torch"]) * 1e3, 3), round(max(timings["torch"]) * 1e3, 3)],
+            "speedup": round(ms["torch"] / ms["kernels"], 2),
+        }
+    print(json.dumps(result))
     return 0
 
 

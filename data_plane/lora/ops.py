@@ -18,9 +18,11 @@ chosen by the LoRABatch: one adapter for the whole step (plain matmuls), decode 
 adapters (BGMV: each token with its own slot's weights), runs of prefill tokens of one adapter (SGMV:
 one matmul per run). Row-parallel layers all-reduce v between the two halves.
 
-The last two run on a `LoRAKernels` backend (kernels/select.py picks one per device): `TorchKernels`
-here, plain torch everywhere (it gathers each decode token's slot weights, then batched vector-matrix
-products), the compiled CPU kernels that read the slots in place, or Triton on CUDA.
+The last two run on a `LoRAKernels` backend (kernels/select.py picks one per device), whose interface is
+the batch's shrink, expand, and both in a row: `TorchKernels` here, plain torch everywhere (it gathers
+each decode token's slot weights, then batched vector-matrix products), Triton on CUDA (both composed
+from BGMV and SGMV primitives by `SplitKernels`), or the compiled CPU kernels, which read the slots in
+place and run a layer's shrink and expand as one pass over every routed token.
 """
 
 from __future__ import annotations
@@ -35,24 +37,63 @@ Lanes = list[tuple[int, int]]  # (first output column, width) of each lane
 
 
 class LoRAKernels(Protocol):
-    """The mixed-adapter half of the ops; every backend computes exactly the module docstring's math."""
+    """The mixed-adapter half of the ops, over every routed token of the batch (decode tokens and prefill
+    segments); every backend computes exactly the module docstring's math. Rows of base tokens are left alone."""
+
+    def shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, num_lanes: int) -> None:
+        """For each routed token t of slot s: v[t] = x[t] @ A[s] (ranked lanes); v: [T, L * rank]."""
+
+    def expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch, lanes: Lanes) -> None:
+        """For each routed token t of slot s and lane l: y[t, cols_l] += v[t, lane l's block] @ B[s, :rank, cols_l]."""
+
+    def shrink_expand(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                      batch: LoRABatch, lanes: Lanes) -> None:
+        """Both in a row, y[t] += (x[t] @ A[s]) @ B[s] per lane; a backend may skip the v tensor between them."""
+
+
+class SplitKernels:
+    """LoRAKernels out of four primitives: BGMV for the decode tokens, SGMV for the prefill segments."""
 
     def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
                     slots: torch.Tensor, num_lanes: int, rank: int, rows_from_zero: bool = False) -> None:
         """For each i: v[index[i]] = x[index[i]] @ A[slots[i]] (ranked lanes); v: [T, L * rank].
         rows_from_zero: index is 0..len(index)-1 (a hint a backend may use to slice instead of scatter)."""
+        raise NotImplementedError
 
     def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
                     slots: torch.Tensor, lanes: Lanes, rank: int, rows_from_zero: bool = False) -> None:
         """For each i and lane l: y[index[i], cols_l] += v[index[i], lane l's block] @ B[slots[i], :rank, cols_l]."""
+        raise NotImplementedError
 
     def sgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch,
                     num_lanes: int) -> None:
         """For each prefill segment (s, start, end): v[start:end] = x[start:end] @ A[s] (ranked lanes)."""
+        raise NotImplementedError
 
     def sgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch,
                     lanes: Lanes) -> None:
         """For each prefill segment (s, start, end): y[start:end, cols_l] += v[start:end, lane l] @ B[s][:, cols_l]."""
+        raise NotImplementedError
+
+    def shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, num_lanes: int) -> None:
+        if batch.decode_index is not None:
+            self.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, batch.rank,
+                             batch.decode_contiguous)
+        if batch.prefill_segments:
+            self.sgmv_shrink(v, x, lora_a, batch, num_lanes)
+
+    def expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch, lanes: Lanes) -> None:
+        if batch.decode_index is not None:
+            self.bgmv_expand(y, v, lora_b, batch.decode_index, batch.decode_slots, lanes, batch.rank,
+                             batch.decode_contiguous)
+        if batch.prefill_segments:
+            self.sgmv_expand(y, v, lora_b, batch, lanes)
+
+    def shrink_expand(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                      batch: LoRABatch, lanes: Lanes) -> None:
+        v = x.new_zeros(x.shape[0], len(lanes) * batch.rank)  # [T, L * rank]
+        self.shrink(v, x, lora_a, batch, len(lanes))
+        self.expand(y, v, lora_b, batch, lanes)
 
 
 def _as(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -66,7 +107,7 @@ def _ranked(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
     return lora_a.view(slots, dim, lanes, lr // lanes)[..., :rank]
 
 
-class TorchKernels:
+class TorchKernels(SplitKernels):
     """Plain torch: decode tokens gather their slots' weights (a copy per token), segments run one mm each."""
 
     def bgmv_shrink(self, v, x, lora_a, index, slots, num_lanes, rank, rows_from_zero=False) -> None:
@@ -117,32 +158,28 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, num_lanes: int, batch: Lo
     if batch.single_slot is not None:
         return x @ _as(_ranked(lora_a, num_lanes, rank)[batch.single_slot].reshape(dim, -1), x.dtype)
     v = x.new_zeros(x.shape[0], num_lanes * rank)
-    if batch.decode_index is not None:
-        kernels.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, rank, batch.decode_contiguous)
-    if batch.prefill_segments:
-        kernels.sgmv_shrink(v, x, lora_a, batch, num_lanes)
+    kernels.shrink(v, x, lora_a, batch, num_lanes)
     return v
 
 
 def lora_expand(y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, lanes: Lanes, batch: LoRABatch,
                 kernels: LoRAKernels = TORCH_KERNELS) -> None:
     """y: [T, out] += per lane v's rank block @ B[s] (B: [slots, R, out]), in place."""
-    rank = batch.rank
     if batch.single_slot is not None:
-        _expand_one(y, v, lora_b[batch.single_slot, :rank], lanes, rank)
-        return
-    if batch.decode_index is not None:
-        kernels.bgmv_expand(y, v, lora_b, batch.decode_index, batch.decode_slots, lanes, rank, batch.decode_contiguous)
-    if batch.prefill_segments:
-        kernels.sgmv_expand(y, v, lora_b, batch, lanes)
+        _expand_one(y, v, lora_b[batch.single_slot, : batch.rank], lanes, batch.rank)
+    else:
+        kernels.expand(y, v, lora_b, batch, lanes)
 
 
 def lora_shrink_expand(
     y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, lanes: Lanes, batch: LoRABatch,
     kernels: LoRAKernels = TORCH_KERNELS,
 ) -> None:
-    """y += B·(A·x) per token's slot, in place: shrink then expand."""
-    lora_expand(y, lora_shrink(x, lora_a, len(lanes), batch, kernels), lora_b, lanes, batch, kernels)
+    """y += B·(A·x) per token's slot, in place: shrink then expand (in one pass where the kernels can)."""
+    if batch.single_slot is not None:
+        lora_expand(y, lora_shrink(x, lora_a, len(lanes), batch), lora_b, lanes, batch)
+    else:
+        kernels.shrink_expand(y, x, lora_a, lora_b, batch, lanes)
 
 
 def _expand_one(y: torch.Tensor, v: torch.Tensor, b: torch.Tensor, lanes: Lanes, rank: int) -> None:

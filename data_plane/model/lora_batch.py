@@ -21,6 +21,7 @@ class LoRABatch:
     decode_contiguous: bool  # decode_index is exactly 0..Nd-1: the deltas add to a slice
     prefill_segments: list[tuple[int, int, int]]  # (slot, start, end): runs of prefill tokens of one adapter
     _segment_table: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    _routed: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     def segment_table(self, device: torch.device) -> torch.Tensor:
         """prefill_segments as one [segments, 3] int64 tensor on `device` (SGMV kernels read it), made on
@@ -28,6 +29,21 @@ class LoRABatch:
         if self._segment_table is None:
             self._segment_table = torch.tensor(self.prefill_segments, dtype=torch.int64, device=device).view(-1, 3)
         return self._segment_table
+
+    def routed(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every routed token as (index [N], slots [N]) int64 on `device`, tokens of one slot side by side:
+        the decode tokens sorted by slot, then each prefill segment's tokens. The CPU kernels read a run of
+        equal slots as one SGMV segment (each weight read once for up to 4 tokens). Made on the first
+        layer's call and shared by every other layer of the step, like segment_table."""
+        if self._routed is None:
+            pairs: list[tuple[int, int]] = []
+            if self.decode_index is not None and self.decode_slots is not None:
+                pairs = sorted(zip(self.decode_slots.tolist(), self.decode_index.tolist(), strict=True))
+            index = [i for _, i in pairs] + [i for _, start, end in self.prefill_segments for i in range(start, end)]
+            slots = [s for s, _ in pairs] + [s for s, start, end in self.prefill_segments for _ in range(start, end)]
+            self._routed = (torch.tensor(index, dtype=torch.int64, device=device),
+                            torch.tensor(slots, dtype=torch.int64, device=device))
+        return self._routed
 
     @classmethod
     def build(

@@ -1,19 +1,27 @@
-// BGMV on the CPU (punica's idea): each decode token multiplies by its own slot's LoRA weights, read in
+// BGMV/SGMV on the CPU (punica's idea): each token multiplies by its own slot's LoRA weights, read in
 // place, so a step of many adapters copies no weights. For each i with slots[i] >= 0, t = index[i]:
 //
 //   shrink:  v[t, l*rank + r]  = sum_k x[t, k] * A[slots[i], k, l*R + r]            r < rank, l < lanes
 //   expand:  y[t, off_l + c]  += sum_r v[t, l*rank + r] * B[slots[i], r, off_l + c]  c < width_l
+//   shrink_expand: both for each token, v kept in registers and a small buffer (no v tensor, one pass)
 //
 // A: [slots, in, lanes * R], B: [slots, R, out] (rows contiguous, any slot stride); rows of v and y of
 // tokens not listed are left alone. x, v and y share one dtype; A and B have either that dtype or, with
 // float32 activations, bfloat16 or float16 (slots stored in half the bytes, --lora-dtype). Products
-// accumulate in float for every dtype; tokens are split over torch's own OpenMP threads
-// (at::parallel_for, linked against the libgomp torch loaded).
+// accumulate in float for every dtype; v is rounded to the activations' dtype between the halves, as the
+// torch ops round it.
 //
-// A decode step of many adapters reads every slot's A and B once per token and does two flops per
-// weight, so it runs at the memory's speed: the loops keep their sums in registers (up to 64 float
-// columns of A per pass over x, 64 output columns per pass over B's rows), read each weight once and
-// convert half-width weights in registers (AVX2 + F16C where the build has AVX2; plain loops else).
+// Neighbours in index/slots with the same slot form a run (the LoRABatch lists each prefill segment and
+// the decode tokens of one adapter that way); a run is cut into tiles of up to 4 tokens that read each
+// weight once for the whole tile, summing in registers: a prefill segment's weights then come from the
+// cache and the FMAs are the limit. Tokens alone in their run (a decode step of many adapters is all of
+// them: two flops per weight read, the memory's speed) are paired, and the shrink streams both tokens'
+// slots side by side, which keeps more reads in flight than one stream. Tiles are split over torch's own
+// OpenMP threads (at::parallel_for, linked against the libgomp torch loaded), one parallel region per
+// call, and shrink_expand runs a layer's two halves in one of them.
+//
+// Vectors are AVX2 where the build targets it (cpu_extension.py; with AVX-512 too), half-width weights
+// converted in registers; plain loops else.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -23,15 +31,25 @@
 #include <algorithm>
 #include <vector>
 
+// 256-bit vectors also where the build targets AVX-512: a decode step streams the weights from memory,
+// and 512-bit loads made it slower on this EPYC (Zen 4); AVX-512VL's 32 registers still hold bigger tiles
 #if defined(__AVX2__) && defined(__FMA__)
 #pragma GCC target("f16c")  // every AVX2 CPU has F16C (vcvtph2ps); after the headers, for this file only
 #include <immintrin.h>
-#define LORAPLANE_BGMV_AVX2 1
+#define LORAPLANE_SIMD 8
+#else
+#define LORAPLANE_SIMD 0
 #endif
 
 namespace {
 
-constexpr int64_t kBlock = 64;  // float columns summed in registers per pass (8 AVX2 vectors)
+constexpr int kMaxTile = 4;  // tokens of one run that share each weight read
+
+struct Tile {
+  int64_t first;  // position in index/slots
+  int count;      // 1, 2 or 4 tokens
+  bool shared;    // all of one slot (a run of equal slots); else two tokens of two slots
+};
 
 void check_routing(const at::Tensor& index, const at::Tensor& slots, int64_t tokens, int64_t num_slots) {
   TORCH_CHECK(index.scalar_type() == at::kLong && slots.scalar_type() == at::kLong, "index and slots must be int64");
@@ -57,144 +75,229 @@ void check_weights(const at::Tensor& w, const char* name, at::ScalarType act) {
   check_rows(w, name, dtype);
 }
 
+// Runs of equal slots cut into shared tiles of 4, then 2 tokens; the tokens left alone (a decode step of
+// many adapters is all of them) paired into tiles of two slots, each token reading its own weights.
+// Tokens of slot -1 are skipped.
+std::vector<Tile> make_tiles(const int64_t* slots, int64_t n) {
+  std::vector<Tile> tiles;
+  int64_t alone = -1;  // a single token waiting for another to pair with
+  for (int64_t i = 0; i < n;) {
+    int64_t end = i + 1;
+    while (end < n && slots[end] == slots[i]) ++end;
+    int64_t p = i;
+    for (; slots[i] >= 0 && end - p >= 2; p += end - p >= 4 ? 4 : 2)
+      tiles.push_back({p, end - p >= 4 ? 4 : 2, true});
+    if (slots[i] >= 0 && p < end) {
+      if (alone >= 0 && alone + 1 == p) {  // neighbours: the pair's rows are index[alone], index[alone + 1]
+        tiles.push_back({alone, 2, false});
+        alone = -1;
+      } else {
+        if (alone >= 0) tiles.push_back({alone, 1, true});
+        alone = p;
+      }
+    }
+    i = end;
+  }
+  if (alone >= 0) tiles.push_back({alone, 1, true});
+  return tiles;
+}
+
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
 
-// acc[j] += s * w[j] for j < n (n < 8 or no AVX2): the scalar tail
-template <typename TW>
-inline void axpy_tail(float* acc, float s, const TW* w, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) acc[j] += s * to_float(w[j]);
-}
-
-#ifdef LORAPLANE_BGMV_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is the high half of a float
+#if LORAPLANE_SIMD
+using Vec = __m256;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset1(float v) { return _mm256_set1_ps(v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vload(const c10::BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-inline __m256 load8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-// out[0 : 8*NV] = sum_k x[k] * w[k * stride + 0 : 8*NV], the sums in registers: U interleaved sets of NV
-// (rows k, k+1, ... go to different sets) so that about eight FMAs are in flight whatever NV is
-template <int NV, typename TW>
-inline void dot_rows(float* out, const float* x, const TW* w, int64_t stride, int64_t count) {
-  constexpr int U = NV <= 2 ? 4 : (NV <= 4 ? 2 : 1);
-  __m256 acc[U][NV];
-  for (int u = 0; u < U; ++u)
-    for (int j = 0; j < NV; ++j) acc[u][j] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + U <= count; k += U)
-    for (int u = 0; u < U; ++u) {
-      const __m256 xk = _mm256_set1_ps(x[k + u]);
-      const TW* row = w + (k + u) * stride;
-      for (int j = 0; j < NV; ++j) acc[u][j] = _mm256_fmadd_ps(xk, load8(row + 8 * j), acc[u][j]);
-    }
-  for (; k < count; ++k) {
-    const __m256 xk = _mm256_set1_ps(x[k]);
-    const TW* row = w + k * stride;
-    for (int j = 0; j < NV; ++j) acc[0][j] = _mm256_fmadd_ps(xk, load8(row + 8 * j), acc[0][j]);
-  }
-  for (int j = 0; j < NV; ++j) {
-    __m256 sum = acc[0][j];
-    for (int u = 1; u < U; ++u) sum = _mm256_add_ps(sum, acc[u][j]);
-    _mm256_storeu_ps(out + 8 * j, sum);
-  }
-}
-
-template <typename TW>
-void dot_rows_vec(float* out, const float* x, const TW* w, int64_t stride, int64_t count, int nv) {
-  switch (nv) {
-    case 1: return dot_rows<1>(out, x, w, stride, count);
-    case 2: return dot_rows<2>(out, x, w, stride, count);
-    case 3: return dot_rows<3>(out, x, w, stride, count);
-    case 4: return dot_rows<4>(out, x, w, stride, count);
-    case 5: return dot_rows<5>(out, x, w, stride, count);
-    case 6: return dot_rows<6>(out, x, w, stride, count);
-    case 7: return dot_rows<7>(out, x, w, stride, count);
-    default: return dot_rows<8>(out, x, w, stride, count);
-  }
-}
+inline Vec vload(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#if defined(__AVX512VL__)
+constexpr int kRegisters = 32;  // ymm0-31
+#else
+constexpr int kRegisters = 16;
+#endif
 #endif
 
-// out[0 : n] = sum_k x[k] * w[k * stride + 0 : n] for n <= kBlock: one pass over the k rows of w
+#if LORAPLANE_SIMD
+constexpr int kWidth = LORAPLANE_SIMD;  // floats per vector
+
+// Vectors of sums a tile of TT tokens keeps in registers: TT * NV sums, NV weights and a broadcast fit.
+constexpr int max_vectors(int tt) { return tt == 1 ? 8 : std::min(8, (kRegisters - 2) / (tt + 1)); }
+
+// out[t][0 : NV*kWidth] = sum_k in[t][k] * w[t][k * stride + 0 : NV*kWidth] for t < TT. SHARED: one
+// slot for the tile (w[t] == w[0]), each weight loaded once for every token; else each token streams its
+// own slot's rows side by side with the others (more reads in flight than one token alone keeps). One
+// token: U interleaved sets of sums (rows k, k+1, ... go to different sets) so that about eight FMAs are
+// in flight whatever NV is; more tokens bring their own independent sums.
+template <int TT, int NV, bool SHARED, typename TW>
+inline void tile_rows(float* const* out, const float* const* in, const TW* const* w, int64_t stride, int64_t count) {
+  constexpr int U = TT > 1 ? 1 : (NV <= 2 ? 4 : (NV <= 4 ? 2 : 1));
+  Vec acc[U][TT][NV];
+  for (int u = 0; u < U; ++u)
+    for (int t = 0; t < TT; ++t)
+      for (int j = 0; j < NV; ++j) acc[u][t][j] = vzero();
+  const auto step = [&](int u, int64_t k) {
+    if constexpr (SHARED && TT > 1) {
+      const TW* row = w[0] + k * stride;
+      Vec wv[NV];
+      for (int j = 0; j < NV; ++j) wv[j] = vload(row + kWidth * j);
+      for (int t = 0; t < TT; ++t) {
+        const Vec xk = vset1(in[t][k]);
+        for (int j = 0; j < NV; ++j) acc[u][t][j] = vfma(xk, wv[j], acc[u][t][j]);
+      }
+    } else {
+      for (int t = 0; t < TT; ++t) {
+        const Vec xk = vset1(in[t][k]);
+        const TW* row = w[t] + k * stride;
+        for (int j = 0; j < NV; ++j) acc[u][t][j] = vfma(xk, vload(row + kWidth * j), acc[u][t][j]);
+      }
+    }
+  };
+  int64_t k = 0;
+  for (; k + U <= count; k += U)
+    for (int u = 0; u < U; ++u) step(u, k + u);
+  for (; k < count; ++k) step(0, k);
+  for (int t = 0; t < TT; ++t)
+    for (int j = 0; j < NV; ++j) {
+      Vec sum = acc[0][t][j];
+      for (int u = 1; u < U; ++u) sum = vadd(sum, acc[u][t][j]);
+      vstore(out[t] + kWidth * j, sum);
+    }
+}
+
+template <int TT, bool SHARED, typename TW>
+void tile_rows_vec(float* const* out, const float* const* in, const TW* const* w, int64_t stride, int64_t count,
+                   int nv) {
+  // the cases above max_vectors(TT) are never asked for (block_columns); they collapse to 1 to keep
+  // the instantiations few
+#define LORAPLANE_NV(N) \
+  case N: return tile_rows<TT, (N <= max_vectors(TT) ? N : 1), SHARED>(out, in, w, stride, count);
+  switch (nv) {
+    LORAPLANE_NV(1) LORAPLANE_NV(2) LORAPLANE_NV(3) LORAPLANE_NV(4)
+    LORAPLANE_NV(5) LORAPLANE_NV(6) LORAPLANE_NV(7) LORAPLANE_NV(8)
+  }
+#undef LORAPLANE_NV
+}
+
+constexpr int64_t block_columns(int tt) { return max_vectors(tt) * kWidth; }
+#else
+constexpr int64_t block_columns(int) { return 64; }
+#endif
+
+constexpr int64_t kMaxBlock = 8 * (LORAPLANE_SIMD ? LORAPLANE_SIMD : 8);  // the widest block any tile uses
+
+// out[t][0 : n] = sum_k in[t][k] * w[t][k * stride + 0 : n] for t < tile.count and n <= block_columns(count):
+// one pass over the k rows of the weights for the whole tile
 template <typename TW>
-void dot_block(float* out, const float* x, const TW* w, int64_t stride, int64_t count, int64_t n) {
+void tile_block(float* const* out, const float* const* in, const TW* const* w, int64_t stride, int64_t count,
+                int64_t n, const Tile& tile) {
   int64_t done = 0;
-#ifdef LORAPLANE_BGMV_AVX2
-  if (n >= 8) {
-    dot_rows_vec(out, x, w, stride, count, static_cast<int>(n / 8));
-    done = n / 8 * 8;
+#if LORAPLANE_SIMD
+  if (n >= kWidth) {
+    const int nv = static_cast<int>(n / kWidth);
+    if (tile.count == 4) tile_rows_vec<4, true>(out, in, w, stride, count, nv);
+    else if (tile.count == 2 && tile.shared) tile_rows_vec<2, true>(out, in, w, stride, count, nv);
+    else if (tile.count == 2) tile_rows_vec<2, false>(out, in, w, stride, count, nv);
+    else tile_rows_vec<1, true>(out, in, w, stride, count, nv);
+    done = nv * kWidth;
   }
 #endif
   if (done == n) return;
-  std::fill(out + done, out + n, 0.f);
-  for (int64_t k = 0; k < count; ++k) axpy_tail(out + done, x[k], w + k * stride + done, n - done);
+  for (int t = 0; t < tile.count; ++t) {  // the scalar tail
+    float* o = out[t] + done;
+    std::fill(o, o + (n - done), 0.f);
+    for (int64_t k = 0; k < count; ++k) {
+      const float s = in[t][k];
+      const TW* row = w[t] + k * stride + done;
+      for (int64_t j = 0; j < n - done; ++j) o[j] += s * to_float(row[j]);
+    }
+  }
 }
 
-// Columns of A that a pass reads: each lane's first `rank` of its R, merged when rank == R.
-std::vector<std::pair<int64_t, int64_t>> shrink_blocks(int64_t lanes, int64_t padded, int64_t rank) {
+// The columns of A a shrink reads: each lane's first `rank` of its R, merged when rank == R.
+std::vector<std::pair<int64_t, int64_t>> shrink_runs(int64_t lanes, int64_t padded, int64_t rank) {
   std::vector<std::pair<int64_t, int64_t>> runs;  // (first column of A's row, width)
   if (rank == padded) runs.emplace_back(0, lanes * rank);
   else
     for (int64_t l = 0; l < lanes; ++l) runs.emplace_back(l * padded, rank);
-  std::vector<std::pair<int64_t, int64_t>> blocks;
-  for (auto [first, width] : runs)
-    for (int64_t c = 0; c < width; c += kBlock) blocks.emplace_back(first + c, std::min(kBlock, width - c));
-  return blocks;
+  return runs;
 }
 
-template <typename TA, typename TW>
-void shrink_kernel(at::Tensor& v, const at::Tensor& x, const at::Tensor& a, const int64_t* index,
-                   const int64_t* slots, int64_t n, int64_t lanes, int64_t rank) {
-  const int64_t dim = x.size(1), padded = a.size(2) / lanes;
-  const int64_t x_row = x.stride(0), a_slot = a.stride(0), a_row = a.stride(1), v_row = v.stride(0);
-  const TA* xp = x.const_data_ptr<TA>();
-  const TW* ap = a.const_data_ptr<TW>();
-  TA* vp = v.mutable_data_ptr<TA>();
-  const auto blocks = shrink_blocks(lanes, padded, rank);
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> xf(dim), acc(kBlock);  // one token's x in float, one block's sums
-    for (int64_t i = begin; i < end; ++i) {
-      if (slots[i] < 0) continue;
-      const TA* xr = xp + index[i] * x_row;
-      for (int64_t k = 0; k < dim; ++k) xf[k] = to_float(xr[k]);
-      const TW* as = ap + slots[i] * a_slot;
-      TA* vr = vp + index[i] * v_row;
-      for (auto [first, width] : blocks) {
-        dot_block(acc.data(), xf.data(), as + first, a_row, dim, width);
-        const int64_t out = first / padded * rank + first % padded;  // its place in v's lanes * rank
-        for (int64_t j = 0; j < width; ++j) vr[out + j] = static_cast<TA>(acc[j]);
-      }
+// What a thread keeps for its tiles: the tile's x rows and v rows in float, one block's sums per token.
+struct Scratch {
+  std::vector<float> x, v, acc;
+  float* xs[kMaxTile];
+  float* vs[kMaxTile];
+  float* accs[kMaxTile];
+  Scratch(int64_t dim, int64_t v_width) : x(kMaxTile * dim), v(kMaxTile * v_width), acc(kMaxTile * kMaxBlock) {
+    for (int t = 0; t < kMaxTile; ++t) {
+      xs[t] = x.data() + t * dim;
+      vs[t] = v.data() + t * v_width;
+      accs[t] = acc.data() + t * kMaxBlock;
     }
-  });
+  }
+};
+
+// The tile's shrink: s.vs[t][0 : lanes*rank] = x[rows[t]] @ as[t] (its slot's A, ranked lanes), in float,
+// rounded to TA as the torch ops round v.
+template <typename TA, typename TW>
+void shrink_tile(Scratch& s, const Tile& tile, const int64_t* rows, const TW* const* as, const TA* xp, int64_t x_row,
+                 int64_t a_row, int64_t dim, int64_t padded, int64_t rank,
+                 const std::vector<std::pair<int64_t, int64_t>>& runs) {
+  for (int t = 0; t < tile.count; ++t) {
+    const TA* xr = xp + rows[t] * x_row;
+    for (int64_t k = 0; k < dim; ++k) s.xs[t][k] = to_float(xr[k]);
+  }
+  const int64_t step = block_columns(tile.count);
+  const TW* w[kMaxTile];
+  for (auto [first, width] : runs)
+    for (int64_t c = 0; c < width; c += step) {
+      const int64_t col = first + c, n = std::min(step, width - c);
+      for (int t = 0; t < tile.count; ++t) w[t] = as[t] + col;
+      tile_block(s.accs, s.xs, w, a_row, dim, n, tile);
+      const int64_t out = col / padded * rank + col % padded;  // its place in v's lanes * rank
+      for (int t = 0; t < tile.count; ++t)
+        for (int64_t j = 0; j < n; ++j) s.vs[t][out + j] = to_float(static_cast<TA>(s.accs[t][j]));
+    }
 }
 
+// The tile's expand: y[rows[t], lane columns] += s.vs[t][lane's block] @ bs[t][:rank, lane columns]. A
+// pair of two slots runs one token after the other here: B is read as rank rows of a block's columns,
+// and two tokens at once (twice the row streams) measured slower than one after the other.
 template <typename TA, typename TW>
-void expand_kernel(at::Tensor& y, const at::Tensor& v, const at::Tensor& b, const int64_t* index,
-                   const int64_t* slots, int64_t n, at::IntArrayRef offsets, at::IntArrayRef widths, int64_t rank) {
-  const int64_t y_row = y.stride(0), v_row = v.stride(0), b_slot = b.stride(0), b_row = b.stride(1);
-  const TA* vp = v.const_data_ptr<TA>();
-  const TW* bp = b.const_data_ptr<TW>();
-  TA* yp = y.mutable_data_ptr<TA>();
-  const int64_t lanes = static_cast<int64_t>(offsets.size());
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> vf(lanes * rank), acc(kBlock);  // one token's shrink output, one block's deltas
-    for (int64_t i = begin; i < end; ++i) {
-      if (slots[i] < 0) continue;
-      const TA* vr = vp + index[i] * v_row;
-      for (int64_t j = 0; j < lanes * rank; ++j) vf[j] = to_float(vr[j]);
-      const TW* bs = bp + slots[i] * b_slot;
-      TA* yr = yp + index[i] * y_row;
-      for (int64_t l = 0; l < lanes; ++l) {
-        for (int64_t c = 0; c < widths[l]; c += kBlock) {  // y[off_l + c : + width] += v_l @ B[:rank, that block]
-          const int64_t col = offsets[l] + c, width = std::min(kBlock, widths[l] - c);
-          dot_block(acc.data(), vf.data() + l * rank, bs + col, b_row, rank, width);
-          for (int64_t j = 0; j < width; ++j) yr[col + j] = static_cast<TA>(to_float(yr[col + j]) + acc[j]);
+void expand_tile(Scratch& s, const Tile& tile, const int64_t* rows, const TW* const* bs, TA* yp, int64_t y_row,
+                 int64_t b_row, int64_t rank, at::IntArrayRef offsets, at::IntArrayRef widths) {
+  const Tile part{tile.first, tile.shared ? tile.count : 1, true};
+  const int64_t step = block_columns(part.count);
+  const float* in[kMaxTile];
+  const TW* w[kMaxTile];
+  for (int first = 0; first < tile.count; first += part.count)
+    for (size_t l = 0; l < offsets.size(); ++l) {
+      for (int t = 0; t < part.count; ++t) in[t] = s.vs[first + t] + l * rank;
+      for (int64_t c = 0; c < widths[l]; c += step) {
+        const int64_t col = offsets[l] + c, n = std::min(step, widths[l] - c);
+        for (int t = 0; t < part.count; ++t) w[t] = bs[first + t] + col;
+        tile_block(s.accs, in, w, b_row, rank, n, part);
+        for (int t = 0; t < part.count; ++t) {
+          TA* yr = yp + rows[first + t] * y_row + col;
+          for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<TA>(to_float(yr[j]) + s.accs[t][j]);
         }
       }
     }
-  });
+}
+
+// The slot's weights of each token of the tile: base + slot * slot_stride.
+template <typename TW>
+inline void slot_weights(const TW** out, const TW* base, int64_t slot_stride, const int64_t* slots, const Tile& tile) {
+  for (int t = 0; t < tile.count; ++t) out[t] = base + slots[tile.first + t] * slot_stride;
 }
 
 // The (activation, weight) dtype pairs: float32, bfloat16 or float16 throughout, or float32 activations
@@ -209,34 +312,110 @@ void dispatch(at::ScalarType act, at::ScalarType weight, F&& run) {
   else TORCH_CHECK(false, "LoRA kernels: activations ", act, " with weights ", weight, " are not supported");
 }
 
-void bgmv_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& a, const at::Tensor& index,
-                 const at::Tensor& slots, int64_t lanes, int64_t rank) {
+// Calls body(scratch, tile, rows[count]) for every tile, the tiles split over the threads.
+template <typename Body>
+void for_tiles(const at::Tensor& index, const at::Tensor& slots, int64_t dim, int64_t v_width, Body&& body) {
+  const int64_t* ip = index.const_data_ptr<int64_t>();
+  const auto tiles = make_tiles(slots.const_data_ptr<int64_t>(), slots.numel());
+  at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(dim, v_width);
+    for (int64_t i = begin; i < end; ++i) body(scratch, tiles[i], ip + tiles[i].first);
+  });
+}
+
+void check_shrink(const at::Tensor& x, const at::Tensor& a, int64_t lanes, int64_t rank) {
   check_rows(x, "x", x.scalar_type());
   check_weights(a, "lora_a", x.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && a.dim() == 3 && a.size(1) == x.size(1), "shapes x [T, in], A [S, in, L*R]");
+  TORCH_CHECK(lanes > 0 && a.size(2) % lanes == 0 && rank <= a.size(2) / lanes, "lanes and rank");
+}
+
+void check_expand(const at::Tensor& y, const at::Tensor& b, at::IntArrayRef offsets, at::IntArrayRef widths,
+                  int64_t rank) {
+  check_rows(y, "y", y.scalar_type());
+  check_weights(b, "lora_b", y.scalar_type());
+  TORCH_CHECK(y.dim() == 2 && b.dim() == 3 && rank <= b.size(1), "shapes y [T, out], B [S, R, out]");
+  TORCH_CHECK(offsets.size() == widths.size() && !offsets.empty(), "one offset and width per lane");
+  for (size_t l = 0; l < offsets.size(); ++l)
+    TORCH_CHECK(offsets[l] >= 0 && offsets[l] + widths[l] <= std::min(y.size(1), b.size(2)), "lane out of range");
+}
+
+void bgmv_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& a, const at::Tensor& index,
+                 const at::Tensor& slots, int64_t lanes, int64_t rank) {
+  check_shrink(x, a, lanes, rank);
   check_rows(v, "v", x.scalar_type());
-  TORCH_CHECK(x.dim() == 2 && a.dim() == 3 && v.dim() == 2 && a.size(1) == x.size(1), "shapes x [T, in], A [S, in, L*R]");
-  TORCH_CHECK(a.size(2) % lanes == 0 && rank <= a.size(2) / lanes && v.size(1) == lanes * rank, "lanes and rank");
+  TORCH_CHECK(v.dim() == 2 && v.size(1) == lanes * rank, "v [T, L * rank]");
   check_routing(index, slots, std::min(x.size(0), v.size(0)), a.size(0));
+  const int64_t dim = x.size(1), padded = a.size(2) / lanes, width = lanes * rank;
+  const auto runs = shrink_runs(lanes, padded, rank);
+  const int64_t* sp = slots.const_data_ptr<int64_t>();
   dispatch(x.scalar_type(), a.scalar_type(), [&](auto ta, auto tw) {
-    shrink_kernel<decltype(ta), decltype(tw)>(v, x, a, index.const_data_ptr<int64_t>(),
-                                              slots.const_data_ptr<int64_t>(), index.numel(), lanes, rank);
+    using TA = decltype(ta);
+    using TW = decltype(tw);
+    const TA* xp = x.const_data_ptr<TA>();
+    const TW* ap = a.const_data_ptr<TW>();
+    TA* vp = v.mutable_data_ptr<TA>();
+    for_tiles(index, slots, dim, width, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
+      const TW* as[kMaxTile];
+      slot_weights(as, ap, a.stride(0), sp, tile);
+      shrink_tile<TA, TW>(s, tile, rows, as, xp, x.stride(0), a.stride(1), dim, padded, rank, runs);
+      for (int t = 0; t < tile.count; ++t)
+        for (int64_t j = 0; j < width; ++j) vp[rows[t] * v.stride(0) + j] = static_cast<TA>(s.vs[t][j]);
+    });
   });
 }
 
 void bgmv_expand(at::Tensor y, const at::Tensor& v, const at::Tensor& b, const at::Tensor& index,
                  const at::Tensor& slots, at::IntArrayRef offsets, at::IntArrayRef widths, int64_t rank) {
-  check_rows(y, "y", y.scalar_type());
+  check_expand(y, b, offsets, widths, rank);
   check_rows(v, "v", y.scalar_type());
-  check_weights(b, "lora_b", y.scalar_type());
-  TORCH_CHECK(y.dim() == 2 && v.dim() == 2 && b.dim() == 3 && rank <= b.size(1), "shapes y [T, out], B [S, R, out]");
-  TORCH_CHECK(offsets.size() == widths.size() && !offsets.empty() && v.size(1) == int64_t(offsets.size()) * rank,
-              "one offset and width per lane");
-  for (size_t l = 0; l < offsets.size(); ++l)
-    TORCH_CHECK(offsets[l] >= 0 && offsets[l] + widths[l] <= std::min(y.size(1), b.size(2)), "lane out of range");
+  TORCH_CHECK(v.dim() == 2 && v.size(1) == int64_t(offsets.size()) * rank, "v [T, L * rank]");
   check_routing(index, slots, std::min(y.size(0), v.size(0)), b.size(0));
+  const int64_t width = v.size(1);
+  const int64_t* sp = slots.const_data_ptr<int64_t>();
   dispatch(y.scalar_type(), b.scalar_type(), [&](auto ta, auto tw) {
-    expand_kernel<decltype(ta), decltype(tw)>(y, v, b, index.const_data_ptr<int64_t>(),
-                                              slots.const_data_ptr<int64_t>(), index.numel(), offsets, widths, rank);
+    using TA = decltype(ta);
+    using TW = decltype(tw);
+    const TA* vp = v.const_data_ptr<TA>();
+    const TW* bp = b.const_data_ptr<TW>();
+    TA* yp = y.mutable_data_ptr<TA>();
+    for_tiles(index, slots, 0, width, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
+      for (int t = 0; t < tile.count; ++t)
+        for (int64_t j = 0; j < width; ++j) s.vs[t][j] = to_float(vp[rows[t] * v.stride(0) + j]);
+      const TW* bs[kMaxTile];
+      slot_weights(bs, bp, b.stride(0), sp, tile);
+      expand_tile<TA, TW>(s, tile, rows, bs, yp, y.stride(0), b.stride(1), rank, offsets, widths);
+    });
+  });
+}
+
+void bgmv_shrink_expand(at::Tensor y, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b,
+                        const at::Tensor& index, const at::Tensor& slots, int64_t lanes, int64_t rank,
+                        at::IntArrayRef offsets, at::IntArrayRef widths) {
+  check_shrink(x, a, lanes, rank);
+  check_expand(y, b, offsets, widths, rank);
+  TORCH_CHECK(x.scalar_type() == y.scalar_type() && int64_t(offsets.size()) == lanes && a.size(0) == b.size(0),
+              "x and y of one dtype, one lane per offset, A and B of the same slots");
+  check_routing(index, slots, std::min(x.size(0), y.size(0)), a.size(0));
+  const int64_t dim = x.size(1), padded = a.size(2) / lanes;
+  const auto runs = shrink_runs(lanes, padded, rank);
+  const int64_t* sp = slots.const_data_ptr<int64_t>();
+  dispatch(x.scalar_type(), a.scalar_type(), [&](auto ta, auto tw) {
+    using TA = decltype(ta);
+    using TW = decltype(tw);
+    TORCH_CHECK(b.scalar_type() == a.scalar_type(), "A and B of one dtype");
+    const TA* xp = x.const_data_ptr<TA>();
+    const TW* ap = a.const_data_ptr<TW>();
+    const TW* bp = b.const_data_ptr<TW>();
+    TA* yp = y.mutable_data_ptr<TA>();
+    for_tiles(index, slots, dim, lanes * rank, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
+      const TW* as[kMaxTile];
+      const TW* bs[kMaxTile];
+      slot_weights(as, ap, a.stride(0), sp, tile);
+      slot_weights(bs, bp, b.stride(0), sp, tile);
+      shrink_tile<TA, TW>(s, tile, rows, as, xp, x.stride(0), a.stride(1), dim, padded, rank, runs);
+      expand_tile<TA, TW>(s, tile, rows, bs, yp, y.stride(0), b.stride(1), rank, offsets, widths);
+    });
   });
 }
 
@@ -246,9 +425,12 @@ TORCH_LIBRARY(loraplane_lora, m) {
   m.def("bgmv_shrink(Tensor(a!) v, Tensor x, Tensor lora_a, Tensor index, Tensor slots, int lanes, int rank) -> ()");
   m.def("bgmv_expand(Tensor(a!) y, Tensor v, Tensor lora_b, Tensor index, Tensor slots, int[] offsets, "
         "int[] widths, int rank) -> ()");
+  m.def("bgmv_shrink_expand(Tensor(a!) y, Tensor x, Tensor lora_a, Tensor lora_b, Tensor index, Tensor slots, "
+        "int lanes, int rank, int[] offsets, int[] widths) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(loraplane_lora, CPU, m) {
   m.impl("bgmv_shrink", &bgmv_shrink);
   m.impl("bgmv_expand", &bgmv_expand);
+  m.impl("bgmv_shrink_expand", &bgmv_shrink_expand);
 }

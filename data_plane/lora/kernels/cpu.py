@@ -13,31 +13,41 @@ from pathlib import Path
 
 import torch
 
-from data_plane.lora.ops import Lanes, TorchKernels
+from data_plane.lora.ops import Lanes
 from data_plane.model.cpu_extension import build_cpu_extension
+from data_plane.model.lora_batch import LoRABatch
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("bgmv_cpu.cpp")
 
 
-class CPUKernels(TorchKernels):
-    """BGMV shrink and expand read each slot in place (semantics in bgmv_cpu.cpp's header); prefill
-    segments keep torch's matmul per segment, which reads its slot in place already."""
+class CPUKernels:
+    """LoRAKernels that read each slot in place (semantics in bgmv_cpu.cpp's header): one call per layer
+    for every routed token of the step, decode tokens and prefill segments alike (LoRABatch.routed)."""
 
     def __init__(self) -> None:
         self._ops = torch.ops.loraplane_lora
 
-    def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, num_lanes: int, rank: int, rows_from_zero: bool = False) -> None:
-        """v[index[i]] = x[index[i]] @ A[slots[i]] per lane, the first `rank` columns of each."""
-        self._ops.bgmv_shrink(v, x, lora_a, index, slots, num_lanes, rank)
+    def shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, num_lanes: int) -> None:
+        index, slots = batch.routed(x.device)
+        self._ops.bgmv_shrink(v, x, lora_a, index, slots, num_lanes, batch.rank)
 
-    def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
-                    slots: torch.Tensor, lanes: Lanes, rank: int, rows_from_zero: bool = False) -> None:
-        """y[index[i], cols_l] += v[index[i], lane l's block] @ B[slots[i], :rank, cols_l]."""
-        offsets, widths = zip(*lanes, strict=True)
-        self._ops.bgmv_expand(y, v, lora_b, index, slots, list(offsets), list(widths), rank)
+    def expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch, lanes: Lanes) -> None:
+        index, slots = batch.routed(y.device)
+        offsets, widths = _columns(lanes)
+        self._ops.bgmv_expand(y, v, lora_b, index, slots, offsets, widths, batch.rank)
+
+    def shrink_expand(self, y: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                      batch: LoRABatch, lanes: Lanes) -> None:
+        index, slots = batch.routed(x.device)
+        offsets, widths = _columns(lanes)
+        self._ops.bgmv_shrink_expand(y, x, lora_a, lora_b, index, slots, len(lanes), batch.rank, offsets, widths)
+
+
+def _columns(lanes: Lanes) -> tuple[list[int], list[int]]:
+    """The lanes' first output columns and widths, as the ops take them."""
+    return [offset for offset, _ in lanes], [width for _, width in lanes]
 
 
 @functools.cache

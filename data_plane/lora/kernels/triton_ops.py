@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from data_plane.lora.ops import Lanes
+from data_plane.lora.ops import Lanes, SplitKernels
 from data_plane.model.lora_batch import LoRABatch
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ if triton is not None:
             tl.store(y_at, (y + tl.dot(vb, bb, input_precision="ieee")).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-class TritonKernels:
+class TritonKernels(SplitKernels):
     """LoRAKernels in Triton: one launch per op (per lane for the expands), weights read in place."""
 
     def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,

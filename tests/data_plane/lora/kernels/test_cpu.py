@@ -15,6 +15,7 @@ from data_plane.lora.ops import TORCH_KERNELS, lora_expand, lora_shrink, lora_sh
 from data_plane.model.lora_batch import LoRABatch
 
 CPU = torch.device("cpu")
+OPS = torch.ops.loraplane_lora  # the compiled ops themselves, once the fixture has built them
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
@@ -72,14 +73,16 @@ def test_kernels_match_the_torch_ops_on_random_steps(kernels, dtype):
 
 
 def _wide_case(g: torch.Generator, padded: int, rank: int, widths: list[int], dim: int, num_slots: int = 3):
-    """A layer the size of a real model's (more than one 64-column block of A and of B per lane)."""
+    """A layer the size of a real model's (more than one block of A's and of B's columns per lane), with
+    decode tokens of mixed slots and two prefill segments."""
     a = torch.zeros(num_slots, dim, len(widths), padded)
     a[..., :rank] = torch.randn(num_slots, dim, len(widths), rank, generator=g)
     b = torch.zeros(num_slots, padded, sum(widths))
     b[:, :rank] = torch.randn(num_slots, rank, sum(widths), generator=g)
     lanes = [(sum(widths[:i]), w) for i, w in enumerate(widths)]
-    token_slots = [0, 2, -1, 1, 2, 0]
-    batch = LoRABatch.build(token_slots, len(token_slots), rank, CPU)
+    decode = [0, 2, -1, 1, 2, 0]
+    token_slots = decode + [1] * 7 + [-1] * 2 + [2] * 9  # prefill runs cut into tiles of 4, 2 and 1 tokens
+    batch = LoRABatch.build(token_slots, len(decode), rank, CPU)
     x, y = torch.randn(len(token_slots), dim, generator=g), torch.randn(len(token_slots), sum(widths), generator=g)
     return x, y, a.view(num_slots, dim, -1), b, lanes, batch
 
@@ -116,7 +119,7 @@ def test_half_width_slots_under_float32_activations_are_the_rounded_weights_in_f
             # where this CPU's kernel differed from the torch ops by 1.4e-4 on a value of 3.8)
             torch.testing.assert_close(got, want, atol=1e-4 * max(1, x.shape[1] // 64), rtol=1e-5)
     with pytest.raises(RuntimeError, match="not supported|float32 activations"):  # half activations, other slots
-        kernels.bgmv_shrink(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.bfloat16),
+        OPS.bgmv_shrink(torch.zeros(1, 4, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.bfloat16),
                             torch.zeros(1, 8, 4, dtype=torch.float16), torch.tensor([0]), torch.tensor([0]), 1, 4)
 
 def test_slot_minus_one_and_strided_slots_are_read_in_place(kernels):
@@ -125,7 +128,7 @@ def test_slot_minus_one_and_strided_slots_are_read_in_place(kernels):
     a = pool[:, : 8 * 4].view(3, 8, 4)  # [slots, in, 1 lane * R=4]
     x, v = torch.randn(4, 8), torch.full((4, 4), 7.0)
     index, slots = torch.tensor([0, 1, 2, 3]), torch.tensor([2, -1, 0, -1])
-    kernels.bgmv_shrink(v, x, a, index, slots, 1, 4)
+    OPS.bgmv_shrink(v, x, a, index, slots, 1, 4)
     torch.testing.assert_close(v[0], x[0] @ a[2], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(v[2], x[2] @ a[0], atol=1e-5, rtol=1e-5)
     assert torch.equal(v[[1, 3]], torch.full((2, 4), 7.0))  # slot -1: the row is not written
@@ -134,9 +137,9 @@ def test_slot_minus_one_and_strided_slots_are_read_in_place(kernels):
 def test_bad_routing_is_refused_not_read_out_of_bounds(kernels):
     a, x, v = torch.zeros(2, 8, 4), torch.zeros(3, 8), torch.zeros(3, 4)
     with pytest.raises(RuntimeError, match="slot 2 out of range"):
-        kernels.bgmv_shrink(v, x, a, torch.tensor([0]), torch.tensor([2]), 1, 4)
+        OPS.bgmv_shrink(v, x, a, torch.tensor([0]), torch.tensor([2]), 1, 4)
     with pytest.raises(RuntimeError, match="token index 3 out of range"):
-        kernels.bgmv_shrink(v, x, a, torch.tensor([3]), torch.tensor([0]), 1, 4)
+        OPS.bgmv_shrink(v, x, a, torch.tensor([3]), torch.tensor([0]), 1, 4)
 
 
 def test_env_forces_the_torch_ops_and_auto_picks_the_kernels(monkeypatch, kernels):
