@@ -244,8 +244,10 @@ def test_redis_unreachable_fails_as_configured_and_health_says_so(fleet: Fleet) 
             wait_until(lambda: router.service.tenancy.quotas.reachable is False, "the first ping to fail")
             health = httpx.get(router.url + "/health").json()
             assert health["status"] == "degraded" and "Redis is unreachable" in health["reason"]
-            assert health["tenancy"]["quotas"] == {"redis": "unreachable", "on_failure": failure,
-                                                   "error": "ConnectionError"}
+            quotas = health["tenancy"]["quotas"]
+            assert {k: quotas[k] for k in ("redis", "on_failure")} == {"redis": "unreachable", "on_failure": failure}
+            # refused at once, or (a loaded machine stalling the router's loop past the 0.5 s connect bound) timed out
+            assert quotas["error"] in ("ConnectionError", "TimeoutError"), quotas
             for key, expected in ((quota_key, quota_status), (free_key, 200)):
                 r = httpx.post(router.api + "/completions", json={"model": "demo", **ONE_TOKEN},
                                headers={"Authorization": f"Bearer {key}"}, timeout=60)
