@@ -88,10 +88,7 @@ class TensorStage:
             self._stopped = True
             self._changed.notify()
         self._thread.join()
-        if self._layout is not None:
-            self._layout.remove()
-            self._layout = None
-        self._views.clear()
+        self._remove_copy()
 
     def adopt(self, names: Mapping[TensorKey, str], shapes: Mapping[TensorKey, list[int]],
               dtype: torch.dtype) -> StagedCopy | None:
@@ -130,11 +127,15 @@ class TensorStage:
         if not self._pace.busy():
             return False
         self._failed = True
+        self._remove_copy()
+        return True
+
+    def _remove_copy(self) -> None:
+        """The shared file and its views, gone (nothing made from unverified or unwanted bytes is kept)."""
         if self._layout is not None:
             self._layout.remove()
             self._layout = None
         self._views.clear()
-        return True
 
     def _ready(self, available: int) -> bool:
         """Whether `available` bytes let it make progress (so it does not wake for every piece)."""
@@ -144,7 +145,7 @@ class TensorStage:
 
     def _advance(self, available: int) -> None:
         if self._spans is None:
-            if available < 8 or 8 + _header_length(self._buffer) > available or self._give_up_if_busy():
+            if not self._ready(available) or self._give_up_if_busy():
                 return
             self._start()
         while self._pending and self._pending[-1][0] <= available and not self._stopped:

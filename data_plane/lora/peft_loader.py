@@ -95,8 +95,7 @@ def _load(
     # written once, in the slots' input-major layout: made while the bytes arrived (a fetched version's
     # stage, adopted if it holds exactly these tensors), or here. It is removed on any refusal from now on.
     shapes = _input_major_shapes(loaded)
-    part = {"lora_A": "a_t", "lora_B": "b_t"}
-    staged = stage.adopt({(layer, short, part[ab]): name for (layer, short, ab), (name, _) in loaded.items()},
+    staged = stage.adopt({(layer, short, HOST_PART[ab]): name for (layer, short, ab), (name, _) in loaded.items()},
                          shapes, dtype) if stage is not None else None
     if staged is not None:
         views, shared, finite = staged.views, staged.layout, staged.finite
@@ -201,6 +200,8 @@ def _read_config(data: bytes) -> dict[str, Any]:
 
 
 Loaded = dict[tuple[int, str, str], tuple[str, torch.Tensor]]  # (layer, short, "lora_A"/"lora_B") -> (name, tensor)
+# each PEFT tensor's part of the host copy: A [r, in] is stored as a_t [in, r], B [out, r] as b_t [r, out]
+HOST_PART = {"lora_A": "a_t", "lora_B": "b_t"}
 
 
 def _read_tensors(
@@ -222,8 +223,7 @@ def _read_tensors(
 
 def _input_major_shapes(loaded: Loaded) -> dict[TensorKey, list[int]]:
     """The slots' layout of each tensor: A [r, in] -> a_t [in, r], B [out, r] -> b_t [r, out]."""
-    part = {"lora_A": "a_t", "lora_B": "b_t"}
-    return {(layer, short, part[ab]): list(tensor.shape)[::-1] for (layer, short, ab), (_, tensor) in loaded.items()}
+    return {(layer, short, HOST_PART[ab]): list(tensor.shape)[::-1] for (layer, short, ab), (_, tensor) in loaded.items()}
 
 
 def _check_and_copy(
@@ -233,7 +233,7 @@ def _check_and_copy(
     """Refuse what cannot be served, else copy each tensor transposed (and cast) into its view: one pass.
     `staged_finite`: the views hold the copies already, made (and checked for NaN/inf) as the bytes arrived."""
     for layer, short in targets:
-        for ab, part in (("lora_A", "a_t"), ("lora_B", "b_t")):
+        for ab, part in HOST_PART.items():
             key, tensor = loaded[(layer, short, ab)]
             if not tensor.is_floating_point():
                 raise LoRAAdapterError(f"tensor {key} has dtype {tensor.dtype}; LoRA weights must be floating point")
