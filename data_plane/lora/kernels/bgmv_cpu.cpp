@@ -15,10 +15,12 @@
 // the decode tokens of one adapter that way); a run is cut into tiles of up to 4 tokens that read each
 // weight once for the whole tile, summing in registers: a prefill segment's weights then come from the
 // cache and the FMAs are the limit. Tokens alone in their run (a decode step of many adapters is all of
-// them: two flops per weight read, the memory's speed) are paired, and the shrink streams both tokens'
-// slots side by side, which keeps more reads in flight than one stream. Tiles are split over torch's own
-// OpenMP threads (at::parallel_for, linked against the libgomp torch loaded), one parallel region per
-// call, and shrink_expand runs a layer's two halves in one of them.
+// them: two flops per weight read, the memory's speed) are paired, and both halves stream the two
+// tokens' slots side by side, which keeps more reads in flight than one stream; such a tile reads A and
+// B in their memory's order where it can (rows of A up to 56 columns wide in one pass, B row after
+// row). Tiles are split over torch's own OpenMP threads (at::parallel_for, linked against the libgomp
+// torch loaded), one parallel region per call, and shrink_expand runs a layer's two halves in one of
+// them.
 //
 // Vectors are AVX2 where the build targets it (cpu_extension.py; with AVX-512 too), half-width weights
 // converted in registers; plain loops else.
@@ -111,6 +113,7 @@ using Vec = __m256;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vset1(float v) { return _mm256_set1_ps(v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -130,7 +133,10 @@ constexpr int kRegisters = 16;
 constexpr int kWidth = LORAPLANE_SIMD;  // floats per vector
 
 // Vectors of sums a tile of TT tokens keeps in registers: TT * NV sums, NV weights and a broadcast fit.
-constexpr int max_vectors(int tt) { return tt == 1 ? 8 : std::min(8, (kRegisters - 2) / (tt + 1)); }
+// Tiles of two slots keep no weights in registers (each token's loads feed its own FMAs).
+constexpr int max_vectors(int tt, bool shared = true) {
+  return tt == 1 ? 8 : std::min(8, (kRegisters - 2) / (shared ? tt + 1 : tt));
+}
 
 // out[t][0 : NV*kWidth] = sum_k in[t][k] * w[t][k * stride + 0 : NV*kWidth] for t < TT. SHARED: one
 // slot for the tile (w[t] == w[0]), each weight loaded once for every token; else each token streams its
@@ -179,7 +185,7 @@ void tile_rows_vec(float* const* out, const float* const* in, const TW* const* w
   // the cases above max_vectors(TT) are never asked for (block_columns); they collapse to 1 to keep
   // the instantiations few
 #define LORAPLANE_NV(N) \
-  case N: return tile_rows<TT, (N <= max_vectors(TT) ? N : 1), SHARED>(out, in, w, stride, count);
+  case N: return tile_rows<TT, (N <= max_vectors(TT, SHARED) ? N : 1), SHARED>(out, in, w, stride, count);
   switch (nv) {
     LORAPLANE_NV(1) LORAPLANE_NV(2) LORAPLANE_NV(3) LORAPLANE_NV(4)
     LORAPLANE_NV(5) LORAPLANE_NV(6) LORAPLANE_NV(7) LORAPLANE_NV(8)
@@ -187,10 +193,38 @@ void tile_rows_vec(float* const* out, const float* const* in, const TW* const* w
 #undef LORAPLANE_NV
 }
 
-constexpr int64_t block_columns(int tt) { return max_vectors(tt) * kWidth; }
+constexpr int64_t block_columns(int tt, bool shared = true) { return max_vectors(tt, shared) * kWidth; }
 #else
-constexpr int64_t block_columns(int) { return 64; }
+constexpr int64_t block_columns(int, bool = true) { return 64; }
 #endif
+
+// sums[t][0 : n] (+)= s[t] * rows[t][0 : n] for t < TT; FIRST: the first row, which sets the sums
+template <int TT, bool FIRST, typename TW>
+inline void rows_fma(float* const* sums, const float* s, const TW* const* rows, int64_t n) {
+  int64_t j = 0;
+#if LORAPLANE_SIMD
+  Vec sv[TT];
+  for (int t = 0; t < TT; ++t) sv[t] = vset1(s[t]);
+  for (; j + 4 * kWidth <= n; j += 4 * kWidth)
+    for (int t = 0; t < TT; ++t)
+      for (int u = 0; u < 4; ++u) {
+        float* o = sums[t] + j + u * kWidth;
+        const Vec w = vload(rows[t] + j + u * kWidth);
+        vstore(o, FIRST ? vmul(sv[t], w) : vfma(sv[t], w, vload(o)));
+      }
+  for (; j + kWidth <= n; j += kWidth)
+    for (int t = 0; t < TT; ++t) {
+      float* o = sums[t] + j;
+      const Vec w = vload(rows[t] + j);
+      vstore(o, FIRST ? vmul(sv[t], w) : vfma(sv[t], w, vload(o)));
+    }
+#endif
+  for (; j < n; ++j)
+    for (int t = 0; t < TT; ++t) {
+      const float w = to_float(rows[t][j]);
+      sums[t][j] = FIRST ? s[t] * w : sums[t][j] + s[t] * w;
+    }
+}
 
 constexpr int64_t kMaxBlock = 8 * (LORAPLANE_SIMD ? LORAPLANE_SIMD : 8);  // the widest block any tile uses
 
@@ -231,18 +265,22 @@ std::vector<std::pair<int64_t, int64_t>> shrink_runs(int64_t lanes, int64_t padd
   return runs;
 }
 
-// What a thread keeps for its tiles: the tile's x rows and v rows in float, one block's sums per token.
+// What a thread keeps for its tiles: the tile's x rows and v rows in float, one block's sums per token,
+// and the lanes' sums of the expand of a lone token or a pair (expand_rows).
 struct Scratch {
-  std::vector<float> x, v, acc;
+  std::vector<float> x, v, acc, y;
   float* xs[kMaxTile];
   float* vs[kMaxTile];
   float* accs[kMaxTile];
-  Scratch(int64_t dim, int64_t v_width) : x(kMaxTile * dim), v(kMaxTile * v_width), acc(kMaxTile * kMaxBlock) {
+  float* ys[2];
+  Scratch(int64_t dim, int64_t v_width, int64_t y_width)
+      : x(kMaxTile * dim), v(kMaxTile * v_width), acc(kMaxTile * kMaxBlock), y(2 * y_width) {
     for (int t = 0; t < kMaxTile; ++t) {
       xs[t] = x.data() + t * dim;
       vs[t] = v.data() + t * v_width;
       accs[t] = acc.data() + t * kMaxBlock;
     }
+    for (int t = 0; t < 2; ++t) ys[t] = y.data() + t * y_width;
   }
 };
 
@@ -256,7 +294,7 @@ void shrink_tile(Scratch& s, const Tile& tile, const int64_t* rows, const TW* co
     const TA* xr = xp + rows[t] * x_row;
     for (int64_t k = 0; k < dim; ++k) s.xs[t][k] = to_float(xr[k]);
   }
-  const int64_t step = block_columns(tile.count);
+  const int64_t step = block_columns(tile.count, tile.shared);
   const TW* w[kMaxTile];
   for (auto [first, width] : runs)
     for (int64_t c = 0; c < width; c += step) {
@@ -269,29 +307,64 @@ void shrink_tile(Scratch& s, const Tile& tile, const int64_t* rows, const TW* co
     }
 }
 
-// The tile's expand: y[rows[t], lane columns] += s.vs[t][lane's block] @ bs[t][:rank, lane columns]. A
-// pair of two slots runs one token after the other here: B is read as rank rows of a block's columns,
-// and two tokens at once (twice the row streams) measured slower than one after the other.
+// The expand of TT tokens of TT slots (a lone token or a pair), B read in its memory's order: row r of
+// every lane, then row r + 1, so that each slot's B is one sequential stream, the pair's two side by
+// side; the sums wait in s.ys (a token's lanes side by side, an L1-sized row). Blocks of columns over
+// the rank rows, as the shared tiles read B, made `rank` short strided streams per block: a decode
+// step's expand measured 7-12% slower that way.
+template <int TT, typename TA, typename TW>
+void expand_rows(Scratch& s, const int64_t* rows, const float* const* vs, const TW* const* bs, TA* yp,
+                 int64_t y_row, int64_t b_row, int64_t rank, at::IntArrayRef offsets, at::IntArrayRef widths) {
+  if (rank == 0) return;  // nothing to add (the sums would be unset)
+  for (int64_t r = 0; r < rank; ++r) {
+    int64_t at = 0;
+    for (size_t l = 0; l < offsets.size(); ++l) {
+      float sv[TT];
+      const TW* w[TT];
+      float* o[TT];
+      for (int t = 0; t < TT; ++t) {
+        sv[t] = vs[t][l * rank + r];
+        w[t] = bs[t] + r * b_row + offsets[l];
+        o[t] = s.ys[t] + at;
+      }
+      if (r == 0) rows_fma<TT, true>(o, sv, w, widths[l]);
+      else rows_fma<TT, false>(o, sv, w, widths[l]);
+      at += widths[l];
+    }
+  }
+  for (int t = 0; t < TT; ++t) {
+    const float* sums = s.ys[t];
+    for (size_t l = 0; l < offsets.size(); ++l) {
+      TA* yr = yp + rows[t] * y_row + offsets[l];
+      for (int64_t j = 0; j < widths[l]; ++j) yr[j] = static_cast<TA>(to_float(yr[j]) + sums[j]);
+      sums += widths[l];
+    }
+  }
+}
+
+// The tile's expand: y[rows[t], lane columns] += s.vs[t][lane's block] @ bs[t][:rank, lane columns].
+// Shared tiles (a prefill run: B from the cache after its first tile) keep a block's sums in registers
+// over the rank rows; the others stream B by rows.
 template <typename TA, typename TW>
 void expand_tile(Scratch& s, const Tile& tile, const int64_t* rows, const TW* const* bs, TA* yp, int64_t y_row,
                  int64_t b_row, int64_t rank, at::IntArrayRef offsets, at::IntArrayRef widths) {
-  const Tile part{tile.first, tile.shared ? tile.count : 1, true};
-  const int64_t step = block_columns(part.count);
+  if (tile.count == 1) return expand_rows<1>(s, rows, s.vs, bs, yp, y_row, b_row, rank, offsets, widths);
+  if (!tile.shared) return expand_rows<2>(s, rows, s.vs, bs, yp, y_row, b_row, rank, offsets, widths);
+  const int64_t step = block_columns(tile.count);
   const float* in[kMaxTile];
   const TW* w[kMaxTile];
-  for (int first = 0; first < tile.count; first += part.count)
-    for (size_t l = 0; l < offsets.size(); ++l) {
-      for (int t = 0; t < part.count; ++t) in[t] = s.vs[first + t] + l * rank;
-      for (int64_t c = 0; c < widths[l]; c += step) {
-        const int64_t col = offsets[l] + c, n = std::min(step, widths[l] - c);
-        for (int t = 0; t < part.count; ++t) w[t] = bs[first + t] + col;
-        tile_block(s.accs, in, w, b_row, rank, n, part);
-        for (int t = 0; t < part.count; ++t) {
-          TA* yr = yp + rows[first + t] * y_row + col;
-          for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<TA>(to_float(yr[j]) + s.accs[t][j]);
-        }
+  for (size_t l = 0; l < offsets.size(); ++l) {
+    for (int t = 0; t < tile.count; ++t) in[t] = s.vs[t] + l * rank;
+    for (int64_t c = 0; c < widths[l]; c += step) {
+      const int64_t col = offsets[l] + c, n = std::min(step, widths[l] - c);
+      for (int t = 0; t < tile.count; ++t) w[t] = bs[t] + col;
+      tile_block(s.accs, in, w, b_row, rank, n, tile);
+      for (int t = 0; t < tile.count; ++t) {
+        TA* yr = yp + rows[t] * y_row + col;
+        for (int64_t j = 0; j < n; ++j) yr[j] = static_cast<TA>(to_float(yr[j]) + s.accs[t][j]);
       }
     }
+  }
 }
 
 // The slot's weights of each token of the tile: base + slot * slot_stride.
@@ -314,13 +387,21 @@ void dispatch(at::ScalarType act, at::ScalarType weight, F&& run) {
 
 // Calls body(scratch, tile, rows[count]) for every tile, the tiles split over the threads.
 template <typename Body>
-void for_tiles(const at::Tensor& index, const at::Tensor& slots, int64_t dim, int64_t v_width, Body&& body) {
+void for_tiles(const at::Tensor& index, const at::Tensor& slots, int64_t dim, int64_t v_width, int64_t y_width,
+               Body&& body) {
   const int64_t* ip = index.const_data_ptr<int64_t>();
   const auto tiles = make_tiles(slots.const_data_ptr<int64_t>(), slots.numel());
-  at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
-    Scratch scratch(dim, v_width);
+  const int64_t n = static_cast<int64_t>(tiles.size());
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(dim, v_width, y_width);
     for (int64_t i = begin; i < end; ++i) body(scratch, tiles[i], ip + tiles[i].first);
   });
+}
+
+int64_t lane_columns(at::IntArrayRef widths) {
+  int64_t n = 0;
+  for (int64_t w : widths) n += w;
+  return n;
 }
 
 void check_shrink(const at::Tensor& x, const at::Tensor& a, int64_t lanes, int64_t rank) {
@@ -355,7 +436,7 @@ void bgmv_shrink(at::Tensor v, const at::Tensor& x, const at::Tensor& a, const a
     const TA* xp = x.const_data_ptr<TA>();
     const TW* ap = a.const_data_ptr<TW>();
     TA* vp = v.mutable_data_ptr<TA>();
-    for_tiles(index, slots, dim, width, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
+    for_tiles(index, slots, dim, width, 0, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
       const TW* as[kMaxTile];
       slot_weights(as, ap, a.stride(0), sp, tile);
       shrink_tile<TA, TW>(s, tile, rows, as, xp, x.stride(0), a.stride(1), dim, padded, rank, runs);
@@ -371,7 +452,7 @@ void bgmv_expand(at::Tensor y, const at::Tensor& v, const at::Tensor& b, const a
   check_rows(v, "v", y.scalar_type());
   TORCH_CHECK(v.dim() == 2 && v.size(1) == int64_t(offsets.size()) * rank, "v [T, L * rank]");
   check_routing(index, slots, std::min(y.size(0), v.size(0)), b.size(0));
-  const int64_t width = v.size(1);
+  const int64_t width = v.size(1), y_width = lane_columns(widths);
   const int64_t* sp = slots.const_data_ptr<int64_t>();
   dispatch(y.scalar_type(), b.scalar_type(), [&](auto ta, auto tw) {
     using TA = decltype(ta);
@@ -379,7 +460,7 @@ void bgmv_expand(at::Tensor y, const at::Tensor& v, const at::Tensor& b, const a
     const TA* vp = v.const_data_ptr<TA>();
     const TW* bp = b.const_data_ptr<TW>();
     TA* yp = y.mutable_data_ptr<TA>();
-    for_tiles(index, slots, 0, width, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
+    for_tiles(index, slots, 0, width, y_width, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
       for (int t = 0; t < tile.count; ++t)
         for (int64_t j = 0; j < width; ++j) s.vs[t][j] = to_float(vp[rows[t] * v.stride(0) + j]);
       const TW* bs[kMaxTile];
@@ -397,7 +478,7 @@ void bgmv_shrink_expand(at::Tensor y, const at::Tensor& x, const at::Tensor& a, 
   TORCH_CHECK(x.scalar_type() == y.scalar_type() && int64_t(offsets.size()) == lanes && a.size(0) == b.size(0),
               "x and y of one dtype, one lane per offset, A and B of the same slots");
   check_routing(index, slots, std::min(x.size(0), y.size(0)), a.size(0));
-  const int64_t dim = x.size(1), padded = a.size(2) / lanes;
+  const int64_t dim = x.size(1), padded = a.size(2) / lanes, y_width = lane_columns(widths);
   const auto runs = shrink_runs(lanes, padded, rank);
   const int64_t* sp = slots.const_data_ptr<int64_t>();
   dispatch(x.scalar_type(), a.scalar_type(), [&](auto ta, auto tw) {
@@ -408,7 +489,7 @@ void bgmv_shrink_expand(at::Tensor y, const at::Tensor& x, const at::Tensor& a, 
     const TW* ap = a.const_data_ptr<TW>();
     const TW* bp = b.const_data_ptr<TW>();
     TA* yp = y.mutable_data_ptr<TA>();
-    for_tiles(index, slots, dim, lanes * rank, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
+    for_tiles(index, slots, dim, lanes * rank, y_width, [&](Scratch& s, const Tile& tile, const int64_t* rows) {
       const TW* as[kMaxTile];
       const TW* bs[kMaxTile];
       slot_weights(as, ap, a.stride(0), sp, tile);

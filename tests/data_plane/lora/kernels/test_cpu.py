@@ -80,7 +80,7 @@ def _wide_case(g: torch.Generator, padded: int, rank: int, widths: list[int], di
     b = torch.zeros(num_slots, padded, sum(widths))
     b[:, :rank] = torch.randn(num_slots, rank, sum(widths), generator=g)
     lanes = [(sum(widths[:i]), w) for i, w in enumerate(widths)]
-    decode = [0, 2, -1, 1, 2, 0]
+    decode = [1, 2, -1, 0, 2]  # slots 0 and 1 alone: a pair of two slots; slot 2's two tokens share a tile
     token_slots = decode + [1] * 7 + [-1] * 2 + [2] * 9  # prefill runs cut into tiles of 4, 2 and 1 tokens
     batch = LoRABatch.build(token_slots, len(decode), rank, CPU)
     x, y = torch.randn(len(token_slots), dim, generator=g), torch.randn(len(token_slots), sum(widths), generator=g)
