@@ -33,6 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+# Not lower: the reader shares the API process's GIL, and a thread descheduled while it holds the GIL keeps
+# the event loop (every stream's next token) waiting. bench/hot_load.py, 2 CPUs, 4 runs each: at nice 19 the
+# streams' p99 inter-token latency while adapters load was 6-7x steady; at 10 it is 1.9-2.7x, the event loop
+# stalling 12-37 ms while a load runs (the core's steps stay near steady); nice 0, or resting between the
+# load's pieces as downloads do, measured no better. The cure is a load off this process's GIL
 READER_NICENESS = 10
 # while the engine has requests, what a background thread (download, cache write) may use of one CPU:
 # bench/artifacts.py, 2 CPUs: see BackgroundPace
