@@ -18,7 +18,8 @@ Then the router's own cost, against the engine that holds the adapter (stack A),
 Figures are medians over the repeats with [min, max]. `slot_loads_offline_floor` is no measurement: the
 fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on 4 slots, requests
 within concurrency/3 of each other on an engine sharing a load), for round-robin and for the best demand
-placement, against which the slot-loads target can be judged.
+placement, and `any_routing`, the fewest any routing allows (the fleet's 12 slots as one, the whole
+concurrency sharing loads), against which the slot-loads target can be judged.
 """
 
 from __future__ import annotations
@@ -282,7 +283,10 @@ def main() -> int:
             "round_robin": spread([f["round_robin"] for f in floor], 0),
             "demand_placed": spread([f["demand_placed"] for f in floor], 0),
             "demand_placed_over_measured_round_robin": spread(
-                [f["demand_placed"] / max(b, 1) for f, b in zip(floor, loads["round_robin"], strict=True)], 3)},
+                [f["demand_placed"] / max(b, 1) for f, b in zip(floor, loads["round_robin"], strict=True)], 3),
+            "any_routing": spread([f["any_routing"] for f in floor], 0),
+            "any_routing_over_measured_round_robin": spread(
+                [f["any_routing"] / max(b, 1) for f, b in zip(floor, loads["round_robin"], strict=True)], 3)},
         "router_overhead_1_token_p50_ms": spread(overhead_ms, 2) | {
             "via_router_ms": spread([1e3 * v for v in via_p50], 2), "direct_ms": spread([1e3 * d for d in direct_p50], 2),
             "target": "<= 2"},
