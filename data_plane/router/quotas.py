@@ -32,6 +32,7 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -233,11 +234,14 @@ class QuotaStore:
                               kind="requests", retry_after_s=wait_s, headers=headers)
         return Admission(tenant, lease, tokens, [b.key for b in sets], reserved if tokens else 0, headers)
 
-    async def charge(self, admission: Admission, delta: int) -> None:
-        """The token buckets pay `delta` more (less when negative) for a request still running."""
-        if admission.tokens and delta:
-            admission.charged += delta  # before the await: the next charge or the settle counts from here
-            await self._pay(admission, delta, [])
+    def charge(self, admission: Admission, delta: int) -> Coroutine[None, None, None] | None:
+        """`delta` tokens more (less when negative) booked now for a request still running; the coroutine
+        pays them to the token buckets. Booked at the call, not when the coroutine runs: a settlement that
+        runs before it (the stream's end, awaited at once) must count from here, or pay `delta` twice."""
+        if not (admission.tokens and delta):
+            return None
+        admission.charged += delta
+        return self._pay(admission, delta, [])
 
     async def settle(self, admission: Admission, used_tokens: int | None) -> None:
         """Pay what was used, against what was charged (None: unknown, the charges stand); free the leases."""

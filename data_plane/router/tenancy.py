@@ -75,12 +75,13 @@ class StreamMeter:
         now = time.monotonic()
         if abs(owed) < CHARGE_TOKENS and now - self._last < CHARGE_EVERY_S:
             return
-        self._last, self._charging = now, True
-        self.tenancy.spawn(self._charge(owed))
+        if (paying := self.tenancy.quotas.charge(self.admission, owed)) is not None:
+            self._last, self._charging = now, True
+            self.tenancy.spawn(self._pay(paying))
 
-    async def _charge(self, owed: int) -> None:
+    async def _pay(self, paying: Coroutine[None, None, None]) -> None:
         try:
-            await self.tenancy.quotas.charge(self.admission, owed)
+            await paying
         finally:
             self._charging = False
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -104,11 +104,12 @@ def serve_router(control_plane: str, **config: object) -> Iterator[RouterUnderTe
         yield RouterUnderTest(url, app.state.router)
 
 
-def wait_until(condition, what: str, timeout_s: float = 20.0) -> None:  # noqa: ANN001
+def wait_until(condition: Callable[[], object], what: str | Callable[[], str], timeout_s: float = 20.0) -> None:
+    """Polls `condition`; `what` may be a callable, to name what was seen when the wait timed out."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         time.sleep(0.05)
 
 

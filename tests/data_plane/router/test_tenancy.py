@@ -1,0 +1,63 @@
+"""A tenant's tokens are charged once: a running stream's charges (StreamMeter) and its settlement at the
+end add up to the engine's count, against the real Redis at 127.0.0.1:6379, in whatever order their
+Redis calls run."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from data_plane.router.config import RouterConfig
+from data_plane.router.tenancy import CHARGE_TOKENS, StreamMeter, Tenancy
+from data_plane.router.tenant_metrics import TenantMetrics
+from data_plane.router.usage import Usage
+from shared.tenants import Limits
+from tests.e2e.test_tenants import REDIS_URL, redis_ok
+
+RESERVED = 10  # the admission's estimate: prompt + max_tokens
+GENERATED = 5  # of which max_tokens
+
+
+@pytest.fixture
+async def tenancy() -> AsyncIterator[Tenancy]:
+    if not redis_ok():
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    prefix = f"lptest:{uuid.uuid4().hex[:8]}:"
+    config = RouterConfig(control_plane_url="http://127.0.0.1:9", require_api_key=True, redis_url=REDIS_URL,
+                          redis_prefix=prefix)
+    async with httpx.AsyncClient() as control_plane:
+        tenancy = Tenancy(config, control_plane, TenantMetrics(CollectorRegistry(), max_labels=10))
+        yield tenancy
+        await tenancy.stop()
+    client = redis.Redis.from_url(REDIS_URL)
+    if keys := list(client.scan_iter(prefix + "*")):
+        client.delete(*keys)
+
+
+def charged(tenancy: Tenancy, tenant: str) -> int:
+    key = f"{tenancy.quotas.prefix}q:tenant:{tenant}:tpm"
+    return int(redis.Redis.from_url(REDIS_URL).hget(key, "charged") or 0)
+
+
+@pytest.mark.parametrize("charge_runs_first", [False, True])
+async def test_a_charge_just_before_the_end_is_paid_once(tenancy: Tenancy, charge_runs_first: bool) -> None:
+    admission = await tenancy.quotas.admit("t", "k", Limits(tokens_per_minute=10**6), Limits(), RESERVED)
+    assert charged(tenancy, "t") == RESERVED
+    meter = StreamMeter(tenancy, admission, GENERATED)
+    # the stream's last usage chunk owes more than CHARGE_TOKENS: its charge is spawned at once …
+    final = Usage(prompt_tokens=CHARGE_TOKENS + 50, completion_tokens=GENERATED)
+    final.total_tokens = final.prompt_tokens + final.completion_tokens
+    meter(final)
+    while charge_runs_first and charged(tenancy, "t") == RESERVED:  # the charge reached Redis
+        await asyncio.sleep(0.01)
+    # … and [DONE] follows: the settlement is awaited there and then (settle_before_end), which may run
+    # before the charge's task has
+    await tenancy.quotas.settle(admission, final.total_tokens)
+    await tenancy.stop()  # the charge's task done, whenever it ran
+    assert charged(tenancy, "t") == final.total_tokens
