@@ -29,7 +29,10 @@ DEMAND_PATH = "/v1/routes/demand"
 
 Residency = Literal["device", "host", "loading"]
 RESIDENCY_RANK: dict[str, int] = {"device": 0, "host": 1, "loading": 2}  # lower is better
-Count = Annotated[int, msgspec.Meta(ge=0)]
+# at most a 32-bit INTEGER column's largest value: the control plane stores a router's counts (routers table),
+# and a larger number (which no router holds) was an overflow there, a 500 instead of a 400
+MAX_COUNT = 2**31 - 1
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 ModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # Bounds of one demand report (the control plane answers 400 beyond them): a router reports at most this
 # many models per call, and asks for at most MAX_PLACE placements at once.

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 from control_plane.app import create_app
 from control_plane.auth import token_id
 from control_plane.db.models import Adapter, DemandReport, RouterInstance
-from shared.routes import DEMAND_PATH
+from shared.routes import DEMAND_PATH, MAX_COUNT
 from tests.control_plane.conftest import ADMIN, admin, reader
 
 ROUTER_TOKEN = "router-token-for-presence-tests"
@@ -99,9 +99,18 @@ async def test_replicas_sharing_a_token_keep_their_own_demand(cp: AsyncTestClien
     assert await in_db(settings, rows) == [(f"router:{tid}:r1", 4), (f"router:{tid}:r2", 2)]
 
 
+async def test_the_largest_counts_are_stored_as_sent(cp: AsyncTestClient) -> None:
+    await report(cp, "r1", running=MAX_COUNT, waiting=MAX_COUNT)  # the INTEGER columns' largest value
+    row = (await routers(cp))["r1"]
+    assert (row["running"], row["waiting"]) == (MAX_COUNT, MAX_COUNT)
+    r = await cp.post(DEMAND_PATH, json={"demand": [{"model": "m", "waiting": MAX_COUNT + 1}]}, headers=ROUTER)
+    assert r.status_code == 400 and "waiting" in r.json()["error"]["message"], r.text
+
+
 @pytest.mark.parametrize("presence", [
     {"name": ""}, {"name": "r\u0000"}, {"name": "r\n1"}, {"name": "x" * 257}, {"name": "r", "url": "http://a\u0000"},
     {"name": "r", "running": -1}, {"name": "r", "table_age_s": -1.0}, {"url": "http://x"},
+    {"name": "r", "waiting": MAX_COUNT + 1}, {"name": "r", "running": 4196402182260551126614016},
 ])
 async def test_bad_presence_is_a_400_naming_the_field(cp: AsyncTestClient, presence: dict) -> None:
     r = await cp.post(DEMAND_PATH, json={"router": presence}, headers=ROUTER)
