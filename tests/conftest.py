@@ -1,0 +1,31 @@
+"""How `make test` spreads the suite over processes (pytest-xdist, `-n 2 --dist loadfile`).
+
+Each test module is one unit of work, run on one worker in file order: its module-scoped fixtures (an
+engine, a control plane, a fleet) start once, and some modules' tests build on what the ones before them
+left. tests/faults/ is one unit as a whole: its tests share a package-scoped fleet and run in file order
+across its files (tests/faults/conftest.py). Without xdist, or with another --dist, nothing changes here.
+
+(xdist's own `--dist loadgroup` marks cannot say this under pytest 9.2: it renames items through an
+attribute pytest no longer reads, so every test became a unit of its own and tests/faults/ was split.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+WHOLE_PACKAGES = ("tests/faults/",)  # one unit each, whatever the module (node ids are relative to the root)
+
+if importlib.util.find_spec("xdist") is not None:
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        """--dist loadfile, with each of WHOLE_PACKAGES one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return next((p for p in WHOLE_PACKAGES if module.startswith(p)), module)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadFileScheduling | None:
+        return ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None  # type: ignore[arg-type]
