@@ -29,7 +29,7 @@ openai = pytest.importorskip("openai")
 
 ADMIN, READ, ENGINE_TOKEN = "e2e-admin-token", "e2e-read-token", "e2e-engine-token"
 # each engine's own token at the control plane (LORAPLANE_CONTROL_PLANE_TOKEN on the engine)
-CP_TOKENS = {"e1": "e2e-e1-cp-token", "e2": "e2e-e2-cp-token"}
+CP_TOKENS = {"e1": "e2e-e1-cp-token", "e2": "e2e-e2-cp-token", "e3": "e2e-e3-cp-token"}
 PROMPT = "The quick brown fox"
 
 

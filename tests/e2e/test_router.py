@@ -1,8 +1,8 @@
-"""End to end over loopback: `loraplane control` (SQLite), two `loraplane engine`s registered with it and
+"""End to end over loopback: `loraplane control` (SQLite), three `loraplane engine`s registered with it and
 `loraplane router` in front, each a process of its own, every credential in the environment.
 
-Adapters with one replica are served through the router by their holder only (the engines' own request
-counters say so) with the tokens of a direct request; streams equal the engine's chunk for chunk; an
+Twelve adapters with one replica each are served through the router by their holder only (the engines'
+own request counters say so) with the tokens of a direct request; streams equal the engine's chunk for chunk; an
 adapter placed nowhere is placed by the router's request; unknown names are 404; the engines answer the
 router's inference key only; a killed holder's adapter is served again once the control plane has placed
 it elsewhere.
@@ -40,6 +40,12 @@ openai = pytest.importorskip("openai")
 
 ROUTER_TOKEN, ENGINE_KEY, CLIENT_KEY = "e2e-router-token", "e2e-engine-api-key", "e2e-client-key"
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
+ENGINES = ("e1", "e2", "e3")
+# 12 adapters of one replica (issue 11 §4): the demo folders under several names, 4 per engine's 4 slots
+ONE_REPLICA = {"demo-pirate": "demo-pirate", "demo-poet": "demo-poet",
+               **{f"{folder}-{i}": folder for i in (2, 3, 4) for folder in ("demo-pirate", "demo-poet", "demo-short")},
+               "demo-short-5": "demo-short"}
+ROUTED = 2  # requests per adapter through the router
 
 
 def adapter_counts(engine_url: str) -> dict[str, int]:
@@ -92,7 +98,7 @@ def wait_for(predicate, what: str, timeout_s: float = 60) -> None:  # noqa: ANN0
         time.sleep(0.2)
 
 
-def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) -> None:
+def test_router_in_front_of_the_control_plane_and_three_engines(tmp_path: Path) -> None:
     base = tmp_path / "models" / "demo"
     write_demo_model(base, seed=0)
     root = tmp_path / "adapters"
@@ -105,7 +111,7 @@ def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) ->
             tmp_path, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN, LORAPLANE_ENGINE_STALE_AFTER_S="3",
             LORAPLANE_RECONCILE_INTERVAL_S="1"))
         engines = {}
-        for name in ("e1", "e2"):
+        for name in ENGINES:
             engines[name] = stack.enter_context(run_engine(
                 base, tmp_path / f"{name}.log", "--enable-lora", "--lora-roots", str(root), "--admin-token",
                 ENGINE_TOKEN, "--control-plane", cp, "--engine-name", name, *SHARED_FLAGS,
@@ -120,33 +126,39 @@ def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) ->
         stack.enter_context(started([sys.executable, "-m", "shared.cli", "router", "--control-plane", cp, "--port",
                                      str(port)], tmp_path / "router.log", env,
                                     lambda: httpx.get(router + "/health", timeout=2).json()["routing_table"]["engines"]
-                                    == 2, "router"))
+                                    == len(ENGINES), "router"))
 
-        for name in ("demo-pirate", "demo-poet"):
-            r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(paths[name]),
+        for name, folder in ONE_REPLICA.items():
+            r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(paths[folder]),
                                                                "base_model": "demo", "replicas": {"min": 1, "max": 1}})
             assert r.status_code == 200 and len(r.json()["engines"]) == 1, r.text
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "demo-short", "lora_path": str(
             paths["demo-short"]), "base_model": "demo", "replicas": {"min": 0, "max": 1}})
         assert r.status_code == 200 and r.json()["engines"] == [], r.text  # placed nowhere yet
         client = openai.OpenAI(base_url=router + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=60)
-        wait_for(lambda: {m.id for m in client.models.list()} >= {"demo", "demo-pirate", "demo-poet", "demo-short"},
+        wait_for(lambda: {m.id for m in client.models.list()} >= {"demo", "demo-short", *ONE_REPLICA},
                  "the router's table to list the adapters")
 
         # each one-replica adapter is served by its holder only, with the tokens of a direct request
-        for name in ("demo-pirate", "demo-poet"):
+        placed = {}
+        for name in ONE_REPLICA:
             wait_for(lambda n=name: len(holders(cp, n)) == 1, f"{name} held by one engine")
-            (holder,) = holders(cp, name)
-            before = {e: adapter_counts(s.url).get(name, 0) for e, s in engines.items()}
+            (placed[name],) = holders(cp, name)
+        assert set(placed.values()) == set(ENGINES)  # spread over the fleet, not all on one engine
+        before = {e: adapter_counts(s.url) for e, s in engines.items()}
+        for name, holder in placed.items():
             direct = httpx.post(engines[holder].api + "/completions", json={"model": name, **PROMPT},
                                 headers=engine_key, timeout=60).json()["choices"][0]["text"]
-            for _ in range(4):
+            for _ in range(ROUTED):
                 r = httpx.post(router + "/v1/completions", json={"model": name, **PROMPT}, headers=key, timeout=60)
                 assert r.status_code == 200 and r.headers["x-loraplane-engine"] == holder, r.text
                 assert r.json()["choices"][0]["text"] == direct
-            after = {e: adapter_counts(s.url).get(name, 0) for e, s in engines.items()}
-            assert {e: after[e] - before[e] for e in engines} == {e: 5 if e == holder else 0 for e in engines}
-        assert scrape_metric(router, "loraplane_router_affinity_total") == 8  # hits (device) and misses (host)
+        after = {e: adapter_counts(s.url) for e, s in engines.items()}
+        for name, holder in placed.items():
+            served = {e: after[e].get(name, 0) - before[e].get(name, 0) for e in engines}
+            assert served == {e: 1 + ROUTED if e == holder else 0 for e in engines}, name
+        # hits (device) and misses (host)
+        assert scrape_metric(router, "loraplane_router_affinity_total") == ROUTED * len(ONE_REPLICA)
 
         # streaming through the router equals streaming from the engine, chunk for chunk
         stream = {"model": "demo-poet", **PROMPT, "stream": True}
@@ -182,12 +194,18 @@ def test_router_in_front_of_the_control_plane_and_two_engines(tmp_path: Path) ->
         (holder,) = holders(cp, "demo-pirate")
         engines[holder].process.send_signal(signal.SIGKILL)
         engines[holder].process.wait()
-        other = next(e for e in engines if e != holder)
+        others = set(engines) - {holder}
 
         def served_elsewhere() -> bool:
             r = httpx.post(router + "/v1/completions", json={"model": "demo-pirate", **PROMPT}, headers=key, timeout=60)
-            return r.status_code == 200 and r.headers["x-loraplane-engine"] == other
+            return r.status_code == 200 and r.headers["x-loraplane-engine"] in others
 
-        wait_for(served_elsewhere, "demo-pirate served by the other engine", timeout_s=60)
+        wait_for(served_elsewhere, "demo-pirate served by another engine", timeout_s=60)
         for _ in range(3):
             assert served_elsewhere()
+        # and every other adapter the killed engine held, each by the one engine now holding it
+        for name in (n for n, e in placed.items() if e == holder and n != "demo-pirate"):
+            wait_for(lambda n=name: holders(cp, n) <= others and len(holders(cp, n)) == 1, f"{name} re-placed")
+            (now,) = holders(cp, name)
+            r = httpx.post(router + "/v1/completions", json={"model": name, **PROMPT}, headers=key, timeout=60)
+            assert r.status_code == 200 and r.headers["x-loraplane-engine"] == now, r.text
