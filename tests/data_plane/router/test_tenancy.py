@@ -22,6 +22,7 @@ from tests.e2e.test_tenants import REDIS_URL, redis_ok
 
 RESERVED = 10  # the admission's estimate: prompt + max_tokens
 GENERATED = 5  # of which max_tokens
+LIMITS = Limits(tokens_per_minute=10**6)  # the tenant's: a token bucket, never in the way
 
 
 @pytest.fixture
@@ -41,13 +42,14 @@ async def tenancy() -> AsyncIterator[Tenancy]:
 
 
 def charged(tenancy: Tenancy, tenant: str) -> int:
-    key = f"{tenancy.quotas.prefix}q:tenant:{tenant}:tpm"
-    return int(redis.Redis.from_url(REDIS_URL).hget(key, "charged") or 0)
+    """Tokens charged to the tenant's tokens-per-minute bucket, the one QuotaStore.plan names."""
+    (bucket,) = tenancy.quotas.plan(tenant, "k", LIMITS, Limits())[1]
+    return int(redis.Redis.from_url(REDIS_URL).hget(bucket.key, "charged") or 0)
 
 
 @pytest.mark.parametrize("charge_runs_first", [False, True])
 async def test_a_charge_just_before_the_end_is_paid_once(tenancy: Tenancy, charge_runs_first: bool) -> None:
-    admission = await tenancy.quotas.admit("t", "k", Limits(tokens_per_minute=10**6), Limits(), RESERVED)
+    admission = await tenancy.quotas.admit("t", "k", LIMITS, Limits(), RESERVED)
     assert charged(tenancy, "t") == RESERVED
     meter = StreamMeter(tenancy, admission, GENERATED)
     # the stream's last usage chunk owes more than CHARGE_TOKENS: its charge is spawned at once …
