@@ -2,7 +2,7 @@
 object.
 
     .venv/bin/python bench/hot_load.py [--shape 512,1408,6,8,2,384] [--streams 16] [--repeats 3]
-        [--torch-threads 2] [--rank 16]
+        [--torch-threads 2] [--rank 16] [--readers process,thread]
 
 What bench/lora_throughput.py's figure (e) measures in process, as a client sees it: one `loraplane engine`
 (engine-core process, --max-loras 4, four adapters registered at start with --lora-modules) serves
@@ -22,6 +22,11 @@ two consecutive tokens of one running stream, counted when the gap begins in the
 each step, so one slow step is `--streams` long gaps). Reported per mode:
 p50/p99 over the repeats (median, range), and per repeat the ratios hot/steady (the issue's) and
 hot/arrivals (what the loads add beside the arrivals' own prefills).
+
+Two engines, alternated window by window in one run: one reads adapter files in its adapter reader
+process (the default), the other on threads of its API process (--no-adapter-reader-process); the
+`process_reader` and `thread_reader` blocks give each one's figures, `ratio_hot_p99_process_vs_thread`
+the same repeat's hot p99 of one over the other.
 """
 
 from __future__ import annotations
@@ -132,6 +137,26 @@ def client_main(conn) -> None:
         conn.send(asyncio.run(job(*work)))
 
 
+def rotated(items: list[str], r: int) -> list[str]:
+    return items[r % len(items):] + items[: r % len(items)]
+
+
+def summary(results: dict[str, list[dict]]) -> dict:
+    """One server's figures: per mode p50/p99 over the repeats; per repeat the ratios against steady."""
+    p99 = {m: [1e3 * p(o["gaps"], 0.99) for o in runs] for m, runs in results.items()}
+    return {
+        "itl_p50_ms": {m: spread([1e3 * p(o["gaps"], 0.5) for o in runs]) for m, runs in results.items()},
+        "itl_p99_ms": {m: spread(v) for m, v in p99.items()},
+        "gaps_per_window": {m: spread([len(o["gaps"]) for o in runs], 0) for m, runs in results.items()},
+        "ratio_hot_vs_steady": spread([h / s for h, s in zip(p99["hot"], p99["steady"], strict=True)], 3)
+        | {"target": "<= 1.5"},
+        "ratio_hot_vs_arrivals": spread([h / a for h, a in zip(p99["hot"], p99["arrivals"], strict=True)], 3),
+        "ratio_slot_writes_only_vs_steady": spread([w / s for w, s in zip(p99["slots"], p99["steady"], strict=True)], 3),
+        "hot_load_and_answer_s": spread([s for o in results["hot"] for s in o["arrival_s"]], 3),
+        "_hot_p99": p99["hot"],
+    }
+
+
 def ready(url: str) -> None:
     """Until the engine answers /health (its log line may come a moment before it listens)."""
     deadline = time.monotonic() + 120
@@ -163,6 +188,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=2)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--readers", default="process,thread", type=lambda v: v.split(","),
+                        help="engines to alternate: process (the adapter reader process, the default) and/or "
+                        "thread (--no-adapter-reader-process)")
     args = parser.parse_args()
     args.model, args.omp_threads_bind, args.omp_wait_policy = None, "auto", None  # what serving.Server reads
 
@@ -179,38 +207,42 @@ def main() -> int:
     conn, child_conn = ctx.Pipe()
     client = ctx.Process(target=client_main, args=(child_conn,), daemon=True)
     client.start()
-    server = Server(model, resident, args.torch_threads, "core", root / "engine.log", args,
-                    extra=("--lora-roots", str(root)))
-    ready(server.url)
-    results: dict[str, list[dict]] = {"steady": [], "arrivals": [], "hot": [], "slots": []}
-    modes = list(results)
+    servers: dict[str, Server] = {}
     try:
-        with tqdm(total=rounds * len(modes), desc="hot-load windows", file=sys.stderr) as bar:
-            for r in range(rounds):
-                for mode in modes[r % len(modes):] + modes[: r % len(modes)]:
-                    conn.send((server.url, mode, args.streams, hot[r] if mode == "hot" else slots[r]))
-                    outcome = conn.recv()
-                    if r > 0:
-                        results[mode].append(outcome)
-                    bar.update()
+        for reader in args.readers:
+            extra = ("--lora-roots", str(root)) + (() if reader == "process" else ("--no-adapter-reader-process",))
+            servers[reader] = Server(model, resident, args.torch_threads, "core", root / f"engine-{reader}.log", args,
+                                     extra=extra)
+            ready(servers[reader].url)
+        modes = ["steady", "arrivals", "hot", "slots"]
+        results = {reader: {mode: [] for mode in modes} for reader in servers}
+        with tqdm(total=rounds * len(modes) * len(servers), desc="hot-load windows", file=sys.stderr) as bar:
+            for r in range(rounds):  # servers and modes alternate, in a rotated order each round
+                for reader in rotated(list(servers), r):
+                    for mode in rotated(modes, r):
+                        conn.send((servers[reader].url, mode, args.streams, hot[r] if mode == "hot" else slots[r]))
+                        outcome = conn.recv()
+                        if r > 0:
+                            results[reader][mode].append(outcome)
+                        bar.update()
     finally:
         conn.send(None)
-        server.stop()
-    p99 = {m: [1e3 * p(o["gaps"], 0.99) for o in runs] for m, runs in results.items()}
+        for server in servers.values():
+            server.stop()
+    by_reader = {reader: summary(runs) for reader, runs in results.items()}
     figures = {
         "benchmark": "hot_load",
         "model": f"generated Qwen2 shape {args.shape}", "adapter_rank": args.rank, "adapter_targets": list(TARGET_MODULES),
         "engine": f"loraplane engine, engine-core process, --max-loras {RESIDENT}, {args.torch_threads} torch threads",
         "streams": args.streams, "repeats": args.repeats, "arrivals_per_window": HOT,
-        "itl_p50_ms": {m: spread([1e3 * p(o["gaps"], 0.5) for o in runs]) for m, runs in results.items()},
-        "itl_p99_ms": {m: spread(v) for m, v in p99.items()},
-        "gaps_per_window": {m: spread([len(o["gaps"]) for o in runs], 0) for m, runs in results.items()},
-        "ratio_hot_vs_steady": spread([h / s for h, s in zip(p99["hot"], p99["steady"], strict=True)], 3)
-        | {"target": "<= 1.5"},
-        "ratio_hot_vs_arrivals": spread([h / a for h, a in zip(p99["hot"], p99["arrivals"], strict=True)], 3),
-        "ratio_slot_writes_only_vs_steady": spread([w / s for w, s in zip(p99["slots"], p99["steady"], strict=True)], 3),
-        "hot_load_and_answer_s": spread([s for o in results["hot"] for s in o["arrival_s"]], 3),
+        "readers": {"process": "adapter reader process (the default)", "thread": "--no-adapter-reader-process"},
+        **{f"{reader}_reader": figures for reader, figures in by_reader.items()},
     }
+    if len(by_reader) == 2:  # the same repeats' hot p99, one server against the other
+        figures["ratio_hot_p99_process_vs_thread"] = spread(
+            [a / b for a, b in zip(by_reader["process"]["_hot_p99"], by_reader["thread"]["_hot_p99"], strict=True)], 3)
+    for block in by_reader.values():
+        del block["_hot_p99"]
     print(json.dumps(figures))
     return 0
 

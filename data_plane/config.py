@@ -64,6 +64,9 @@ class EngineConfig:
     lora_fused_row_allreduce: bool = False  # row-parallel LoRA: one all-reduce per layer instead of two
     # Multi-LoRA
     enable_lora: bool = False
+    # adapter files read and checked in a process of their own (data_plane/engine/core/adapter_reader.py);
+    # False: on threads of the API process, sharing its GIL with the event loop
+    adapter_reader_process: bool = True
     max_loras: int = 4  # device slots: adapters resident for compute at once
     max_lora_rank: int = 64  # slots are padded to this rank
     lora_dtype: str = "auto"  # the slots' dtype: auto (the model's) | bfloat16 | float16 (half the bytes, float sums)

@@ -6,6 +6,7 @@ body `{"error": {"message", "type", "param", "code"}}`; see errors.py.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable
 from importlib.metadata import PackageNotFoundError, version
@@ -27,10 +28,12 @@ from data_plane.api.serving_completion import CompletionService
 from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
+from data_plane.engine.core.adapter_reader import AdapterReaderProcess
 from data_plane.engine.protocol import EngineProtocol
+from data_plane.lora.adapter_reading import AdapterReading
 from data_plane.lora.artifact_metrics import ArtifactCollector
 from data_plane.lora.artifact_source import ArtifactSource, artifact_cache_for
-from data_plane.lora.registry import Loader, LoRARegistry, loader_for
+from data_plane.lora.registry import Loader, LoRARegistry
 from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
 from shared.disconnect import until_disconnect
@@ -163,12 +166,18 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     base_name = config.served_model_name or config.model
     request_stats = AdapterRequestStats()
     registry = None
+    reader_process = None  # the adapter reader process(es), when adapter files are read in one
     artifacts = None  # versions named by digest: fetched from the control plane into the engine's cache
     if config.enable_lora:
         cache = artifact_cache_for(config, busy=lambda: _has_requests(engine))
+        if lora_loader is None:
+            reading = AdapterReading.of(config, cache_dir=str(cache.root))
+            if config.adapter_reader_process:
+                reader_process = AdapterReaderProcess(reading, cache.verified)
+            lora_loader = reader_process or functools.partial(reading.read, verified=cache.verified)
         registry = LoRARegistry(
             engine,
-            lora_loader or loader_for(config, cache_dir=str(cache.root), verified=cache.verified),
+            lora_loader,
             base_name=base_name,
             max_cpu_loras=config.max_cpu_loras,
             default_drain_timeout_s=config.default_drain_timeout_s,
@@ -222,6 +231,8 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     async def stop_engine() -> None:
         if registry is not None:
             await registry.close()
+        if reader_process is not None:
+            reader_process.close()
         if artifacts is not None:
             await artifacts.close()
         await engine.shutdown()

@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     lora = p.add_argument_group("multi-LoRA")
     lora.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (chosen by `model`)")
     lora.add_argument("--max-loras", type=int, default=4, help="device slots: adapters resident at once")
+    lora.add_argument(
+        "--adapter-reader-process", action=argparse.BooleanOptionalAction, default=True,
+        help="read and check adapter files in a process of their own, started at the first load (on by "
+        "default), so that a load does not slow the streams being served; --no-adapter-reader-process "
+        "reads them on threads of the API process")
     lora.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
     lora.add_argument("--lora-dtype", default="auto", choices=["auto", "bfloat16", "float16"],
                       help="dtype of the LoRA slots (auto: the model's); half-width slots of a float32 model halve the bytes read")
@@ -218,6 +223,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         admin_token=args.admin_token,
         num_threads=args.num_threads,
         engine_core_process=args.engine_core_process,
+        adapter_reader_process=args.adapter_reader_process,
         omp_threads_bind=args.omp_threads_bind,
         tensor_parallel_size=args.tensor_parallel_size,
         lora_fused_row_allreduce=args.lora_fused_row_allreduce,

@@ -19,20 +19,15 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from typing import Any, Protocol
 
-from data_plane.config import EngineConfig
 from data_plane.lora.entry import AdapterEntry, AdapterState, Lease, Residency
 from data_plane.lora.errors import LoRAConflictError, LoRANotFoundError
 from data_plane.lora.host_cache import HostCache
 from data_plane.lora.keyed_lock import KeyedLock
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.reader import read_off_loop
 from data_plane.lora.stats import LoRAStatsSource
-from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import LoRAAdapterWeights
-from data_plane.model.config import ModelConfig
 from shared.errors import InvalidRequestError
 from shared.names import name_problem
-from shared.peft import resolve_under_roots
 
 logger = logging.getLogger(__name__)
 
@@ -320,21 +315,3 @@ def _check_name(name: str, base_name: str) -> None:
         raise InvalidRequestError(
             f"lora_name {name!r} is the base model's name; requests for it are served by the base model, "
             "so choose another adapter name", param="lora_name")
-
-
-def loader_for(config: EngineConfig, cache_dir: str | None = None,
-               verified: VerifiedFiles | None = None) -> Loader:
-    """The engine's adapter loader: PEFT files validated against its base model, rank and roots. Folders
-    under `cache_dir` (the artifact cache: the engine's own folder of verified versions) need no root;
-    files in `verified` (what the cache hashed as it fetched them, unchanged since) are not hashed again."""
-    model_config = ModelConfig.from_pretrained(config.model)
-
-    def load(path: str) -> LoRAAdapterWeights:
-        cached = cache_dir is not None and resolve_under_roots(path, [cache_dir]) is not None
-        roots = [cache_dir] if cached and cache_dir is not None else list(config.lora_roots)
-        # host copies stay float32 (the loader's default): the engine folds the scale in and casts once
-        # when it copies into a slot, so the model dtype's rounding happens only there
-        return load_peft_adapter(path, model_config=model_config, max_rank=config.max_lora_rank,
-                                 allowed_roots=roots, verified=verified)
-
-    return load

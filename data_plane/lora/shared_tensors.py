@@ -10,7 +10,9 @@ event loop, and the host holds the adapter once, not twice.
     name:  loraplane-adapter-<owner pid>-<random hex>, mode 0600
 
 Lifetime, one rule for every such file: it belongs to the SharedLayout that `allocate` returned, in the
-process that made it (the API process; the LoRAAdapterWeights holding the layout keeps it alive). It
+process that made it (the API process; the LoRAAdapterWeights holding the layout keeps it alive), or
+to the one that process hands it over to (`hand_over`: the adapter reader process makes files for the
+API process, named for the API's pid, see `make_files_for`). It
 is removed when that object is garbage collected, by `remove()` (a refused load), or at interpreter
 exit; a process that maps it (the core) never removes it, and its mapping keeps the pages after the
 removal. A process killed outright removes nothing: the next API process to start sweeps the files
@@ -69,6 +71,11 @@ class SharedLayout(Generic[K]):
         self._remove.detach()
         return SharedLayout(self.file, self.size, self.dtype, {new: self.spans[old] for new, old in keys.items()})
 
+    def hand_over(self) -> None:
+        """From now on this layout does not remove the file: a SharedLayout made of its fields in another
+        process owns it (the adapter reader's host copies, adopted by the API process)."""
+        self._remove.detach()
+
     def __reduce__(self) -> object:
         raise TypeError("a SharedLayout owns its file and is not copied to another process; send its fields")
 
@@ -108,6 +115,17 @@ def view(buf: torch.Tensor, dtype: torch.dtype, span: TensorSpan) -> torch.Tenso
     return buf[span.offset : span.offset + nbytes].view(dtype).view(span.shape)
 
 
+_files_for: int | None = None  # the pid named in the files this process makes; None: its own
+
+
+def make_files_for(owner_pid: int) -> None:
+    """Name the files this process makes for `owner_pid`, the process they are handed over to (the API
+    process, for its adapter reader): the sweep then keeps them while their real owner lives, and
+    removes them once it is gone, whatever became of this process."""
+    global _files_for
+    _files_for = owner_pid
+
+
 def file_prefix(owner_pid: int) -> str:
     return f"{PREFIX}{owner_pid}-"
 
@@ -133,7 +151,7 @@ def _create(size: int) -> str:
     kills the process; here it is ENOSPC, up front (and the copy then takes no page faults: no slower)."""
     error: OSError | None = None
     for directory in dict.fromkeys([shm_dir(), Path(tempfile.gettempdir())]):
-        path = directory / f"{file_prefix(os.getpid())}{uuid.uuid4().hex}"
+        path = directory / f"{file_prefix(_files_for or os.getpid())}{uuid.uuid4().hex}"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as exc:

@@ -43,9 +43,12 @@ def _key(path: Path) -> str:
     return os.path.realpath(path)
 
 
+Known = dict[str, tuple[Stamp, str]]  # real path -> (its stamp when hashed, sha256)
+
+
 class VerifiedFiles:
-    def __init__(self) -> None:
-        self._known: dict[str, tuple[Stamp, str]] = {}
+    def __init__(self, known: Known | None = None) -> None:
+        self._known: Known = dict(known or {})
         self._held: dict[str, tuple[str, Buffer]] = {}  # path -> (sha256, the verified bytes)
         self._stages: dict[str, TensorStage] = {}  # path -> its held bytes' stage, until adopted
         self._lock = threading.Lock()  # the cache publishes on the loop, loaders ask from reader threads
@@ -94,6 +97,13 @@ class VerifiedFiles:
         """(sha256, bytes) of `path` as verified in memory, if still held."""
         with self._lock:
             return self._held.get(_key(path))
+
+    def known_under(self, folder: Path) -> Known:
+        """What was hashed of the files in `folder`: for a VerifiedFiles in another process (the adapter
+        reader) that then hashes no file this one knows unchanged."""
+        prefix = _key(folder) + os.sep
+        with self._lock:
+            return {k: v for k, v in self._known.items() if k.startswith(prefix)}
 
     def sha256_of(self, path: Path) -> str | None:
         """The recorded sha256 if `path` is the very file verified (same stamp), else None (hash it)."""

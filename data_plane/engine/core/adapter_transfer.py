@@ -60,6 +60,17 @@ def _copy_to_shared(weights: LoRAAdapterWeights) -> SharedLayout:
     return layout
 
 
+def adopt_adapter(shared: SharedAdapter) -> LoRAAdapterWeights:
+    """In the API process: an adapter whose file another process made for it and handed over (the adapter
+    reader, SharedLayout.hand_over): views of the file, which these weights own from now on."""
+    weights = open_adapter(shared)
+    spans = {(index, name, part): TensorSpan(ref.offset, tuple(ref.shape))
+             for index, modules in shared.layers.items() for name, m in modules.items()
+             for part, ref in (("a_t", m.a_t), ("b_t", m.b_t))}
+    weights.shared = SharedLayout(shared.file, shared.size, getattr(torch, shared.dtype), spans)
+    return weights
+
+
 def open_adapter(shared: SharedAdapter) -> LoRAAdapterWeights:
     """In the core: the adapter as views of the shared file (left in place: the API process owns it).
     OSError when the file cannot be mapped (gone)."""

@@ -21,9 +21,10 @@ from data_plane.engine.core.client import EngineCoreClient
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
+from data_plane.lora.adapter_reading import loader_for
 from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.peft_loader import load_peft_adapter
-from data_plane.lora.registry import LoRARegistry, loader_for
+from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.weights import TARGET_MODULES
 from data_plane.model.config import ModelConfig
 from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError

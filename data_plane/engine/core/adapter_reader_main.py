@@ -1,0 +1,61 @@
+"""Entry point of an adapter reader process: `python -m data_plane.engine.core.adapter_reader_main FD`.
+
+FD: its end of a socket to the API process (adapter_reader.py). The first message is the
+AdapterReading; then each message is (adapter path, hashes known of its files) and each answer the
+adapter's layout in a shared-memory file made for the API process (messages.SharedAdapter), or the
+exception the loader raised. It ends when the API process closes the socket or dies (end of file).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+from data_plane.lora.reader import READER_NICENESS
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API process decides
+    # first: the torch import below then only takes the CPU the engine leaves. Set, not added: the process
+    # starts at its parent thread's nice value, a reader thread's (reader.py) already
+    os.setpriority(os.PRIO_PROCESS, 0, READER_NICENESS)
+    conn = Connection(int(argv[0]))
+
+    import torch
+
+    torch.set_num_threads(1)  # an adapter's few megabytes gain nothing from a second core (reader.py)
+    from data_plane.engine.core.adapter_transfer import share_adapter
+    from data_plane.lora import shared_tensors
+    from data_plane.lora.verified_files import VerifiedFiles
+
+    shared_tensors.make_files_for(os.getppid())  # the API process owns what this one makes
+    try:
+        reading = conn.recv()
+        while True:
+            path, known = conn.recv()
+            try:
+                weights = reading.read(path, VerifiedFiles(known))
+            except Exception as exc:  # the loader's refusal (LoRAAdapterError), or its failure
+                send_error(conn, path, exc)
+                continue
+            conn.send(share_adapter(weights))
+            # the layout is on its way: the file is the API process's from now on, and this process's
+            # mapping of it goes with `weights`
+            weights.shared.hand_over()
+            del weights
+    except (EOFError, OSError):  # the API process closed the socket, or is gone
+        return 0
+
+
+def send_error(conn: Connection, path: str, exc: Exception) -> None:
+    """`exc` as the API process would have raised it, reading in its own thread."""
+    try:
+        conn.send(exc)
+    except (TypeError, AttributeError, ValueError, RecursionError) as unpicklable:  # nothing was sent yet
+        conn.send(RuntimeError(f"reading {path!r}: {type(exc).__name__}: {exc} ({unpicklable})"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,184 @@
+"""The adapter reader process reads exactly what the API process would read itself, hands the host copy's
+file over to the API process, says the loader's refusals in the loader's words, and neither a reader that
+dies nor an API process that dies leaves anything behind."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from data_plane.engine.core.adapter_reader import AdapterReaderProcess
+from data_plane.lora.adapter_reading import AdapterReading
+from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.reader import READER_NICENESS, lower_thread_priority
+from data_plane.lora.shared_tensors import file_prefix, shm_dir
+from data_plane.lora.verified_files import VerifiedFiles
+from data_plane.lora.weights import TARGET_MODULES
+from data_plane.model.config import ModelConfig
+from shared.peft import CONFIG_NAME, WEIGHTS_NAME
+from tests.data_plane.engine.core.test_adapter_transfer import assert_same_weights
+from tests.data_plane.lora.shared_files import inside, mappings_of, own_shared_files
+
+
+@pytest.fixture(scope="module")
+def adapters(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reader_adapters")
+    for i, r in enumerate((8, 8, 16)):
+        write_lora_adapter(demo_model_dir, root / f"a{i}", DemoAdapter(r=r, lora_alpha=2 * r, target_modules=TARGET_MODULES),
+                           seed=i)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reading(demo_model_dir: Path, adapters: Path) -> AdapterReading:
+    return AdapterReading(ModelConfig.from_pretrained(demo_model_dir), max_rank=8, lora_roots=(str(adapters),))
+
+
+@pytest.fixture
+def reader(reading: AdapterReading):
+    reader = AdapterReaderProcess(reading)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture(scope="module")
+def shared_reader(reading: AdapterReading):
+    """For the tests that leave the reader as they found it (each reader start imports torch: about 1.5 s)."""
+    reader = AdapterReaderProcess(reading)
+    yield reader
+    reader.close()
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def exited(pid: int) -> bool:
+    """Whether the child `pid` has ended, all its threads (a peek: it stays to be reaped by its Popen)."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def test_an_adapter_read_by_the_reader_is_the_one_read_here_in_a_file_this_process_owns(reader, reading, adapters):
+    before = own_shared_files()
+    got = reader(str(adapters / "a0"))
+    assert_same_weights(got, reading.read(str(adapters / "a0")))
+    [pid] = reader.pids()
+    assert pid != os.getpid()
+    file = got.shared.file
+    assert Path(file).name.startswith(file_prefix(os.getpid()))  # named for this process: the sweep keeps it
+    assert own_shared_files() - before == {Path(file)}
+    ranges = mappings_of(file)
+    assert all(inside(m.a_t, ranges) and inside(m.b_t, ranges) for mods in got.layers.values() for m in mods.values())
+    # the reader let go of its mapping once it answered; the file is this process's to remove
+    assert wait_for(lambda: file not in Path(f"/proc/{pid}/maps").read_text())
+    del got
+    gc.collect()
+    assert not Path(file).exists()
+    # the next load goes to the same reader, started once
+    assert_same_weights(reader(str(adapters / "a1")), reading.read(str(adapters / "a1")))
+    assert reader.pids() == [pid]
+
+
+@pytest.mark.parametrize("name", ["a2", "elsewhere", "a0\0"])
+def test_the_loaders_refusals_come_back_in_its_words_and_leave_no_file(shared_reader, reading, adapters, tmp_path,
+                                                                      name):
+    path = str(tmp_path if name == "elsewhere" else adapters / name)  # rank 16 > 8; outside the roots; NUL
+    with pytest.raises(LoRAAdapterError) as here:
+        reading.read(path)
+    files = own_shared_files()
+    with pytest.raises(LoRAAdapterError) as there:
+        shared_reader(path)
+    assert there.value.to_body() == here.value.to_body()
+    assert own_shared_files() == files
+
+
+def test_hashes_known_here_cross_to_the_reader_and_held_bytes_are_read_here(reader, reading, adapters):
+    folder = adapters / "a1"
+    verified = VerifiedFiles()
+    verified.remember(folder / WEIGHTS_NAME, "0" * 64)  # "hashed already": the reader must not hash it again
+    reader.verified = verified
+    got = reader(str(folder))
+    assert got.sha256 == reading.read(str(folder), verified).sha256 != reading.read(str(folder)).sha256
+    reader.close()
+    # a version just fetched is held in this process's memory: read from it here, no reader needed
+    held = VerifiedFiles()
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        held.hold(folder / name, "", bytearray((folder / name).read_bytes()))
+    reader = AdapterReaderProcess(reading, held)
+    assert_same_weights(reader(str(folder)), reading.read(str(folder), held))
+    assert reader.pids() == []
+
+
+def test_a_reader_that_dies_fails_only_its_load_and_the_next_load_starts_another(reader, reading, adapters):
+    reader(str(adapters / "a0"))
+    [first] = reader.pids()
+    os.kill(first, signal.SIGSTOP)  # it takes the next request but does not answer: killed mid-load below
+    failure: list[BaseException] = []
+    load = threading.Thread(target=lambda: failure.append(pytest.raises(LoRAAdapterError, reader, str(adapters / "a1")).value))
+    load.start()
+    time.sleep(0.3)
+    os.kill(first, signal.SIGKILL)
+    load.join(10)
+    assert "adapter reader process died" in failure[0].message and "exit code -9" in failure[0].message
+    assert_same_weights(reader(str(adapters / "a1")), reading.read(str(adapters / "a1")))
+    [second] = reader.pids()
+    assert second != first
+    os.kill(second, signal.SIGKILL)  # dying while idle costs no load: the next one starts a new reader
+    assert wait_for(lambda: exited(second))
+    assert_same_weights(reader(str(adapters / "a0")), reading.read(str(adapters / "a0")))
+    assert reader.pids() not in ([first], [second])
+
+
+def test_the_reader_gets_no_secrets_and_close_stops_it(reading, adapters, monkeypatch):
+    monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", "s3cret-admin")
+    reader = AdapterReaderProcess(reading)
+    # started from a thread at a lower priority still, as the API's reader threads are
+    started = ThreadPoolExecutor(1, initializer=lower_thread_priority).submit(reader, str(adapters / "a0"))
+    started.result()
+    [pid] = reader.pids()
+    environ = Path(f"/proc/{pid}/environ").read_bytes()
+    assert b"s3cret-admin" not in environ and b"PATH=" in environ
+    assert os.getpriority(os.PRIO_PROCESS, pid) == READER_NICENESS  # below the engine, not below that
+    reader.close()
+    assert not Path(f"/proc/{pid}").exists()
+    with pytest.raises(LoRAAdapterError, match="shutting down"):
+        reader(str(adapters / "a0"))
+
+
+def test_readers_end_with_an_api_process_killed_outright(reading, adapters, tmp_path):
+    """A SIGKILLed API process runs no clean-up: its readers see the socket close and exit; the host copy's
+    file, named for the dead process, is what the next engine's sweep removes."""
+    script = textwrap.dedent(f"""
+        import os, pickle, sys
+        from data_plane.engine.core.adapter_reader import AdapterReaderProcess
+        reader = AdapterReaderProcess(pickle.loads({__import__("pickle").dumps(reading)!r}))
+        weights = reader({str(adapters / "a0")!r})
+        print(reader.pids()[0], weights.shared.file, flush=True)
+        sys.stdin.read()
+    """)
+    api = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           cwd=Path(__file__).parents[4])
+    pid, file = api.stdout.readline().split()
+    api.kill()
+    api.wait()
+    assert wait_for(lambda: not Path(f"/proc/{pid}").exists())
+    assert Path(file).parent == shm_dir() and Path(file).name.startswith(file_prefix(api.pid))
+    from data_plane.lora.shared_tensors import sweep_orphans
+
+    assert Path(file) in sweep_orphans()
