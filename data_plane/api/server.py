@@ -328,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
             from data_plane.engine.core.process import CoreProcess
 
             core = CoreProcess.spawn(config)  # it loads the model while this process imports the API
+        adapter_reader = None
+        if config.enable_lora and config.adapter_reader_process:
+            from data_plane.engine.core.adapter_reader import AdapterReaderProcess
+
+            adapter_reader = AdapterReaderProcess()
+            adapter_reader.start()  # it imports torch meanwhile too: ready when the engine is
         import uvicorn
 
         from data_plane.api.app import create_app
@@ -341,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LoraplaneError, OSError) as exc:
         print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-    app = create_app(engine, config)
+    app = create_app(engine, config, adapter_reader=adapter_reader)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     on_drain = None  # awaited on SIGTERM (data_plane/api/shutdown.py)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import socket
 import subprocess
 import sys
@@ -45,81 +44,142 @@ WORKERS = 2  # as many loads at once as the reader threads (reader.py) run
 
 
 class AdapterReaderProcess:
-    """A Loader (registry.Loader): path -> validated weights, read in a reader process."""
+    """A Loader (registry.Loader): path -> validated weights, read in a reader process.
 
-    def __init__(self, reading: AdapterReading, verified: VerifiedFiles | None = None, workers: int = WORKERS) -> None:
+    A reader takes loads once it has imported torch and said so (about 1.5 s of CPU, at its low
+    priority), so a load goes to the first reader free rather than to one still starting: the engine
+    starts one with the server (`start`), and a second starts when two loads meet."""
+
+    def __init__(self, reading: AdapterReading | None = None, verified: VerifiedFiles | None = None,
+                 workers: int = WORKERS) -> None:
+        # both may be set after the readers start (the server starts one beside the engine core, before the
+        # app that knows the artifact cache exists); each request carries the reading
         self.reading = reading
         self.verified = verified
-        self._idle: queue.LifoQueue[_Reader] = queue.LifoQueue()  # the most recently used first: warm
-        self._slots = threading.Semaphore(workers)  # loads at once
-        self._lock = threading.Lock()
-        self._readers: set[_Reader] = set()
+        self.workers = workers
+        self._changed = threading.Condition()  # guards what follows; notified when a reader frees or fails
+        self._readers: set[_Reader] = set()  # started, ready or not
+        self._free: list[_Reader] = []  # ready and not reading, the most recently used last (warm)
+        self._start_failures = 0
         self._closed = False
 
     def __call__(self, path: str) -> LoRAAdapterWeights:
-        if self._held(path):  # bytes this process holds: reading them here copies nothing across
+        if self.reading is None:
+            raise RuntimeError("AdapterReaderProcess.reading is not set")
+        folder = _real(path)
+        if self._held(folder):  # bytes this process holds: reading them here copies nothing across
             return self.reading.read(path, self.verified)
-        known = self.verified.known_under(_real(path)) if self.verified is not None else {}
-        with self._slots:
-            reader = self._take()
-            try:
-                outcome = reader.ask(path, known)
-            except (EOFError, OSError) as exc:  # its end of the socket closed: the process is gone
-                self._drop(reader)
-                code = reader.process.wait()
-                logger.error("adapter reader %d died reading %s (exit %s)", reader.process.pid, path, code)
-                raise LoRAAdapterError(
-                    f"the adapter reader process died while reading this adapter (exit code {code}); the "
-                    "engine serves on: check the files, or the host's memory, and load it again") from exc
-            except Exception:  # an answer that cannot be unpickled here: the reader itself is fine
-                self._idle.put(reader)
-                raise
-            self._idle.put(reader)
+        known = self.verified.known_under(folder) if self.verified is not None and folder is not None else {}
+        reader = self._take()
+        try:
+            outcome = reader.ask(self.reading, path, known)
+        except (EOFError, OSError) as exc:  # its end of the socket closed: the process is gone
+            self._drop(reader)
+            code = reader.process.wait()
+            logger.error("adapter reader %d died reading %s (exit %s)", reader.process.pid, path, code)
+            raise LoRAAdapterError(
+                f"the adapter reader process died while reading this adapter (exit code {code}); the "
+                "engine serves on: check the files, or the host's memory, and load it again") from exc
+        except Exception:  # an answer that cannot be unpickled here: the reader itself is fine
+            self._release(reader)
+            raise
+        self._release(reader)
         if isinstance(outcome, BaseException):
             raise outcome
         return adopt_adapter(outcome)
 
+    def start(self) -> None:
+        """Start a reader now, with the server, so that the first load finds it ready (a no-op once one
+        runs). Unlike one started for a load, it imports torch at normal priority: nothing is served yet."""
+        with self._changed:
+            if not self._readers and not self._closed:
+                self._start_reader(import_first=True)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether a reader is ready for a load within `timeout` seconds (False if none is starting)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._free or not self._readers or self._closed, timeout) \
+                and bool(self._free)
+
     def close(self) -> None:
         """Stop the reader processes (server shutdown); a load after this fails."""
-        with self._lock:
+        with self._changed:
             self._closed = True
-            readers, self._readers = list(self._readers), set()
+            readers, self._readers, self._free = list(self._readers), set(), []
+            self._changed.notify_all()
         for reader in readers:
             reader.stop()
 
     def pids(self) -> list[int]:
-        with self._lock:
+        with self._changed:
             return [r.process.pid for r in self._readers]
 
-    def _held(self, path: str) -> bool:
-        if self.verified is None:
+    def _held(self, folder: Path | None) -> bool:
+        """Whether this process holds the verified bytes of both files of the adapter in `folder`."""
+        if self.verified is None or folder is None:
             return False
-        folder = _real(path)
-        return folder is not None and all(self.verified.contents_of(folder / name) is not None
-                                          for name in (CONFIG_NAME, WEIGHTS_NAME))
+        return all(self.verified.contents_of(folder / name) is not None for name in (CONFIG_NAME, WEIGHTS_NAME))
 
     def _take(self) -> _Reader:
-        while True:
-            try:
-                reader = self._idle.get_nowait()
-            except queue.Empty:
-                break
-            if reader.process.poll() is None:
-                return reader
-            logger.warning("adapter reader %d exited while idle (%s); starting another",
-                           reader.process.pid, reader.process.returncode)
+        """The first reader free. None is and fewer than `workers` run: one more starts, and the load takes
+        whichever frees first (the one starting, or a busy one ending its load)."""
+        dead: list[_Reader] = []
+        try:
+            with self._changed:
+                failures = self._start_failures
+                while not self._closed:
+                    while self._free:
+                        reader = self._free.pop()
+                        if reader.process.poll() is None:
+                            return reader
+                        logger.warning("adapter reader %d exited while idle (%s); starting another",
+                                       reader.process.pid, reader.process.returncode)
+                        self._readers.discard(reader)
+                        dead.append(reader)
+                    if self._start_failures > failures and not self._readers:  # none comes: say so
+                        raise LoRAAdapterError("the adapter reader process exited while starting (see the "
+                                               "engine's log); load the adapter again")
+                    if len(self._readers) < self.workers:
+                        self._start_reader()
+                    self._changed.wait()
+                raise _shutting_down()
+        finally:
+            for reader in dead:
+                reader.stop()
+
+    def _start_reader(self, import_first: bool = False) -> None:
+        """(holding the lock) A new reader, free once it says it is ready."""
+        reader = _Reader.start(import_first)
+        self._readers.add(reader)
+        threading.Thread(target=self._await_ready, args=(reader,), name="adapter-reader-start", daemon=True).start()
+
+    def _await_ready(self, reader: _Reader) -> None:
+        try:
+            reader.conn.recv()  # its "ready", once it has imported what reading needs
+        except (EOFError, OSError):
             self._drop(reader)
-        with self._lock:
-            if self._closed:
-                raise LoRAAdapterError("the engine is shutting down; load the adapter on another engine")
-            reader = _Reader.start(self.reading)
-            self._readers.add(reader)
-        return reader
+            with self._changed:
+                self._start_failures += 1
+                self._changed.notify_all()
+            logger.error("adapter reader %d exited while starting (exit %s)", reader.process.pid, reader.process.wait())
+            return
+        self._release(reader)
+
+    def _release(self, reader: _Reader) -> None:
+        with self._changed:
+            if reader in self._readers:  # not dropped nor closed meanwhile
+                self._free.append(reader)
+                self._changed.notify_all()  # a load waiting for it, and wait_ready
 
     def _drop(self, reader: _Reader) -> None:
-        with self._lock:
+        with self._changed:
             self._readers.discard(reader)
+            self._changed.notify_all()  # a load waiting may start another in its place
         reader.stop()
+
+
+def _shutting_down() -> LoRAAdapterError:
+    return LoRAAdapterError("the engine is shutting down; load the adapter on another engine")
 
 
 def _real(path: str) -> Path | None:
@@ -137,21 +197,20 @@ class _Reader:
         self.conn = conn
 
     @classmethod
-    def start(cls, reading: AdapterReading) -> _Reader:
+    def start(cls, import_first: bool) -> _Reader:
+        """import_first: import torch at normal priority, then lower it (else lower it first)."""
         ours, theirs = socket.socketpair()
         with theirs:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "data_plane.engine.core.adapter_reader_main", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], env=core_env(os.environ), stdin=subprocess.DEVNULL)
+            args = [str(theirs.fileno())] + (["--import-first"] if import_first else [])
+            process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.adapter_reader_main", *args],
+                                       pass_fds=[theirs.fileno()], env=core_env(os.environ), stdin=subprocess.DEVNULL)
         atexit.register(_kill, process)  # however the API process ends, its readers go with it
-        conn = Connection(ours.detach())
-        conn.send(reading)
         logger.info("adapter reader: process %d", process.pid)
-        return cls(process, conn)
+        return cls(process, Connection(ours.detach()))
 
-    def ask(self, path: str, known: dict) -> object:
+    def ask(self, reading: AdapterReading, path: str, known: dict) -> object:
         """The reader's answer for `path`: a SharedAdapter, or the exception the loader raised."""
-        self.conn.send((path, known))
+        self.conn.send((reading, path, known))
         return self.conn.recv()
 
     def stop(self) -> None:

@@ -1,9 +1,10 @@
-"""Entry point of an adapter reader process: `python -m data_plane.engine.core.adapter_reader_main FD`.
+"""Entry point of an adapter reader process:
+`python -m data_plane.engine.core.adapter_reader_main FD [--import-first]`.
 
-FD: its end of a socket to the API process (adapter_reader.py). The first message is the
-AdapterReading; then each message is (adapter path, hashes known of its files) and each answer the
-adapter's layout in a shared-memory file made for the API process (messages.SharedAdapter), or the
-exception the loader raised. It ends when the API process closes the socket or dies (end of file).
+FD: its end of a socket to the API process (adapter_reader.py). It says "ready" once torch and the
+loader are imported; then each message is (AdapterReading, adapter path, hashes known of its files)
+and each answer the adapter's layout in a shared-memory file made for the API process
+(messages.SharedAdapter), or the exception the loader raised. It ends when the API process closes the socket or dies (end of file).
 """
 
 from __future__ import annotations
@@ -18,23 +19,26 @@ from data_plane.lora.reader import READER_NICENESS
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API process decides
-    # first: the torch import below then only takes the CPU the engine leaves. Set, not added: the process
-    # starts at its parent thread's nice value, a reader thread's (reader.py) already
-    os.setpriority(os.PRIO_PROCESS, 0, READER_NICENESS)
     conn = Connection(int(argv[0]))
+    import_first = "--import-first" in argv[1:]  # started with the server, which serves nothing yet
+    if not import_first:  # started while serving: the torch import takes only the CPU the engine leaves
+        lower_priority()
 
     import torch
 
     torch.set_num_threads(1)  # an adapter's few megabytes gain nothing from a second core (reader.py)
+    import data_plane.lora.adapter_reading  # noqa: F401  (what each request's AdapterReading unpickles to)
     from data_plane.engine.core.adapter_transfer import share_adapter
     from data_plane.lora import shared_tensors
     from data_plane.lora.verified_files import VerifiedFiles
 
     shared_tensors.make_files_for(os.getppid())  # the API process owns what this one makes
+    if import_first:
+        lower_priority()
     try:
-        reading = conn.recv()
+        conn.send("ready")
         while True:
-            path, known = conn.recv()
+            reading, path, known = conn.recv()
             try:
                 weights = reading.read(path, VerifiedFiles(known))
             except Exception as exc:  # the loader's refusal (LoRAAdapterError), or its failure
@@ -47,6 +51,12 @@ def main(argv: list[str]) -> int:
             del weights
     except (EOFError, OSError):  # the API process closed the socket, or is gone
         return 0
+
+
+def lower_priority() -> None:
+    """Below the engine, at READER_NICENESS. Set, not added: the process starts at its parent thread's
+    nice value, a reader thread's (reader.py) already."""
+    os.setpriority(os.PRIO_PROCESS, 0, READER_NICENESS)
 
 
 def send_error(conn: Connection, path: str, exc: Exception) -> None:
