@@ -157,10 +157,11 @@ class AdapterReaderProcess:
         try:
             reader.conn.recv()  # its "ready", once it has imported what reading needs
         except (EOFError, OSError):
-            self._drop(reader)
-            with self._changed:
+            with self._changed:  # one change: a waiting load sees the failure and no reader left at once
+                self._readers.discard(reader)
                 self._start_failures += 1
                 self._changed.notify_all()
+            reader.stop()
             logger.error("adapter reader %d exited while starting (exit %s)", reader.process.pid, reader.process.wait())
             return
         self._release(reader)

@@ -157,7 +157,7 @@ def test_a_reader_that_dies_while_starting_fails_the_load_waiting_for_it_and_the
     time.sleep(0.3)
     assert failure == [] and load.is_alive()  # waiting for the only reader there may be
     os.kill(starting, signal.SIGKILL)
-    load.join(10)
+    load.join(30)
     assert "exited while starting" in failure[0].message
     assert_same_weights(reader(str(adapters / "a0")), reading.read(str(adapters / "a0")))
     assert reader.pids() != [starting]
