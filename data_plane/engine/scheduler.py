@@ -36,15 +36,16 @@ just gave work. A sequence refused room (blocks, budget, cap) ends its pass and 
 Bounded waiting: in pass 1 later sequences pass a head of the queue whose adapter has no slot. Once the
 head has waited `max_slot_wait_steps` steps it is admitted first, before both passes. Refused room, it
 stops all admission (first come, first served, as without LoRA). Refused a slot (every one is pinned
-or busy), the busy unpinned adapter with the fewest running sequences is drained: none of its
-sequences is admitted until the head has started, so its slot frees once those end (within
-max_model_len steps each) and the head, tried first, takes it.
+or busy), the busy unpinned adapter whose slot frees soonest is drained (its running sequences have the
+fewest tokens left to generate: a stop may end them sooner, but none runs longer): none of its
+sequences is admitted until the head has started, so its slot frees once those end and the head,
+tried first, takes it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from data_plane.engine.block_manager import BlockManager
@@ -108,6 +109,11 @@ class ScheduledPrefill:
         """The chunk reaches the sequence's last token, so its logits are sampled (read before the step
         advances num_computed_tokens)."""
         return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+
+
+def steps_left(seq: Sequence) -> int:
+    """The most steps `seq` may still run: its tokens to go (a stop or EOS may end it sooner)."""
+    return seq.sampling_params.max_tokens - len(seq.output_token_ids)
 
 
 def is_prefilling(seq: Sequence) -> bool:
@@ -260,11 +266,18 @@ class Scheduler:
         return _Verdict.ADMITTED
 
     def _held_back(self, head: Sequence) -> int | None:
-        """The adapter drained for an overdue head: the busy unpinned one with the fewest running
-        sequences, kept while the head is the same and it still holds a slot that could free."""
-        running = Counter(s.adapter_id for s in self.running if s.adapter_id and not self.lora_slots.is_pinned(s.adapter_id))
+        """The adapter drained for an overdue head: the busy unpinned one whose slot frees soonest (the
+        fewest steps its longest running sequence may still take; then the fewest sequences), kept while
+        the head is the same and it still holds a slot that could free."""
+        running: dict[int, list[Sequence]] = {}
+        for seq in self.running:
+            if seq.adapter_id and not self.lora_slots.is_pinned(seq.adapter_id):
+                running.setdefault(seq.adapter_id, []).append(seq)
         if self._drained is None or self._drained[0] != head.seq_id or self._drained[1] not in running:
-            self._drained = (head.seq_id, min(running, key=lambda a: (running[a], a))) if running else None
+            def frees_after(adapter: int) -> tuple[int, int, int]:
+                return max(map(steps_left, running[adapter])), len(running[adapter]), adapter
+
+            self._drained = (head.seq_id, min(running, key=frees_after)) if running else None
         return self._drained[1] if self._drained else None
 
     def adapter_counts(self) -> tuple[dict[int, int], dict[int, int]]:

@@ -170,3 +170,22 @@ def test_an_overdue_head_is_admitted_when_resident_adapters_fill_every_seat():
         raise AssertionError("the head of the queue was never admitted")
     # overdue after `wait` steps; then a drained adapter's slot frees (3 steps at most) and a seat (3 more)
     assert step <= wait + 2 * 3 + 1
+
+
+def test_an_overdue_head_drains_the_adapter_whose_slot_frees_soonest():
+    d = Drive(max_loras=2, wait=1)
+    d.add("a0", 1)  # one sequence, just started: 64 tokens to go
+    d.add("c0", 3)  # two sequences, each 2 tokens from their max_tokens
+    d.add("c1", 3)
+    assert d.step() == ["a0", "c0", "c1"]
+    for name in ("c0", "c1"):
+        d.seqs[name].output_token_ids.extend([7] * (PARAMS.max_tokens - 2))
+    d.add("b", 2)
+    d.step()  # b waits its one step
+    d.add("a1", 1)
+    d.add("c2", 3)
+    # draining adapter 1 (the fewest sequences) would hold b for 64 steps; adapter 3's slot frees in 2
+    assert d.step() == ["a1"]
+    d.finish("c0", "c1")
+    assert d.step() == ["b"]  # into adapter 3's slot; c2 waits for one
+    assert d.slots.is_resident(1) and d.slots.is_resident(2) and d.slots.stats[3].evictions == 1
