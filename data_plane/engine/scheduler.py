@@ -36,10 +36,10 @@ just gave work. A sequence refused room (blocks, budget, cap) ends its pass and 
 Bounded waiting: in pass 1 later sequences pass a head of the queue whose adapter has no slot. Once the
 head has waited `max_slot_wait_steps` steps it is admitted first, before both passes. Refused room, it
 stops all admission (first come, first served, as without LoRA). Refused a slot (every one is pinned
-or busy), the busy unpinned adapter whose slot frees soonest is drained (its running sequences have the
-fewest tokens left to generate: a stop may end them sooner, but none runs longer): none of its
-sequences is admitted until the head has started, so its slot frees once those end and the head,
-tried first, takes it.
+or busy), the busy unpinned adapter with the fewest running sequences is drained, and of those the
+one whose slot frees soonest (its running sequences have the fewest tokens left to generate: a stop
+may end them sooner, but none runs longer): none of its sequences is admitted until the head has
+started, so its slot frees once those end and the head, tried first, takes it.
 """
 
 from __future__ import annotations
@@ -266,18 +266,19 @@ class Scheduler:
         return _Verdict.ADMITTED
 
     def _held_back(self, head: Sequence) -> int | None:
-        """The adapter drained for an overdue head: the busy unpinned one whose slot frees soonest (the
-        fewest steps its longest running sequence may still take; then the fewest sequences), kept while
-        the head is the same and it still holds a slot that could free."""
+        """The adapter drained for an overdue head: the busy unpinned one with the fewest running
+        sequences (draining a busy adapter would hold back its work and then cost it its slot), and
+        among those the one whose slot frees soonest (the fewest steps its longest running sequence may
+        still take), kept while the head is the same and it still holds a slot that could free."""
         running: dict[int, list[Sequence]] = {}
         for seq in self.running:
             if seq.adapter_id and not self.lora_slots.is_pinned(seq.adapter_id):
                 running.setdefault(seq.adapter_id, []).append(seq)
         if self._drained is None or self._drained[0] != head.seq_id or self._drained[1] not in running:
-            def frees_after(adapter: int) -> tuple[int, int, int]:
-                return max(map(steps_left, running[adapter])), len(running[adapter]), adapter
+            def cost(adapter: int) -> tuple[int, int, int]:  # the work held back, then the head's wait
+                return len(running[adapter]), max(map(steps_left, running[adapter])), adapter
 
-            self._drained = (head.seq_id, min(running, key=frees_after)) if running else None
+            self._drained = (head.seq_id, min(running, key=cost)) if running else None
         return self._drained[1] if self._drained else None
 
     def adapter_counts(self) -> tuple[dict[int, int], dict[int, int]]:

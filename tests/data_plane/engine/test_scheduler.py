@@ -172,20 +172,23 @@ def test_an_overdue_head_is_admitted_when_resident_adapters_fill_every_seat():
     assert step <= wait + 2 * 3 + 1
 
 
-def test_an_overdue_head_drains_the_adapter_whose_slot_frees_soonest():
-    d = Drive(max_loras=2, wait=1)
+def test_an_overdue_head_drains_of_the_least_busy_adapters_the_one_whose_slot_frees_soonest():
+    d = Drive(max_loras=3, wait=1)
     d.add("a0", 1)  # one sequence, just started: 64 tokens to go
-    d.add("c0", 3)  # two sequences, each 2 tokens from their max_tokens
-    d.add("c1", 3)
-    assert d.step() == ["a0", "c0", "c1"]
-    for name in ("c0", "c1"):
-        d.seqs[name].output_token_ids.extend([7] * (PARAMS.max_tokens - 2))
+    d.add("c0", 3)  # one sequence, 2 tokens from its max_tokens
+    d.add("e0", 4)  # two sequences, 1 token from their end: busier, so not drained
+    d.add("e1", 4)
+    assert d.step() == ["a0", "c0", "e0", "e1"]
+    d.seqs["c0"].output_token_ids.extend([7] * (PARAMS.max_tokens - 2))
+    for name in ("e0", "e1"):
+        d.seqs[name].output_token_ids.extend([7] * (PARAMS.max_tokens - 1))
     d.add("b", 2)
     d.step()  # b waits its one step
     d.add("a1", 1)
-    d.add("c2", 3)
-    # draining adapter 1 (the fewest sequences) would hold b for 64 steps; adapter 3's slot frees in 2
-    assert d.step() == ["a1"]
-    d.finish("c0", "c1")
-    assert d.step() == ["b"]  # into adapter 3's slot; c2 waits for one
-    assert d.slots.is_resident(1) and d.slots.is_resident(2) and d.slots.stats[3].evictions == 1
+    d.add("c1", 3)
+    d.add("e2", 4)
+    # adapters 1 and 3 run one sequence each; draining 1 would hold b for 64 steps, 3 frees in 2
+    assert d.step() == ["a1", "e2"]
+    d.finish("c0")
+    assert d.step() == ["b"]  # into adapter 3's slot; c1 waits for one
+    assert d.slots.is_resident(1) and d.slots.is_resident(4) and d.slots.stats[3].evictions == 1
