@@ -37,7 +37,8 @@ T = TypeVar("T")
 # the event loop (every stream's next token) waiting. bench/hot_load.py, 2 CPUs, 4 runs each: at nice 19 the
 # streams' p99 inter-token latency while adapters load was 6-7x steady; at 10 it is 1.9-2.7x, the event loop
 # stalling 12-37 ms while a load runs (the core's steps stay near steady); nice 0, or resting between the
-# load's pieces as downloads do, measured no better. The cure is a load off this process's GIL
+# load's pieces as downloads do, measured no better. So loads from disk now run in adapter reader processes
+# (data_plane/engine/core/adapter_reader.py), at this nice value too; these threads only wait for them
 READER_NICENESS = 10
 # while the engine has requests, what a background thread (download, cache write) may use of one CPU:
 # bench/artifacts.py, 2 CPUs: see BackgroundPace

@@ -4,9 +4,9 @@ A load reads and validates a few hundred tensors: Python between torch ops, on a
 process, holding the GIL one slice at a time. Meanwhile the event loop, which hands every stream its
 next token, waits for the GIL at each wake-up (bench/hot_load.py: streams' p99 inter-token latency
 1.8-2.7x steady while adapters loaded, the core's own steps near steady). So the reading runs in an
-adapter reader process: `python -m data_plane.engine.core.adapter_reader_main`, started at the first
-load, at lower priority (reader.READER_NICENESS), with one torch thread and the API's environment minus
-its secrets (it calls nobody). It writes the adapter's host copy into a shared-memory file named for the
+adapter reader process: `python -m data_plane.engine.core.adapter_reader_main`, one started with the
+server and a second when two loads meet, at lower priority (reader.READER_NICENESS), with one torch
+thread and the API's environment minus its secrets (it calls nobody). It writes the adapter's host copy into a shared-memory file named for the
 API process (shared_tensors.py), and answers with its layout only (messages.SharedAdapter, a few KB);
 the API process maps the file and owns it from then on (adapter_transfer.adopt_adapter), exactly as if
 it had read it itself. Up to WORKERS loads run at once, one per reader process.
@@ -15,8 +15,8 @@ A version the engine just fetched is still held in this process's memory (verifi
 load stays on the calling thread, reading from those bytes. A reader that dies mid-load (killed, out
 of memory) fails that load with an error that says so; the next load starts a new one.
 
-    API reader thread ──(path, hashes known)──▶ reader process ──▶ /dev/shm/loraplane-adapter-<API pid>-…
-                      ◀── SharedAdapter (layout) or the loader's error ──┘
+    API reader thread ──(reading, path, hashes)──▶ reader process ──▶ /dev/shm/loraplane-adapter-<API pid>-…
+                      ◀── SharedAdapter (layout) or the loader's error ──────┘
 """
 
 from __future__ import annotations
