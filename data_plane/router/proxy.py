@@ -57,11 +57,18 @@ _MAX_URLS = 4096  # parsed engine URLs kept (two paths per engine)
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
+# An idle pooled connection is dropped after this long, before the engine's own idle bound (uvicorn's
+# timeout_keep_alive, 5 s) closes it: reusing a connection the engine is closing loses the request with a
+# reset that the router cannot tell from a request the engine took (aiohttp's default keeps them 15 s)
+ENGINE_KEEPALIVE_S = 4.0
+
+
 def engine_session(*, connect_timeout_s: float, read_timeout_s: float, max_connections: int) -> aiohttp.ClientSession:
     """The pooled session to all engines (created on the running loop, at the router's start). No total
     timeout: a stream lasts as long as its generation; `read_timeout_s` bounds the wait for each next byte."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
+                                       keepalive_timeout=ENGINE_KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s),
         cookie_jar=aiohttp.DummyCookieJar(),  # an engine's cookie must never reach another tenant's request
         auto_decompress=False,  # bytes pass through as the engine sent them

@@ -326,3 +326,47 @@ def test_base_prompts_with_one_prefix_and_an_adapters_requests_stay_on_one_engin
             "model": "demo-poet", **COMPLETION, "prompt": f"{i} {COMPLETION['prompt']}"}).headers["x-loraplane-engine"]
             for i in range(6)}
         assert len(served) == 1
+
+
+def test_pooled_engine_connections_are_dropped_before_the_engine_closes_them() -> None:
+    """Engines serve with uvicorn, which closes a connection idle for 5 s (its default): the router must
+    not reuse one idle that long, or a request sent as the engine closes it is lost to a reset."""
+    import asyncio
+    import socket
+
+    import uvicorn
+
+    from data_plane.router.proxy import ENGINE_KEEPALIVE_S, engine_session
+
+    peers: list[int] = []
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http":
+            return
+        peers.append(scope["client"][1])  # the router's port: one per connection
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    assert server.config.timeout_keep_alive > ENGINE_KEEPALIVE_S
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+
+    async def requests() -> None:
+        async with engine_session(connect_timeout_s=2, read_timeout_s=10, max_connections=8) as session:
+            for pause in (0.0, 0.2, ENGINE_KEEPALIVE_S + 0.3):
+                await asyncio.sleep(pause)
+                async with session.get(url) as response:
+                    assert await response.read() == b"ok"
+
+    try:
+        while not server.started:
+            threading.Event().wait(0.02)
+        asyncio.run(requests())
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert peers[0] == peers[1] != peers[2]  # reused while fresh, not once idle past the bound
