@@ -116,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--max-loras", type=int, default=4, help="device slots: adapters resident at once")
     lora.add_argument(
         "--adapter-reader-process", action=argparse.BooleanOptionalAction, default=True,
-        help="read and check adapter files in a process of their own, started at the first load (on by "
-        "default), so that a load does not slow the streams being served; --no-adapter-reader-process "
-        "reads them on threads of the API process")
+        help="read and check adapter files in processes of their own (on by default: one starts with the "
+        "engine, a second when two loads meet), so that a load does not slow the streams being served; "
+        "--no-adapter-reader-process reads them on threads of the API process")
     lora.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
     lora.add_argument("--lora-dtype", default="auto", choices=["auto", "bfloat16", "float16"],
                       help="dtype of the LoRA slots (auto: the model's); half-width slots of a float32 model halve the bytes read")
