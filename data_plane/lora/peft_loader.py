@@ -53,7 +53,7 @@ def load_peft_adapter(
         raise LoRAAdapterError("lora_path contains a NUL byte; pass the adapter folder's path")
     try:
         folder = _resolve_inside_roots(path, allowed_roots)
-        held = _held_files(folder, verified)
+        held = held_files(folder, verified)
         if held is not None:
             config_bytes, (weights_sha256, weights) = held
             weights_path = folder / WEIGHTS_NAME
@@ -150,7 +150,7 @@ def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
     return resolved
 
 
-def _held_files(folder: Path, verified: VerifiedFiles | None) -> tuple[bytes, tuple[str, Buffer]] | None:
+def held_files(folder: Path, verified: VerifiedFiles | None) -> tuple[bytes, tuple[str, Buffer]] | None:
     """(config bytes, (weights sha256, weights bytes)) when `verified` holds both files' checked bytes."""
     if verified is None:
         return None

@@ -6,10 +6,10 @@ next token, waits for the GIL at each wake-up (bench/hot_load.py: streams' p99 i
 1.8-2.7x steady while adapters loaded, the core's own steps near steady). So the reading runs in an
 adapter reader process: `python -m data_plane.engine.core.adapter_reader_main`, one started with the
 server and a second when two loads meet, at lower priority (reader.READER_NICENESS), with one torch
-thread and the API's environment minus its secrets (it calls nobody). It writes the adapter's host copy into a shared-memory file named for the
-API process (shared_tensors.py), and answers with its layout only (messages.SharedAdapter, a few KB);
-the API process maps the file and owns it from then on (adapter_transfer.adopt_adapter), exactly as if
-it had read it itself. Up to WORKERS loads run at once, one per reader process.
+thread and the API's environment minus its secrets (it calls nobody). It writes the adapter's host
+copy into a shared-memory file named for the API process (shared_tensors.py), and answers with its
+layout only (messages.SharedAdapter, a few KB); the API process maps the file and owns it from then
+on (adapter_transfer.adopt_adapter), exactly as if it had read it itself. Up to WORKERS loads run at once, one per reader process.
 
 A version the engine just fetched is still held in this process's memory (verified_files.py): such a
 load stays on the calling thread, reading from those bytes. A reader that dies mid-load (killed, out
@@ -35,9 +35,9 @@ from data_plane.engine.core.adapter_transfer import adopt_adapter
 from data_plane.engine.core.process import core_env
 from data_plane.lora.adapter_reading import AdapterReading
 from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.peft_loader import held_files
 from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import LoRAAdapterWeights
-from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 
 logger = logging.getLogger(__name__)
 WORKERS = 2  # as many loads at once as the reader threads (reader.py) run
@@ -67,7 +67,8 @@ class AdapterReaderProcess:
         if self.reading is None:
             raise RuntimeError("AdapterReaderProcess.reading is not set")
         folder = _real(path)
-        if self._held(folder):  # bytes this process holds: reading them here copies nothing across
+        if folder is not None and held_files(folder, self.verified) is not None:
+            # bytes this process holds (the loader reads them, not the files): read here, nothing copied across
             return self.reading.read(path, self.verified)
         known = self.verified.known_under(folder) if self.verified is not None and folder is not None else {}
         reader = self._take()
@@ -113,12 +114,6 @@ class AdapterReaderProcess:
     def pids(self) -> list[int]:
         with self._changed:
             return [r.process.pid for r in self._readers]
-
-    def _held(self, folder: Path | None) -> bool:
-        """Whether this process holds the verified bytes of both files of the adapter in `folder`."""
-        if self.verified is None or folder is None:
-            return False
-        return all(self.verified.contents_of(folder / name) is not None for name in (CONFIG_NAME, WEIGHTS_NAME))
 
     def _take(self) -> _Reader:
         """The first reader free. None is and fewer than `workers` run: one more starts, and the load takes
