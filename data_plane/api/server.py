@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from data_plane.api.app import create_app
-        from data_plane.api.shutdown import AdmissionGate, DrainingServer
+        from data_plane.api.shutdown import AdmissionGate, DrainingServer, exit_through_python
         from data_plane.lora.shared_tensors import sweep_orphans
 
         for path in sweep_orphans():  # adapters' host copies left by engines that were killed outright
@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         gate, shutdown_timeout_s=args.shutdown_timeout_s, on_drain=on_drain,
     )
+    exit_through_python()  # the signal uvicorn raises again once stopped, with the adapters' files removed
     server.run(sockets=[sock])
     return 0 if server.started else 1
 

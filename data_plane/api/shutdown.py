@@ -13,6 +13,11 @@ so the engine does that in three steps before letting uvicorn shut down:
 
 then uvicorn's own shutdown runs (connections closed, lifespan shutdown, engine stopped). A second
 SIGTERM or SIGINT skips the wait.
+
+Once stopped, uvicorn raises the signal again with the handler it found. The default one would end the
+process there, before its exit handlers run, and the adapters' host copies (shared-memory files removed
+by finalizers, data_plane/lora/shared_tensors.py) would stay in /dev/shm until the next engine sweeps
+them; `exit_through_python` makes that handler a SystemExit with the shell's status for the signal.
 """
 
 from __future__ import annotations
@@ -89,6 +94,17 @@ async def _refuse(send: Asgi) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+def exit_through_python() -> None:
+    """SIGTERM and SIGINT, when not caught by a server, exit with status 128 + signal through Python's
+    own exit, so that exit handlers and finalizers run (the default handlers skip them)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_for_signal)
+
+
+def _exit_for_signal(sig: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + sig)
 
 
 class DrainingServer(uvicorn.Server):
