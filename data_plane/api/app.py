@@ -6,7 +6,6 @@ body `{"error": {"message", "type", "param", "code"}}`; see errors.py.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Awaitable
@@ -46,7 +45,6 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 # the start waits at most this long for an adapter reader to be ready (it imports torch beside the core's
 # model load; on a loaded 2-CPU host that takes seconds), then serves, its loads waiting for the reader
-READER_START_TIMEOUT_S = 30
 
 try:
     __version__ = version("loraplane")
@@ -162,27 +160,23 @@ def _has_requests(engine: EngineProtocol) -> bool:
     return engine.num_requests() > 0
 
 
-def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None,
-               adapter_reader: AdapterReaderProcess | None = None) -> Litestar:
+def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
     """engine: an EngineProtocol (EngineCoreClient or AsyncLLMEngine), not started: startup starts it
     inside the server's loop.
     lora_loader: how adapter folders are read (default: the PEFT loader for config's base model, in
-    `adapter_reader` (started already by the server, beside the engine core) or in reader processes
-    started with the app, unless config.adapter_reader_process is off)."""
+    adapter reader processes once loads meet traffic, unless config.adapter_reader_process is off)."""
     assert config.max_model_len is not None, "finalize the config (load the engine) first"
     base_name = config.served_model_name or config.model
     request_stats = AdapterRequestStats()
     registry = None
-    reader_process = adapter_reader  # the adapter reader processes, when adapter files are read in them
+    reader_process = None  # the adapter reader processes, when adapter files are read in them
     artifacts = None  # versions named by digest: fetched from the control plane into the engine's cache
     if config.enable_lora:
         cache = artifact_cache_for(config, busy=lambda: _has_requests(engine))
         if lora_loader is None:
             reading = AdapterReading.of(config, cache_dir=str(cache.root))
-            if reader_process is None and config.adapter_reader_process:
-                reader_process = AdapterReaderProcess()
-            if reader_process is not None:
-                reader_process.reading, reader_process.verified = reading, cache.verified
+            if config.adapter_reader_process:
+                reader_process = AdapterReaderProcess(reading, cache.verified, busy=lambda: _has_requests(engine))
             lora_loader = reader_process or functools.partial(reading.read, verified=cache.verified)
         registry = LoRARegistry(
             engine,
@@ -226,10 +220,6 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
 
     async def start_engine() -> None:
         engine.start()  # captures the running loop: the engine's outputs are handed back on it
-        if reader_process is not None:  # loads from now on find a reader ready (it imports torch: ~1.5 s of CPU)
-            reader_process.start()
-            if not await asyncio.to_thread(reader_process.wait_ready, READER_START_TIMEOUT_S):
-                logger.warning("no adapter reader is ready after %d s; loads wait for it", READER_START_TIMEOUT_S)
         if artifacts is not None:
             await artifacts.open()
         if registry is not None:

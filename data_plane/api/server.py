@@ -116,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--max-loras", type=int, default=4, help="device slots: adapters resident at once")
     lora.add_argument(
         "--adapter-reader-process", action=argparse.BooleanOptionalAction, default=True,
-        help="read and check adapter files in processes of their own (on by default: one starts with the "
-        "engine, a second when two loads meet), so that a load does not slow the streams being served; "
-        "--no-adapter-reader-process reads them on threads of the API process")
+        help="read and check adapter files in processes of their own (on by default: one starts when a load "
+        "first meets running requests, a second when two such loads meet), so that a load does not slow the "
+        "streams being served; --no-adapter-reader-process reads them on threads of the API process")
     lora.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
     lora.add_argument("--lora-dtype", default="auto", choices=["auto", "bfloat16", "float16"],
                       help="dtype of the LoRA slots (auto: the model's); half-width slots of a float32 model halve the bytes read")
@@ -328,12 +328,6 @@ def main(argv: list[str] | None = None) -> int:
             from data_plane.engine.core.process import CoreProcess
 
             core = CoreProcess.spawn(config)  # it loads the model while this process imports the API
-        adapter_reader = None
-        if config.enable_lora and config.adapter_reader_process:
-            from data_plane.engine.core.adapter_reader import AdapterReaderProcess
-
-            adapter_reader = AdapterReaderProcess()
-            adapter_reader.start()  # it imports torch meanwhile too: ready when the engine is
         import uvicorn
 
         from data_plane.api.app import create_app
@@ -347,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     except (LoraplaneError, OSError) as exc:
         print(f"loraplane engine: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-    app = create_app(engine, config, adapter_reader=adapter_reader)
+    app = create_app(engine, config)
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     on_drain = None  # awaited on SIGTERM (data_plane/api/shutdown.py)

@@ -4,16 +4,17 @@ A load reads and validates a few hundred tensors: Python between torch ops, on a
 process, holding the GIL one slice at a time. Meanwhile the event loop, which hands every stream its
 next token, waits for the GIL at each wake-up (bench/hot_load.py: streams' p99 inter-token latency
 1.8-2.7x steady while adapters loaded, the core's own steps near steady). So the reading runs in an
-adapter reader process: `python -m data_plane.engine.core.adapter_reader_main`, one started with the
-server and a second when two loads meet, at lower priority (reader.READER_NICENESS), with one torch
-thread and the API's environment minus its secrets (it calls nobody). It writes the adapter's host
+adapter reader process: `python -m data_plane.engine.core.adapter_reader_main`, started when a load
+first meets running requests and a second when two such loads meet (until one is ready, and while the
+engine is idle with none running, a load reads on its own thread), at lower priority (reader.READER_NICENESS), with one
+torch thread and the API's environment minus its secrets (it calls nobody). It writes the adapter's host
 copy into a shared-memory file named for the API process (shared_tensors.py), and answers with its
 layout only (messages.SharedAdapter, a few KB); the API process maps the file and owns it from then
 on (adapter_transfer.adopt_adapter), exactly as if it had read it itself. Up to WORKERS loads run at once, one per reader process.
 
 A version the engine just fetched is still held in this process's memory (verified_files.py): such a
 load stays on the calling thread, reading from those bytes. A reader that dies mid-load (killed, out
-of memory) fails that load with an error that says so; the next load starts a new one.
+of memory) fails that load with an error that says so; a later load starts a new one.
 
     API reader thread ──(reading, path, hashes)──▶ reader process ──▶ /dev/shm/loraplane-adapter-<API pid>-…
                       ◀── SharedAdapter (layout) or the loader's error ──────┘
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -41,25 +43,31 @@ from data_plane.lora.weights import LoRAAdapterWeights
 
 logger = logging.getLogger(__name__)
 WORKERS = 2  # as many loads at once as the reader threads (reader.py) run
+MAX_START_FAILURES = 3  # readers that exit while starting before loads stop starting them (they read here)
 
 
 class AdapterReaderProcess:
-    """A Loader (registry.Loader): path -> validated weights, read in a reader process.
+    """A Loader (registry.Loader): path -> validated weights, read in a reader process when one is free,
+    else on the calling thread (as --no-adapter-reader-process reads).
 
-    A reader takes loads once it has imported torch and said so (about 1.5 s of CPU, at its low
-    priority), so a load goes to the first reader free rather than to one still starting: the engine
-    starts one with the server (`start`), and a second starts when two loads meet."""
+    Readers are there for loads that meet running requests, so they start on demand: the first time a
+    load finds no reader free while `busy()` (the engine has requests), a reader starts beside it (it
+    imports torch: about 1.5 s of CPU, at its low priority), and up to `workers` as loads meet. Loads
+    never wait for a reader to start: until one is ready they read here, as do an idle engine's loads
+    when no reader runs (nothing is served that they could slow). An engine that never loads during
+    traffic never starts one."""
 
     def __init__(self, reading: AdapterReading | None = None, verified: VerifiedFiles | None = None,
-                 workers: int = WORKERS) -> None:
-        # both may be set after the readers start (the server starts one beside the engine core, before the
-        # app that knows the artifact cache exists); each request carries the reading
+                 workers: int = WORKERS, busy: Callable[[], bool] = lambda: True) -> None:
+        # both are set by the app, which knows the artifact cache; each request carries the reading
         self.reading = reading
         self.verified = verified
         self.workers = workers
+        self.busy = busy
         self._changed = threading.Condition()  # guards what follows; notified when a reader frees or fails
         self._readers: set[_Reader] = set()  # started, ready or not
         self._free: list[_Reader] = []  # ready and not reading, the most recently used last (warm)
+        self._starting: set[_Reader] = set()  # not ready yet: a start thread reads their socket
         self._start_failures = 0
         self._closed = False
 
@@ -67,11 +75,13 @@ class AdapterReaderProcess:
         if self.reading is None:
             raise RuntimeError("AdapterReaderProcess.reading is not set")
         folder = _real(path)
-        if folder is not None and held_files(folder, self.verified) is not None:
-            # bytes this process holds (the loader reads them, not the files): read here, nothing copied across
+        reader = None
+        if folder is None or held_files(folder, self.verified) is None:
+            # (bytes this process holds are read here, from them: nothing to copy across)
+            reader = self._take(start=self.busy())
+        if reader is None:
             return self.reading.read(path, self.verified)
         known = self.verified.known_under(folder) if self.verified is not None and folder is not None else {}
-        reader = self._take()
         try:
             outcome = reader.ask(self.reading, path, known)
         except (EOFError, OSError) as exc:  # its end of the socket closed: the process is gone
@@ -90,87 +100,99 @@ class AdapterReaderProcess:
         return adopt_adapter(outcome)
 
     def start(self) -> None:
-        """Start a reader now, with the server, so that the first load finds it ready (a no-op once one
-        runs). Unlike one started for a load, it imports torch at normal priority: nothing is served yet."""
+        """Start a reader now if none runs (a warm reader for the next load)."""
         with self._changed:
             if not self._readers and not self._closed:
-                self._start_reader(import_first=True)
+                self._start_reader()
 
     def wait_ready(self, timeout: float) -> bool:
-        """Whether a reader is ready for a load within `timeout` seconds (False if none is starting)."""
+        """Whether a reader is free for a load within `timeout` seconds (False at once if none is starting)."""
         with self._changed:
             return self._changed.wait_for(lambda: self._free or not self._readers or self._closed, timeout) \
                 and bool(self._free)
 
     def close(self) -> None:
-        """Stop the reader processes (server shutdown); a load after this fails."""
+        """Stop the reader processes (server shutdown); a load after this fails. A reader free ends when its
+        socket closes, one starting is killed (its start thread sees the end), and one reading ends once it
+        has answered (`_release`): nobody closes a socket that another thread is reading."""
         with self._changed:
             self._closed = True
-            readers, self._readers, self._free = list(self._readers), set(), []
+            free, starting = self._free, self._starting & self._readers
+            self._readers, self._free = set(), []
             self._changed.notify_all()
-        for reader in readers:
+        for reader in free:
             reader.stop()
+        for reader in starting:
+            _kill(reader.process)
 
     def pids(self) -> list[int]:
         with self._changed:
             return [r.process.pid for r in self._readers]
 
-    def _take(self) -> _Reader:
-        """The first reader free. None is and fewer than `workers` run: one more starts, and the load takes
-        whichever frees first (the one starting, or a busy one ending its load)."""
+    def _take(self, start: bool) -> _Reader | None:
+        """The most recently used reader free, if any (warm). `start`: when none is free and fewer than
+        `workers` run, one more starts for the loads after this one."""
         dead: list[_Reader] = []
         try:
             with self._changed:
-                failures = self._start_failures
-                while not self._closed:
-                    while self._free:
-                        reader = self._free.pop()
-                        if reader.process.poll() is None:
-                            return reader
-                        logger.warning("adapter reader %d exited while idle (%s); starting another",
-                                       reader.process.pid, reader.process.returncode)
-                        self._readers.discard(reader)
-                        dead.append(reader)
-                    if self._start_failures > failures and not self._readers:  # none comes: say so
-                        raise LoRAAdapterError("the adapter reader process exited while starting (see the "
-                                               "engine's log); load the adapter again")
-                    if len(self._readers) < self.workers:
-                        self._start_reader()
-                    self._changed.wait()
-                raise _shutting_down()
+                if self._closed:
+                    raise _shutting_down()
+                while self._free:
+                    reader = self._free.pop()
+                    if reader.process.poll() is None:
+                        return reader
+                    logger.warning("adapter reader %d exited while idle (%s)", reader.process.pid,
+                                   reader.process.returncode)
+                    self._readers.discard(reader)
+                    dead.append(reader)
+                if start and len(self._readers) < self.workers and self._start_failures < MAX_START_FAILURES:
+                    self._start_reader()
+                return None
         finally:
             for reader in dead:
                 reader.stop()
 
-    def _start_reader(self, import_first: bool = False) -> None:
+    def _start_reader(self) -> None:
         """(holding the lock) A new reader, free once it says it is ready."""
-        reader = _Reader.start(import_first)
+        reader = _Reader.start()
         self._readers.add(reader)
+        self._starting.add(reader)
         threading.Thread(target=self._await_ready, args=(reader,), name="adapter-reader-start", daemon=True).start()
 
     def _await_ready(self, reader: _Reader) -> None:
         try:
             reader.conn.recv()  # its "ready", once it has imported what reading needs
         except (EOFError, OSError):
-            with self._changed:  # one change: a waiting load sees the failure and no reader left at once
+            with self._changed:
+                self._starting.discard(reader)
+                failed = reader in self._readers  # else killed by close: no failure
                 self._readers.discard(reader)
-                self._start_failures += 1
-                self._changed.notify_all()
+                self._start_failures += failed
+                given_up = self._start_failures >= MAX_START_FAILURES
+                self._changed.notify_all()  # wait_ready: one fewer starting
             reader.stop()
-            logger.error("adapter reader %d exited while starting (exit %s)", reader.process.pid, reader.process.wait())
+            if failed:
+                logger.error("adapter reader %d exited while starting (exit %s)%s", reader.process.pid,
+                             reader.process.wait(), "; adapters are read on threads of this process from now on"
+                             if given_up else "")
             return
+        with self._changed:
+            self._starting.discard(reader)
         self._release(reader)
 
     def _release(self, reader: _Reader) -> None:
         with self._changed:
-            if reader in self._readers:  # not dropped nor closed meanwhile
+            kept = reader in self._readers  # not dropped nor closed meanwhile
+            if kept:
                 self._free.append(reader)
-                self._changed.notify_all()  # a load waiting for it, and wait_ready
+                self._changed.notify_all()  # wait_ready
+        if not kept:
+            reader.stop()
 
     def _drop(self, reader: _Reader) -> None:
         with self._changed:
             self._readers.discard(reader)
-            self._changed.notify_all()  # a load waiting may start another in its place
+            self._changed.notify_all()
         reader.stop()
 
 
@@ -193,12 +215,11 @@ class _Reader:
         self.conn = conn
 
     @classmethod
-    def start(cls, import_first: bool) -> _Reader:
-        """import_first: import torch at normal priority, then lower it (else lower it first)."""
+    def start(cls) -> _Reader:
         ours, theirs = socket.socketpair()
         with theirs:
-            args = [str(theirs.fileno())] + (["--import-first"] if import_first else [])
-            process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.adapter_reader_main", *args],
+            process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.adapter_reader_main",
+                                        str(theirs.fileno())],
                                        pass_fds=[theirs.fileno()], env=core_env(os.environ), stdin=subprocess.DEVNULL)
         atexit.register(_kill, process)  # however the API process ends, its readers go with it
         logger.info("adapter reader: process %d", process.pid)

@@ -1,5 +1,5 @@
 """Entry point of an adapter reader process:
-`python -m data_plane.engine.core.adapter_reader_main FD [--import-first]`.
+`python -m data_plane.engine.core.adapter_reader_main FD`.
 
 FD: its end of a socket to the API process (adapter_reader.py). It says "ready" once torch and the
 loader are imported; then each message is (AdapterReading, adapter path, hashes known of its files)
@@ -20,9 +20,7 @@ from data_plane.lora.reader import READER_NICENESS
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API process decides
     conn = Connection(int(argv[0]))
-    import_first = "--import-first" in argv[1:]  # started with the server, which serves nothing yet
-    if not import_first:  # started while serving: the torch import takes only the CPU the engine leaves
-        lower_priority()
+    lower_priority()  # started while serving: even the torch import takes only the CPU the engine leaves
 
     import torch
 
@@ -33,8 +31,6 @@ def main(argv: list[str]) -> int:
     from data_plane.lora.verified_files import VerifiedFiles
 
     shared_tensors.make_files_for(os.getppid())  # the API process owns what this one makes
-    if import_first:
-        lower_priority()
     try:
         conn.send("ready")
         while True:
