@@ -10,7 +10,7 @@ Torch-free and dependency-free: both halves and the router import it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +24,14 @@ class ManifestEntry:
     sha256: str  # hex
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, after_chunk: Callable[[], None] | None = None) -> str:
+    """`after_chunk`: called after each MiB hashed (a reader that paces its CPU rests there)."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):
             digest.update(chunk)
+            if after_chunk is not None:
+                after_chunk()
     return digest.hexdigest()
 
 
@@ -47,9 +50,9 @@ def manifest_digest(entries: Iterable[ManifestEntry]) -> str:
     return hashlib.sha256(manifest_bytes(entries)).hexdigest()
 
 
-def entries_of(files: Iterable[Path]) -> list[ManifestEntry]:
+def entries_of(files: Iterable[Path], after_chunk: Callable[[], None] | None = None) -> list[ManifestEntry]:
     """Hash each file (blocking I/O: call off the event loop)."""
-    return [ManifestEntry(f.name, f.stat().st_size, file_sha256(f)) for f in files]
+    return [ManifestEntry(f.name, f.stat().st_size, file_sha256(f, after_chunk)) for f in files]
 
 
 def files_digest(files: Iterable[Path]) -> str:

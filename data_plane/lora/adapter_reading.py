@@ -29,15 +29,17 @@ class AdapterReading:
     def of(cls, config: EngineConfig, cache_dir: str | None = None) -> AdapterReading:
         return cls(ModelConfig.from_pretrained(config.model), config.max_lora_rank, tuple(config.lora_roots), cache_dir)
 
-    def read(self, path: str, verified: VerifiedFiles | None = None) -> LoRAAdapterWeights:
+    def read(self, path: str, verified: VerifiedFiles | None = None,
+             pace: Callable[[], None] | None = None) -> LoRAAdapterWeights:
         """`verified`: files this engine hashed itself (unchanged ones are not hashed again) and the bytes
-        of a version it just fetched (read from memory)."""
+        of a version it just fetched (read from memory). `pace`: called between pieces of the work
+        (reader.CpuPace)."""
         cached = self.cache_dir is not None and resolve_under_roots(path, [self.cache_dir]) is not None
         roots = [self.cache_dir] if cached and self.cache_dir is not None else list(self.lora_roots)
         # host copies stay float32 (the loader's default): the engine folds the scale in and casts once
         # when it copies into a slot, so the model dtype's rounding happens only there
         return load_peft_adapter(path, model_config=self.model_config, max_rank=self.max_rank,
-                                 allowed_roots=roots, verified=verified)
+                                 allowed_roots=roots, verified=verified, pace=pace)
 
 
 def loader_for(config: EngineConfig, cache_dir: str | None = None, verified: VerifiedFiles | None = None,

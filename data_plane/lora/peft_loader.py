@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,13 @@ def load_peft_adapter(
     allowed_roots: list[str],
     dtype: torch.dtype = torch.float32,
     verified: VerifiedFiles | None = None,
+    pace: Callable[[], None] | None = None,
 ) -> LoRAAdapterWeights:
     """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale.
     `verified` (data_plane.lora.verified_files): what the engine verified itself. Files whose verified
     bytes it still holds are read from memory (a version just fetched: nothing is read from disk); a
-    weights file it hashed and that is unchanged since is not hashed again."""
+    weights file it hashed and that is unchanged since is not hashed again. `pace`: called after each
+    tensor read or copied and each MiB hashed (an adapter reader rests there while the engine serves)."""
     if "\0" in str(path):  # the OS would raise ValueError (a 500) on it
         raise LoRAAdapterError("lora_path contains a NUL byte; pass the adapter folder's path")
     try:
@@ -70,7 +73,7 @@ def load_peft_adapter(
     stage = verified.take_stage(weights_path) if held is not None and verified is not None else None
     try:
         return _load(folder, config_bytes, weights, weights_path, weights_sha256, config, model_config, max_rank,
-                     dtype, stage)
+                     dtype, stage, pace or _no_pace)
     finally:
         if stage is not None:
             stage.discard()  # a no-op once adopted (the file is the weights' then); else nothing is left of it
@@ -79,7 +82,7 @@ def load_peft_adapter(
 def _load(
     folder: Path, config_bytes: bytes, weights: Path | Buffer, weights_path: Path, weights_sha256: str | None,
     config: dict[str, Any], model_config: ModelConfig, max_rank: int, dtype: torch.dtype,
-    stage: TensorStage | None,
+    stage: TensorStage | None, pace: Callable[[], None],
 ) -> LoRAAdapterWeights:
     spec = TargetSpec.from_peft_config(config)
     targets = resolve_targets(spec, model_config)  # (layer, short) -> (rank, alpha)
@@ -90,7 +93,7 @@ def _load(
             f"rank {rank} (module {module_name(*worst)}) exceeds --max-lora-rank {max_rank}; "
             "restart the engine with a larger --max-lora-rank or use an adapter of lower rank"
         )
-    loaded = _read_tensors(weights, targets, model_config)
+    loaded = _read_tensors(weights, targets, model_config, pace)
     # The host copy: one shared-memory file (shared_tensors.py) that the engine-core process maps as it is,
     # written once, in the slots' input-major layout: made while the bytes arrived (a fetched version's
     # stage, adopted if it holds exactly these tensors), or here. It is removed on any refusal from now on.
@@ -102,7 +105,7 @@ def _load(
     else:
         (views, shared), finite = allocate(shapes, dtype), None
     try:
-        _check_and_copy(loaded, targets, views, finite)
+        _check_and_copy(loaded, targets, views, finite, pace)
         layers: dict[int, dict[str, LoRAModuleWeights]] = {}
         for (layer, short), (r, alpha) in sorted(targets.items()):
             scaling = alpha / math.sqrt(r) if spec.use_rslora else alpha / r
@@ -113,7 +116,7 @@ def _load(
         # The version's identity is the manifest digest (shared.manifest), the same the control plane records:
         # the config's entry is taken from the very bytes parsed above, so what is served is what is named.
         if weights_sha256 is None:
-            weights_entry = entries_of([weights_path])[0]
+            weights_entry = entries_of([weights_path], pace)[0]
         else:
             size = weights_path.stat().st_size if isinstance(weights, Path) else len(weights)
             weights_entry = ManifestEntry(WEIGHTS_NAME, size, weights_sha256)
@@ -132,6 +135,10 @@ def _load(
     except BaseException:
         shared.remove()
         raise
+
+
+def _no_pace() -> None:
+    pass
 
 
 def _resolve_inside_roots(path: str | Path, allowed_roots: list[str]) -> Path:
@@ -206,6 +213,7 @@ HOST_PART = {"lora_A": "a_t", "lora_B": "b_t"}
 
 def _read_tensors(
     weights: Path | Buffer, targets: dict[tuple[int, str], tuple[int, int | float]], cfg: ModelConfig,
+    pace: Callable[[], None],
 ) -> Loaded:
     """Check every tensor name and shape from the header, then read the tensors (not yet checked).
     `weights`: the file, or its verified bytes in memory (the tensors are then views of them)."""
@@ -213,7 +221,11 @@ def _read_tensors(
         with open_tensors(weights) as f:
             shapes = {key: f.shape(key) for key in f.keys()}  # noqa: SIM118
             keys = _check_names_and_shapes(shapes, targets, cfg)
-            return {ours: (key, f.get_tensor(key)) for ours, key in keys.items()}
+            loaded: Loaded = {}
+            for ours, key in keys.items():
+                loaded[ours] = (key, f.get_tensor(key))
+                pace()
+            return loaded
     except (SafetensorError, OSError) as exc:  # a bad header, offsets past the end, an unreadable file
         raise LoRAAdapterError(
             f"{WEIGHTS_NAME} is corrupt or truncated and cannot be read ({type(exc).__name__}: {exc}); "
@@ -228,7 +240,7 @@ def _input_major_shapes(loaded: Loaded) -> dict[TensorKey, list[int]]:
 
 def _check_and_copy(
     loaded: Loaded, targets: dict[tuple[int, str], tuple[int, int | float]], views: dict[TensorKey, torch.Tensor],
-    staged_finite: dict[TensorKey, bool] | None,
+    staged_finite: dict[TensorKey, bool] | None, pace: Callable[[], None],
 ) -> None:
     """Refuse what cannot be served, else copy each tensor transposed (and cast) into its view: one pass.
     `staged_finite`: the views hold the copies already, made (and checked for NaN/inf) as the bytes arrived."""
@@ -242,6 +254,7 @@ def _check_and_copy(
                 raise LoRAAdapterError(f"tensor {key} contains NaN or infinite values; the adapter is broken")
             if staged_finite is None:
                 views[(layer, short, part)].copy_(tensor.T)
+            pace()
 
 
 def _check_names_and_shapes(

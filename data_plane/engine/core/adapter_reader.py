@@ -11,6 +11,8 @@ torch thread and the API's environment minus its secrets (it calls nobody). It w
 copy into a shared-memory file named for the API process (shared_tensors.py), and answers with its
 layout only (messages.SharedAdapter, a few KB); the API process maps the file and owns it from then
 on (adapter_transfer.adopt_adapter), exactly as if it had read it itself. Up to WORKERS loads run at once, one per reader process.
+While the engine has requests, a reader rests between small pieces of its work, so that it takes at most
+reader.READER_BUSY_CPU_SHARE of a CPU and never a core's whole step from the engine (reader.CpuPace).
 
 A version the engine just fetched is still held in this process's memory (verified_files.py): such a
 load stays on the calling thread, reading from those bytes. A reader that dies mid-load (killed, out
@@ -75,15 +77,15 @@ class AdapterReaderProcess:
         if self.reading is None:
             raise RuntimeError("AdapterReaderProcess.reading is not set")
         folder = _real(path)
-        reader = None
+        reader, busy = None, self.busy()
         if folder is None or held_files(folder, self.verified) is None:
             # (bytes this process holds are read here, from them: nothing to copy across)
-            reader = self._take(start=self.busy())
+            reader = self._take(start=busy)
         if reader is None:
             return self.reading.read(path, self.verified)
         known = self.verified.known_under(folder) if self.verified is not None and folder is not None else {}
         try:
-            outcome = reader.ask(self.reading, path, known)
+            outcome = reader.ask(self.reading, path, known, busy)
         except (EOFError, OSError) as exc:  # its end of the socket closed: the process is gone
             self._drop(reader)
             code = reader.process.wait()
@@ -225,9 +227,10 @@ class _Reader:
         logger.info("adapter reader: process %d", process.pid)
         return cls(process, Connection(ours.detach()))
 
-    def ask(self, reading: AdapterReading, path: str, known: dict) -> object:
-        """The reader's answer for `path`: a SharedAdapter, or the exception the loader raised."""
-        self.conn.send((reading, path, known))
+    def ask(self, reading: AdapterReading, path: str, known: dict, busy: bool) -> object:
+        """The reader's answer for `path`: a SharedAdapter, or the exception the loader raised. `busy`: the
+        engine has requests, so the reader paces its CPU (reader.CpuPace)."""
+        self.conn.send((reading, path, known, busy))
         return self.conn.recv()
 
     def stop(self) -> None:

@@ -2,8 +2,9 @@
 `python -m data_plane.engine.core.adapter_reader_main FD`.
 
 FD: its end of a socket to the API process (adapter_reader.py). It says "ready" once torch and the
-loader are imported; then each message is (AdapterReading, adapter path, hashes known of its files)
-and each answer the adapter's layout in a shared-memory file made for the API process
+loader are imported; then each message is (AdapterReading, adapter path, hashes known of its files,
+whether the engine has requests: the read is then paced, reader.CpuPace) and each answer the
+adapter's layout in a shared-memory file made for the API process
 (messages.SharedAdapter), or the exception the loader raised. It ends when the API process closes the socket or dies (end of file).
 """
 
@@ -14,7 +15,7 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
-from data_plane.lora.reader import READER_NICENESS
+from data_plane.lora.reader import READER_BUSY_CPU_SHARE, READER_NICENESS, BackgroundPace, CpuPace
 
 
 def main(argv: list[str]) -> int:
@@ -34,9 +35,10 @@ def main(argv: list[str]) -> int:
     try:
         conn.send("ready")
         while True:
-            reading, path, known = conn.recv()
+            reading, path, known, busy = conn.recv()
+            pace = CpuPace(BackgroundPace(lambda: True, READER_BUSY_CPU_SHARE)) if busy else None
             try:
-                weights = reading.read(path, VerifiedFiles(known))
+                weights = reading.read(path, VerifiedFiles(known), pace)
             except Exception as exc:  # the loader's refusal (LoRAAdapterError), or its failure
                 send_error(conn, path, exc)
                 continue

@@ -27,6 +27,7 @@ from data_plane.lora.peft_targets import TargetSpec, module_name
 from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
+from shared.peft import WEIGHTS_NAME
 from tests.data_plane.checkpoints import FAMILIES
 from tests.data_plane.lora.adapters import SUPPORTED_KINDS, edit_config, load_base, write_peft_adapter
 from tests.data_plane.lora.shared_files import inside, mappings_of, own_shared_files
@@ -251,6 +252,29 @@ def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoint
     assert ours.sha256 == files_digest([src / "adapter_config.json", src / "adapter_model.safetensors"])
     assert inspect_adapter(str(src), (str(src.parent),)).sha256 == ours.sha256
     assert ours.cache_namespace == int(ours.sha256[:16], 16)
+
+
+def test_a_paced_read_rests_between_every_tensor_and_every_mib_and_reads_the_same(tiny_checkpoints,
+                                                                                 peft_adapters) -> None:
+    """An adapter reader paces its CPU while the engine serves (reader.CpuPace): the loader gives it a chance
+    after each tensor it reads, each it checks and copies, and each MiB it hashes."""
+    base, src = tiny_checkpoints["llama"], peft_adapters("llama", "patterns")
+    calls = [0]
+
+    def pace() -> None:
+        calls[0] += 1
+
+    ours = load_peft_adapter(src, ModelConfig.from_pretrained(base), max_rank=64, allowed_roots=[str(src.parent)],
+                             pace=pace)
+    unpaced = _load(src, base)
+    tensors = sum(2 for mods in ours.layers.values() for _ in mods)
+    mib = -(-(src / WEIGHTS_NAME).stat().st_size // (1 << 20))
+    assert calls[0] == 2 * tensors + mib  # read, checked and copied; hashed
+    assert ours.sha256 == unpaced.sha256
+    for layer, mods in unpaced.layers.items():
+        for short, w in mods.items():
+            assert torch.equal(ours.layers[layer][short].lora_a, w.lora_a)
+            assert torch.equal(ours.layers[layer][short].lora_b, w.lora_b)
 
 
 @pytest.mark.parametrize("held", [False, True], ids=["file", "held bytes"])

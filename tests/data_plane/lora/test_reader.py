@@ -1,5 +1,6 @@
 """The adapter reader threads run torch on one thread, and leave every other thread's count alone;
-background adapter work rests while the engine is busy, in proportion to the CPU it took."""
+background adapter work rests while the engine is busy, in proportion to the CPU it took, and an adapter
+reader's in pieces of a bounded length."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from data_plane.lora.reader import BackgroundPace, read_off_loop
+from data_plane.lora.reader import PACE_PIECE_S, BackgroundPace, CpuPace, read_off_loop
 
 
 def _torch_threads_here() -> int:
@@ -56,3 +57,21 @@ def test_background_work_rests_only_while_the_engine_is_busy():
     assert pace.rested_s == rested  # an idle engine: full speed
     with pytest.raises(ValueError, match="share"):
         BackgroundPace(share=0)
+
+
+def test_cpu_pace_rests_once_a_piece_of_cpu_is_used_in_proportion_to_it():
+    pace = BackgroundPace(lambda: True, share=0.1)
+    paced = CpuPace(pace)
+    data = bytes(1 << 14)  # 16 KiB a call: a few microseconds, far below a piece
+    started = time.thread_time()
+    rests = 0
+    for _ in range(2000):
+        hashlib.sha256(data).digest()
+        before = pace.rested_s
+        paced()
+        rests += pace.rested_s > before
+    cpu = time.thread_time() - started
+    assert 1 <= rests <= cpu / PACE_PIECE_S + 1  # not after every call: after each piece of CPU
+    # nine times the CPU each rest followed, at a tenth of a CPU: the work's, not the rests' own (the sleeps'
+    # system calls, uncounted, are most of the gap)
+    assert 0.6 * 9 * cpu <= pace.rested_s <= 9 * cpu
