@@ -29,3 +29,14 @@ if importlib.util.find_spec("xdist") is not None:
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadFileScheduling | None:
         return ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None  # type: ignore[arg-type]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Engines that tests kill outright (SIGKILL) leave their adapters' shared-memory files behind, for the
+    next engine's start to sweep (data_plane/lora/shared_tensors.py); the end of the run sweeps them too, so
+    that none outlives the suite on the machine."""
+    if importlib.util.find_spec("torch") is None:  # nothing of the engine can have run
+        return
+    from data_plane.lora.shared_tensors import sweep_orphans
+
+    sweep_orphans()
