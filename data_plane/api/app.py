@@ -43,8 +43,6 @@ from shared.openapi import document_app, route_doc
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
-# the start waits at most this long for an adapter reader to be ready (it imports torch beside the core's
-# model load; on a loaded 2-CPU host that takes seconds), then serves, its loads waiting for the reader
 
 try:
     __version__ = version("loraplane")
