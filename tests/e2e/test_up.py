@@ -1,10 +1,12 @@
 """`loraplane up` (control_plane.up): control plane + engines + router + the demo adapters, from nothing,
 the OpenAI API served through the router (engines answer only the router's key); no secret on any child's
-command line; a SIGTERM (as a process manager sends) stops and reaps the children."""
+command line; one JSON log format for all of them; a SIGTERM (as a process manager sends) stops and reaps
+the children."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -72,18 +74,26 @@ def stop_up(process: subprocess.Popen) -> None:
         process.wait()
 
 
+ROUTINE = ("/heartbeat", "/metrics", "/health", "/v1/routes")  # traffic logged at DEBUG only
+
+
 def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
+    """Also one log format for the whole stack: with `--log-format json`, every stderr line of every process
+    (ours, uvicorn's, alembic's, httpx's) is one JSON object with time, level, logger and message; the
+    routine traffic (heartbeats every 3 s, sent and received; /metrics scrapes; /health probes) is not logged
+    at INFO, so an idle stack prints nothing."""
     cp_port, engine_port, router_port = _free_port(), _free_port(), _free_port()
-    log = tmp_path / "up.log"
-    with log.open("w") as out:
-        process = start_up(tmp_path, cp_port, engine_port, stdout=out, stderr=subprocess.STDOUT,
+    cp, engine = f"http://127.0.0.1:{cp_port}", f"http://127.0.0.1:{engine_port}"
+    out, err = tmp_path / "up.out", tmp_path / "up.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = start_up(tmp_path, cp_port, engine_port, "--log-format", "json", stdout=stdout, stderr=stderr,
                            router_port=router_port)
     try:
-        wait_until_up(process, log, log)
+        wait_until_up(process, out, err)
         token_file = tmp_path / ".loraplane" / "admin-token"
         assert token_file.stat().st_mode & 0o077 == 0
         token = token_file.read_text().strip()
-        assert token not in log.read_text()  # written to the file, never printed
+        assert token not in out.read_text() + err.read_text()  # written to the file, never printed
         auth = {"Authorization": f"Bearer {token}"}
         page = httpx.get(f"http://127.0.0.1:{cp_port}/v1/lora_adapters", headers=auth, timeout=10).json()
         assert [a["name"] for a in page["data"]] == ["demo-pirate", "demo-poet", "demo-short"]
@@ -118,6 +128,18 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         assert secrets["router-token"] in router_env and secrets["engine-api-key"] in router_env
         assert not any(secrets[n] in router_env for n in ("admin-token", "engine-token", "engine-cp-token"))
 
+        # at least two heartbeats after the registration (the engine's last_heartbeat moves twice), with a
+        # Prometheus scrape and a probe of each process meanwhile: routine traffic for the log check below
+        seen: set[str] = set()
+        deadline = time.monotonic() + 30
+        while len(seen) < 3:
+            assert time.monotonic() < deadline, f"heartbeats seen: {seen}"
+            seen |= {e["last_heartbeat"] for e in httpx.get(cp + "/v1/engines", headers=auth, timeout=10).json()["data"]}
+            for url in (cp, engine):
+                assert httpx.get(url + "/metrics", timeout=10).status_code == 200
+                assert httpx.get(url + "/health", timeout=10).status_code == 200
+            time.sleep(0.5)
+
         # SIGTERM, as a process manager sends: the children are stopped and reaped, none left as an orphan
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
@@ -127,6 +149,21 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         assert [pid for pid in children if alive(pid)] == []
     finally:
         stop_up(process)
+
+    lines = [json.loads(line) for line in err.read_text().splitlines()]  # every line is one JSON object
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= set(line) <= {"time", "level", "logger", "message",
+                                                                        "exception"}, line
+    loggers = {line["logger"] for line in lines}
+    # every process's libraries log through the one handler: uvicorn (every server), alembic (the control
+    # plane's migrations), httpx (the pushes of the demo adapters), and our own loggers
+    assert {"uvicorn.error", "alembic.runtime.migration", "httpx"} <= loggers, loggers
+    assert any(name.startswith(("loraplane", "data_plane", "control_plane")) for name in loggers), loggers
+    # the control plane, the engine and the router
+    assert sum(line["message"].startswith("Started server process") for line in lines) == 3
+    assert not any(line["logger"] == "alembic.runtime.plugins" for line in lines)  # start-up chatter: DEBUG
+    noisy = [line for line in lines if line["level"] != "DEBUG" and any(r in line["message"] for r in ROUTINE)]
+    assert noisy == [], noisy
 
 
 def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path: Path) -> None:

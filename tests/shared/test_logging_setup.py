@@ -107,7 +107,7 @@ def test_httpx_routine_requests_are_debug(server: str) -> None:
 
 @pytest.mark.usefixtures("restore_logging")
 def test_uvicorn_access_lines_for_routine_paths_are_debug() -> None:
-    """Records shaped as uvicorn's access log makes them (the e2e test in tests/e2e/test_log_format.py
+    """Records shaped as uvicorn's access log makes them (the e2e test in tests/e2e/test_up.py
     checks real uvicorn servers)."""
     stream = capture("info", "text")
     access = logging.getLogger("uvicorn.access")
