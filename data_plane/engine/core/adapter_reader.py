@@ -59,10 +59,9 @@ class AdapterReaderProcess:
     when no reader runs (nothing is served that they could slow). An engine that never loads during
     traffic never starts one."""
 
-    def __init__(self, reading: AdapterReading | None = None, verified: VerifiedFiles | None = None,
+    def __init__(self, reading: AdapterReading, verified: VerifiedFiles | None = None,
                  workers: int = WORKERS, busy: Callable[[], bool] = lambda: True) -> None:
-        # both are set by the app, which knows the artifact cache; each request carries the reading
-        self.reading = reading
+        self.reading = reading  # each request carries it: the reader reads exactly as this process would
         self.verified = verified
         self.workers = workers
         self.busy = busy
@@ -74,8 +73,6 @@ class AdapterReaderProcess:
         self._closed = False
 
     def __call__(self, path: str) -> LoRAAdapterWeights:
-        if self.reading is None:
-            raise RuntimeError("AdapterReaderProcess.reading is not set")
         folder = _real(path)
         reader, busy = None, self.busy()
         if folder is None or held_files(folder, self.verified) is None:
