@@ -1,6 +1,6 @@
 """The fleet behind the router (issue 11 §5): adapter affinity vs spreading requests blindly. One JSON object.
 
-    .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 24]
+    .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 48]
 
 Real processes on loopback, all on this machine (CPU): stack A is `loraplane control` (SQLite) with three
 `loraplane engine --control-plane … --max-loras 4` and `loraplane router`; the 48 adapters are loaded
@@ -12,7 +12,8 @@ fleet without a LoRA-aware router does. Both serve the same demo base model.
 One request list (Zipf(1.0) over the 48 adapters, streamed completions of --max-tokens tokens) is sent
 (a) through the router (stack A), (b) round-robin over stack B's engines, (c) to a random engine of
 stack B, at the same concurrency, in rotated order each repeat, after one uncounted warm-up run of each. Reported per mode: output tokens/s,
-TTFT p50/p99 and the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas).
+TTFT p50/p99, the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas), and
+`busiest_engine_share`: the requests the busiest engine served over all served (1/3 is an even spread).
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams.
 Figures are medians over the repeats with [min, max]. `slot_loads_offline_floor` is no measurement: the
@@ -179,13 +180,16 @@ async def run_mode(urls: list[str], pick: str, requests: list[tuple[str, str]], 
     return {"tokens_per_s": tokens / seconds, "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
 
 
-def slot_counters(urls: list[str], token: str) -> tuple[int, int]:
+def slot_counters(urls: list[str], token: str) -> tuple[int, int, list[int]]:
+    """(device-slot loads, evictions, adapter requests per engine) the engines counted so far."""
     loads = evictions = 0
+    served = []
     for url in urls:
         stats = httpx.get(f"{url}/v1/lora_stats", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
         loads += sum(a["loads"] for a in stats["adapters"])
         evictions += sum(a["evictions"] for a in stats["adapters"])
-    return loads, evictions
+        served.append(sum(sum(a["requests"].values()) for a in stats["adapters"]))
+    return loads, evictions, served
 
 
 async def overhead(router: str, holder: str, model: str, n: int) -> tuple[float, float]:
@@ -246,8 +250,10 @@ def main() -> int:
                     before = slot_counters(counted[mode], f["engine_admin"])
                     figures = asyncio.run(run_mode(urls[mode], mode, requests, args.concurrency, args.max_tokens, rep))
                     after = slot_counters(counted[mode], f["engine_admin"])
+                    served = [a - b for a, b in zip(after[2], before[2], strict=True)]
                     out[mode].append(figures | {"slot_loads": after[0] - before[0],
-                                                "evictions": after[1] - before[1]})
+                                                "evictions": after[1] - before[1],
+                                                "busiest_engine_share": max(served) / max(sum(served), 1)})
                     progress.update()
                 via, direct = asyncio.run(overhead(f["router"], holders["a00"], "a00", args.overhead_requests))
                 via_p50.append(via)
@@ -260,7 +266,8 @@ def main() -> int:
 
     def summary(mode: str) -> dict:
         rows = out[mode]
-        return {k: spread([r[k] for r in rows], 0 if k in ("slot_loads", "evictions") else 1) for k in rows[0]}
+        digits = {"slot_loads": 0, "evictions": 0, "busiest_engine_share": 3}
+        return {k: spread([r[k] for r in rows], digits.get(k, 1)) for k in rows[0]}
 
     tps = {m: [r["tokens_per_s"] for r in out[m]] for m in modes}
     loads = {m: [r["slot_loads"] for r in out[m]] for m in modes}
