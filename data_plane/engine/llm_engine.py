@@ -145,9 +145,14 @@ class LLMEngine:
         if request.request_id in self.requests:
             raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
         if request.lora is not None and self.lora_slots is not None and not self.lora_slots.is_resident(request.adapter_id):
-            # the slot image (padded, cast, scale folded in) is made now, outside any step, so the step
-            # that admits the request copies one row into the slot pool instead of building it
-            self.lora_slots.prepare(request.lora)
+            # the slot image (padded, cast, scale folded in) is made outside any step, so the step that admits
+            # the request copies one row into the slot pool instead of building it: now when nothing runs,
+            # else on the image thread, paced, and the request waits for it (scheduler.py) while the
+            # running streams' steps go on
+            if self.scheduler.running:
+                self.lora_slots.prepare_soon(request.lora)
+            else:
+                self.lora_slots.prepare(request.lora)
         params = request.sampling_params
         seqs = []
         for index in range(params.n):

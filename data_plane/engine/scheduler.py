@@ -40,6 +40,10 @@ or busy), the busy unpinned adapter with the fewest running sequences is drained
 one whose slot frees soonest (its running sequences have the fewest tokens left to generate: a stop
 may end them sooner, but none runs longer): none of its sequences is admitted until the head has
 started, so its slot frees once those end and the head, tried first, takes it.
+
+An adapter whose slot image is still being made on the image thread (its request came while sequences
+ran: slot_pool.py) is not loaded while sequences run; its requests wait the step or two that takes,
+and a head that has waited its bounded steps loads it anyway, making the image in the step.
 """
 
 from __future__ import annotations
@@ -211,7 +215,7 @@ class Scheduler:
         head = self.waiting[0]
         load = True
         if self._waited.get(head.seq_id, 0) >= self.max_slot_wait_steps:
-            verdict = self._admit(out, step, head, load=True)
+            verdict = self._admit(out, step, head, load=True, forced=True)
             if verdict is _Verdict.NO_ROOM:
                 return
             if verdict is _Verdict.NO_SLOT:
@@ -238,11 +242,13 @@ class Scheduler:
                 load = False  # every slot is pinned or busy until the step ends
         return len(queue)
 
-    def _admit(self, out: SchedulerOutput, step: _Admission, seq: Sequence, load: bool) -> _Verdict:
+    def _admit(self, out: SchedulerOutput, step: _Admission, seq: Sequence, load: bool, forced: bool = False) -> _Verdict:
         adapter = seq.adapter_id
         resident = adapter == 0 or self.lora_slots.is_resident(adapter)
         if not resident and not load:
             return _Verdict.NOT_RESIDENT
+        if not resident and not forced and self.running and self.lora_slots.image_pending(seq.request.lora):
+            return _Verdict.NOT_RESIDENT  # its slot image is being made beside the running steps (slot_pool.py)
         num_new = self.block_manager.plan_allocation(seq)
         if len(self.running) >= self.max_num_seqs or num_new is None:
             return _Verdict.NO_ROOM

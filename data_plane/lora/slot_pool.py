@@ -10,18 +10,34 @@ write (a copy, cast and multiply per projection and layer); it can run on any th
 step, and images are kept (LRU by content digest) so an evicted adapter that comes back is one copy
 away. Writing a slot is then one `copy_` of a row: the step loop's only LoRA work when an adapter is
 loaded.
+
+While the engine serves, `prepare_soon` makes an image on the pool's image thread instead, paced
+(IMAGE_BUSY_CPU_SHARE of one CPU, resting after each piece of PACE_PIECE_S), and the scheduler leaves
+the adapter's requests waiting until it is kept (`is_pending`): made between two steps, it delayed
+every running stream's next token by its whole time (1.7-2.6 ms for bench/hot_load.py's rank-16
+adapter on 2 CPUs), which was the largest part left of a hot load's cost to the steps beside it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from data_plane.lora.layers import LinearWithLoRA
+from data_plane.lora.reader import BackgroundPace, CpuPace, one_torch_thread
 from data_plane.lora.weights import LoRAAdapterWeights
+
+logger = logging.getLogger(__name__)
+
+# what the image thread may use of one CPU while the engine serves: an image of bench/hot_load.py's adapter
+# (about 2 ms of CPU) is then kept within a step or two, and no step loses more than a share of a CPU to it
+IMAGE_BUSY_CPU_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,9 @@ class SlotPool:
         self.kept_images = kept_images
         self._images: OrderedDict[str, torch.Tensor] = OrderedDict()  # sha256 -> image, least recent first
         self._lock = threading.Lock()  # prepare may run on another thread than the step loop
+        self._pending: set[str] = set()  # digests the image thread is making
+        self._image_thread: ThreadPoolExecutor | None = None  # started by the first prepare_soon
+        self._pace = BackgroundPace(lambda: True, IMAGE_BUSY_CPU_SHARE)
         self._regions: list[_Region] = []
         offset = 0
         for layer_index, linears in enumerate(layers):
@@ -64,8 +83,9 @@ class SlotPool:
         return rows[..., offset : offset + shape[0] * shape[1]].unflatten(-1, shape)
 
     @torch.no_grad()
-    def prepare(self, weights: LoRAAdapterWeights) -> torch.Tensor | None:
-        """The adapter's image [per_slot] on the pool's device (kept for the next write); any thread."""
+    def prepare(self, weights: LoRAAdapterWeights, pace: Callable[[], None] | None = None) -> torch.Tensor | None:
+        """The adapter's image [per_slot] on the pool's device (kept for the next write); any thread.
+        `pace` is called after each LoRA linear's part of it."""
         if self.pool is None:
             return None
         with self._lock:
@@ -79,12 +99,40 @@ class SlotPool:
             modules = weights.layers.get(r.layer_index)
             if modules:
                 r.linear.fill_slot_image(self._view(host, r.a_offset, r.a_shape), self._view(host, r.b_offset, r.b_shape), modules)
+                if pace is not None:
+                    pace()
         image = host.to(self.pool.device)
         with self._lock:
             self._images[weights.sha256] = image
             while len(self._images) > self.kept_images:
                 self._images.popitem(last=False)
         return image
+
+    def prepare_soon(self, weights: LoRAAdapterWeights) -> None:
+        """Have the image thread make the adapter's image, paced, unless it is kept or being made."""
+        if self.pool is None:
+            return
+        with self._lock:
+            if weights.sha256 in self._images or weights.sha256 in self._pending:
+                return
+            self._pending.add(weights.sha256)
+            if self._image_thread is None:
+                self._image_thread = ThreadPoolExecutor(1, "lora-slot-image", initializer=one_torch_thread)
+        self._image_thread.submit(self._prepare_paced, weights)
+
+    def _prepare_paced(self, weights: LoRAAdapterWeights) -> None:
+        try:
+            self.prepare(weights, pace=CpuPace(self._pace))
+        except Exception:  # the step that loads the adapter makes it again, and fails the request there
+            logger.exception("making the slot image of %s failed", weights.sha256[:12])
+        finally:
+            with self._lock:
+                self._pending.discard(weights.sha256)
+
+    def is_pending(self, weights: LoRAAdapterWeights) -> bool:
+        """Whether the image thread is still making this content's image."""
+        with self._lock:
+            return weights.sha256 in self._pending
 
     def is_prepared(self, weights: LoRAAdapterWeights) -> bool:
         """Whether this content's image is kept, so that writing it is one copy."""

@@ -16,7 +16,8 @@ eviction (an adapter that comes back is as hot as its uses say) and ends with `r
 Writing a slot is the only LoRA work on the engine loop: reading and validating files happened before
 (see peft_loader.py), and the slot's image (padded, cast, on the device: slot_pool.py) is made by
 `prepare`, which any thread may call as soon as a request brings the weights, so that the step that
-admits the request copies one row into the slot pool.
+admits the request copies one row into the slot pool; while the engine serves, by the pool's image
+thread (`prepare_soon`), and the scheduler loads no adapter whose image is still being made.
 """
 
 from __future__ import annotations
@@ -88,6 +89,14 @@ class LoRASlotManager:
     def prepare(self, weights: LoRAAdapterWeights) -> None:
         """Make the adapter's slot image ahead of its load (thread-safe; the load copies it in one go)."""
         self.pool.prepare(weights)
+
+    def prepare_soon(self, weights: LoRAAdapterWeights) -> None:
+        """Have the pool's image thread make the slot image, paced (the engine is serving meanwhile)."""
+        self.pool.prepare_soon(weights)
+
+    def image_pending(self, weights: LoRAAdapterWeights) -> bool:
+        """Whether the image thread is still making the adapter's slot image (its load would wait for it)."""
+        return self.pool.is_pending(weights)
 
     def is_pinned(self, adapter_id: int) -> bool:
         return adapter_id in self.pinned
