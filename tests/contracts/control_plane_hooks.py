@@ -23,7 +23,8 @@ _rng = random.Random(0)
 
 @schemathesis.hook
 def map_body(ctx, body):
-    if ADAPTER_PATHS and isinstance(body, dict) and _valid_path(body.get("lora_path")) and _rng.random() < 0.5:
+    if (ADAPTER_PATHS and isinstance(body, dict) and _valid_path(body.get("lora_path"))
+            and _valid_base_model(body.get("base_model")) and _rng.random() < 0.5):
         body["lora_path"] = _rng.choice(ADAPTER_PATHS)
         body["base_model"] = BASE_MODEL
     return body
@@ -32,3 +33,10 @@ def map_body(ctx, body):
 def _valid_path(value: object) -> bool:
     """What the schema admits as `lora_path` (1-1024 characters, no NUL)."""
     return isinstance(value, str) and 1 <= len(value) <= 1024 and "\x00" not in value
+
+
+def _valid_base_model(value: object) -> bool:
+    """What the schema admits as `base_model` (absent, null, or 1-256 characters): a negative case whose
+    invalid part is its base_model must keep it (replaced, the load was valid and answered 200, which
+    Schemathesis reported as a schema-violating request accepted)."""
+    return value is None or (isinstance(value, str) and 1 <= len(value) <= 256)
