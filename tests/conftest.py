@@ -12,6 +12,8 @@ attribute pytest no longer reads, so every test became a unit of its own and tes
 from __future__ import annotations
 
 import importlib.util
+import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -40,3 +42,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from data_plane.lora.shared_tensors import sweep_orphans
 
     sweep_orphans()
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """For a test that configures logging in this process (shared/logging_setup.py, as the CLIs do): the
+    root logger's handlers and level are put back afterwards. Left in place, a handler holds the stream
+    the test had as stderr (capsys' buffer, closed when the test ends), and every later test's log line
+    in this process printed a "--- Logging error ---" traceback instead."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.captureWarnings(False)

@@ -21,16 +21,6 @@ TEXT_LINE = re.compile(r"^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d
                        r"(?P<logger>\S+): (?P<message>.*)$")
 
 
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(False)
-
-
 def capture(level: str, log_format: str) -> io.StringIO:
     stream = io.StringIO()
     configure_logging(level, log_format, stream=stream)

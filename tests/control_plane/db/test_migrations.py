@@ -60,6 +60,7 @@ async def test_upgrade_to_head_matches_models_then_downgrade_to_base(empty_db: s
         await engine.dispose()
 
 
+@pytest.mark.usefixtures("restore_logging")  # cli.main configures logging, on capsys' stderr
 def test_cli_db_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     assert cli.main(["--database-url", url, "db", "current"]) == 0
@@ -68,6 +69,7 @@ def test_cli_db_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().out.split() == ["base", "(empty)", HEAD, "base", "(empty)"]
 
 
+@pytest.mark.usefixtures("restore_logging")  # cli.main configures logging, on capsys' stderr
 def test_cli_refuses_to_serve_without_admin_tokens(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("LORAPLANE_ADMIN_TOKENS", raising=False)
