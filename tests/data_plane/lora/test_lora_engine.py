@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -195,35 +197,40 @@ def _tokens_of(outputs, tokens: dict[str, list[int]]) -> None:  # noqa: ANN001
             tokens.setdefault(output.request_id, []).extend(delta.token_ids)
 
 
+def _running_then_arriving(engine: LLMEngine, weights: dict, prompts: list[list[int]]) -> dict[str, list[int]]:
+    """`running` (adapter 1) added to the idle engine and stepped once, then `arriving` (adapter 2, not in
+    a slot) added while it runs; answers the tokens so far, by request."""
+    tokens: dict[str, list[int]] = {}
+    for name, adapter_id, kind, prompt in (("running", 1, "patterns", prompts[0]), ("arriving", 2, "rslora", prompts[1])):
+        engine.add_request(Request(name, prompt, _greedy(), adapter_id=adapter_id, lora=weights[kind],
+                                   prefix_hash_seed=weights[kind].cache_namespace))
+        if name == "running":
+            assert engine.lora_slots.pool.is_prepared(weights[kind])  # nothing ran: made at once
+            _tokens_of(engine.step(), tokens)
+    return tokens
+
+
 def test_a_request_arriving_while_others_run_waits_for_its_image_made_beside_the_steps(setup, monkeypatch) -> None:
     """While sequences run, the arriving adapter's slot image is made on the image thread (not between
     two steps): the running stream keeps stepping, the new adapter is loaded only once its image is kept,
     and both answers are PEFT's."""
-    import threading
-
     base, weights, prompts, expected = setup
     engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
     pool, slots = engine.lora_slots.pool, engine.lora_slots
     release = threading.Event()
     paced = pool._prepare_paced
     monkeypatch.setattr(pool, "_prepare_paced", lambda w: (release.wait(30), paced(w)))
-    tokens: dict[str, list[int]] = {}
-    engine.add_request(Request("running", prompts[0], _greedy(), adapter_id=1, lora=weights["patterns"],
-                               prefix_hash_seed=weights["patterns"].cache_namespace))
-    assert pool.is_prepared(weights["patterns"])  # nothing ran: made at once
-    _tokens_of(engine.step(), tokens)
-    engine.add_request(Request("arriving", prompts[1], _greedy(), adapter_id=2, lora=weights["rslora"],
-                               prefix_hash_seed=weights["rslora"].cache_namespace))
+    tokens = _running_then_arriving(engine, weights, prompts)
     assert slots.image_pending(weights["rslora"]) and not pool.is_prepared(weights["rslora"])
     for _ in range(3):  # the running stream goes on; the arriving one waits for its image
         _tokens_of(engine.step(), tokens)
         assert not slots.is_resident(2) and "arriving" not in tokens
     assert len(tokens["running"]) == 4
     release.set()
-    for _ in range(3000):
-        if not slots.image_pending(weights["rslora"]):
-            break
-        threading.Event().wait(0.01)
+    deadline = time.monotonic() + 30
+    while slots.image_pending(weights["rslora"]):
+        assert time.monotonic() < deadline, "the image thread did not finish the image"
+        time.sleep(0.01)
     image = pool.prepare(weights["rslora"])  # the kept one, made on the image thread
     _tokens_of(engine.step(), tokens)
     assert slots.is_resident(2) and torch.equal(pool.pool[slots.slot(2)], image)
@@ -235,20 +242,13 @@ def test_a_request_arriving_while_others_run_waits_for_its_image_made_beside_the
 def test_a_head_that_waited_its_bounded_steps_is_loaded_with_its_image_still_pending(setup, monkeypatch) -> None:
     """The image thread never finishing cannot hold a request back for ever: the head's bounded wait loads
     its adapter anyway, making the image in the step."""
-    import threading
-
     base, weights, prompts, expected = setup
     engine = make_engine(base, enable_lora=True, max_loras=2, max_lora_rank=64)
     engine.scheduler.max_slot_wait_steps = 2
     release = threading.Event()
     monkeypatch.setattr(engine.lora_slots.pool, "_prepare_paced", lambda w: release.wait(30))
-    tokens: dict[str, list[int]] = {}
-    engine.add_request(Request("running", prompts[0], _greedy(), adapter_id=1, lora=weights["patterns"],
-                               prefix_hash_seed=weights["patterns"].cache_namespace))
-    _tokens_of(engine.step(), tokens)
-    engine.add_request(Request("arriving", prompts[1], _greedy(), adapter_id=2, lora=weights["rslora"],
-                               prefix_hash_seed=weights["rslora"].cache_namespace))
     try:
+        tokens = _running_then_arriving(engine, weights, prompts)
         for _ in range(4):
             _tokens_of(engine.step(), tokens)
         assert engine.lora_slots.is_resident(2) and engine.lora_slots.image_pending(weights["rslora"])
