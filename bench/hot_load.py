@@ -17,6 +17,11 @@ repeat, after an uncounted warm-up round):
   and written into a slot by the step that admits it, beside the running streams;
 - slots: the same with six adapters loaded before the window: in it, only their hand-over to the core
   and their slot writes.
+Windows are counted once the adapter readers have started (the engine's /metrics says so): the
+warm-up's loads start them, at low priority, so on 2 busy CPUs they import torch for many seconds
+while loads read on threads of the API process; `warm_up_hot_vs_steady` is that round's single hot
+window against its steady one, and `counted_loads_read_on_api_threads_while_serving` how many counted
+loads still did (0 when every one found a reader, waiting for a busy one if need be).
 The arrival windows end when the last arrival has its answer. An inter-token latency is the time between
 two consecutive tokens of one running stream, counted when the gap begins in the window (all streams share
 each step, so one slow step is `--streams` long gaps). Reported per mode:
@@ -53,6 +58,7 @@ RESIDENT = 4  # registered at start; the streams use the first two, the arrivals
 HOT = 6  # arrivals per window
 ARRIVAL_GAP_S = 0.05
 STEADY_WINDOW_S = 1.5
+READER_START_FALLBACK_S = 30.0
 PROMPT = "the quick brown fox jumps over the lazy dog"
 
 
@@ -178,6 +184,33 @@ def ready(url: str) -> None:
         time.sleep(0.1)
 
 
+def reader_figures(url: str) -> dict[str, float]:
+    """The engine's adapter reader gauges and counters (data_plane/engine/core/adapter_reader_metrics.py)."""
+    figures = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(("loraplane_adapter_reader_processes{", "loraplane_adapter_reads_total{")):
+            name, _, value = line.rpartition(" ")
+            figures[name] = float(value)
+    return figures
+
+
+def wait_for_readers(url: str) -> float:
+    """Seconds until the engine's adapter readers have started (the warm-up's loads start them, at low
+    priority: on 2 busy CPUs they take many seconds to import torch, and until then loads read on API threads)."""
+    started = time.monotonic()
+    if not reader_figures(url):  # an engine from before these figures (an A/B against older code): a fixed wait
+        time.sleep(READER_START_FALLBACK_S)
+        return READER_START_FALLBACK_S
+    while True:
+        f = reader_figures(url)
+        if f.get('loraplane_adapter_reader_processes{state="starting"}', 1) == 0 and \
+                f['loraplane_adapter_reader_processes{state="idle"}'] + f['loraplane_adapter_reader_processes{state="reading"}'] > 0:
+            return time.monotonic() - started
+        if time.monotonic() - started > 300:
+            sys.exit(f"the adapter readers at {url} never started: {f}")
+        time.sleep(0.5)
+
+
 def p(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(len(values) * q))]
@@ -223,6 +256,10 @@ def main() -> int:
             ready(servers[reader].url)
         modes = ["steady", "arrivals", "hot", "slots"]
         results = {reader: {mode: [] for mode in modes} for reader in servers}
+        warm_up: dict[str, dict] = {reader: {} for reader in servers}
+        reader_start_s: dict[str, float] = {}
+        reads_before: dict[str, dict] = {}
+        reads_after: dict[str, dict] = {}
         with tqdm(total=rounds * len(modes) * len(servers), desc="hot-load windows", file=sys.stderr) as bar:
             for r in range(rounds):  # servers and modes alternate, in a rotated order each round
                 for reader in rotated(list(servers), r):
@@ -231,12 +268,31 @@ def main() -> int:
                         outcome = conn.recv()
                         if r > 0:
                             results[reader][mode].append(outcome)
+                        else:
+                            warm_up[reader][mode] = outcome
                         bar.update()
+                if r == 0:  # count only windows with the readers up: what a serving engine has after its first loads
+                    for reader in servers:
+                        if reader == "process":
+                            reader_start_s[reader] = round(wait_for_readers(servers[reader].url), 1)
+                        reads_before[reader] = reader_figures(servers[reader].url)
+            for reader in servers:
+                reads_after[reader] = reader_figures(servers[reader].url)
     finally:
         conn.send(None)
         for server in servers.values():
             server.stop()
     by_reader = {reader: summary(runs) for reader, runs in results.items()}
+    for reader, block in by_reader.items():
+        # the warm-up round's hot window, whose loads met readers not started yet (one window: a figure to watch)
+        block["warm_up_hot_vs_steady"] = round(p(warm_up[reader]["hot"]["gaps"], 0.99)
+                                               / p(warm_up[reader]["steady"]["gaps"], 0.99), 3)
+        if reader in reader_start_s:
+            block["readers_started_after_warm_up_s"] = reader_start_s[reader]
+            key = 'loraplane_adapter_reads_total{serving="true",where="api_thread"}'
+            if key in reads_after[reader]:  # (an engine from before these figures has none)
+                block["counted_loads_read_on_api_threads_while_serving"] = int(reads_after[reader][key]
+                                                                               - reads_before[reader][key])
     figures = {
         "benchmark": "hot_load",
         "model": f"generated Qwen2 shape {args.shape}", "adapter_rank": args.rank, "adapter_targets": list(TARGET_MODULES),

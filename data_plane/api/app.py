@@ -29,6 +29,7 @@ from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
 from data_plane.engine.core.adapter_reader import AdapterReaderProcess
+from data_plane.engine.core.adapter_reader_metrics import AdapterReaderCollector
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.lora.adapter_reading import AdapterReading
 from data_plane.lora.artifact_metrics import ArtifactCollector
@@ -162,7 +163,7 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     """engine: an EngineProtocol (EngineCoreClient or AsyncLLMEngine), not started: startup starts it
     inside the server's loop.
     lora_loader: how adapter folders are read (default: the PEFT loader for config's base model, in
-    adapter reader processes once loads meet traffic, unless config.adapter_reader_process is off)."""
+    adapter reader processes from the first load on, unless config.adapter_reader_process is off)."""
     assert config.max_model_len is not None, "finalize the config (load the engine) first"
     base_name = config.served_model_name or config.model
     request_stats = AdapterRequestStats()
@@ -197,6 +198,8 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
         registry.before_remove = engine_metrics.lora.sync
     if artifacts is not None:
         engine_metrics.registry.register(ArtifactCollector(artifacts.cache))
+    if reader_process is not None:
+        engine_metrics.registry.register(AdapterReaderCollector(reader_process))
     state = State(
         {
             "engine": engine,
@@ -220,6 +223,9 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
         engine.start()  # captures the running loop: the engine's outputs are handed back on it
         if artifacts is not None:
             await artifacts.open()
+        if reader_process is not None and config.lora_modules:
+            # an engine started with adapters: its reader imports torch now, before traffic keeps the CPUs busy
+            reader_process.start(import_first=True)
         if registry is not None:
             for name, path in config.lora_modules.items():  # --lora-modules: a failure stops the start
                 try:

@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--max-loras", type=int, default=4, help="device slots: adapters resident at once")
     lora.add_argument(
         "--adapter-reader-process", action=argparse.BooleanOptionalAction, default=True,
-        help="read and check adapter files in processes of their own (on by default: one starts when a load "
-        "first meets running requests, a second when two such loads meet), so that a load does not slow the "
+        help="read and check adapter files in processes of their own (on by default: the first load starts one, "
+        "and a second starts when two loads meet running requests), so that a load does not slow the "
         "streams being served; --no-adapter-reader-process reads them on threads of the API process")
     lora.add_argument("--max-lora-rank", type=int, default=64, help="largest adapter rank accepted")
     lora.add_argument("--lora-dtype", default="auto", choices=["auto", "bfloat16", "float16"],

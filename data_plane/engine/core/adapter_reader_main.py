@@ -1,7 +1,8 @@
 """Entry point of an adapter reader process:
-`python -m data_plane.engine.core.adapter_reader_main FD`.
+`python -m data_plane.engine.core.adapter_reader_main FD [--import-first]`.
 
-FD: its end of a socket to the API process (adapter_reader.py). It says "ready" once torch and the
+FD: its end of a socket to the API process (adapter_reader.py). It lowers its priority first, or with
+--import-first (an engine starting up) once it has imported what it needs. It says "ready" once torch and the
 loader are imported; then each message is (AdapterReading, adapter path, hashes known of its files,
 whether the engine has requests: the read is then paced, reader.CpuPace) and each answer the
 adapter's layout in a shared-memory file made for the API process
@@ -21,7 +22,9 @@ from data_plane.lora.reader import READER_BUSY_CPU_SHARE, READER_NICENESS, Backg
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API process decides
     conn = Connection(int(argv[0]))
-    lower_priority()  # started while serving: even the torch import takes only the CPU the engine leaves
+    import_first = "--import-first" in argv[1:]  # started with the engine, which serves nothing yet
+    if not import_first:
+        lower_priority()  # started while serving: even the torch import takes only the CPU the engine leaves
 
     import torch
 
@@ -32,6 +35,8 @@ def main(argv: list[str]) -> int:
     from data_plane.lora.verified_files import VerifiedFiles
 
     shared_tensors.make_files_for(os.getppid())  # the API process owns what this one makes
+    if import_first:
+        lower_priority()  # ready: from now on it reads beside traffic
     try:
         conn.send("ready")
         while True:

@@ -1,4 +1,5 @@
-"""A real adapter of the demo model, as the registry hands it to the engine."""
+"""A real adapter of the demo model, as the registry hands it to the engine; adapter folders and the
+reading of them that the adapter reader tests share."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from data_plane.lora.adapter_reading import AdapterReading
 from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
@@ -18,3 +20,17 @@ def demo_adapter(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     spec = DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES)
     path = write_lora_adapter(demo_model_dir, root / "a1", spec, seed=1)
     return load_peft_adapter(path, ModelConfig.from_pretrained(demo_model_dir), max_rank=8, allowed_roots=[str(root)])
+
+
+@pytest.fixture(scope="module")
+def adapters(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reader_adapters")
+    for i, r in enumerate((8, 8, 16)):
+        write_lora_adapter(demo_model_dir, root / f"a{i}", DemoAdapter(r=r, lora_alpha=2 * r, target_modules=TARGET_MODULES),
+                           seed=i)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reading(demo_model_dir: Path, adapters: Path) -> AdapterReading:
+    return AdapterReading(ModelConfig.from_pretrained(demo_model_dir), max_rank=8, lora_roots=(str(adapters),))

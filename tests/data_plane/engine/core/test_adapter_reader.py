@@ -1,7 +1,8 @@
 """The adapter reader process reads exactly what the API process would read itself, hands the host copy's
 file over to the API process, says the loader's refusals in the loader's words, and neither a reader that
-dies nor an API process that dies leaves anything behind. Readers start when loads meet traffic; no load
-waits for one to start."""
+dies nor an API process that dies leaves anything behind. The first load starts a reader, loads that meet
+traffic a second; no load waits for one to start, and a load meeting traffic waits for a busy reader rather
+than reading here."""
 
 from __future__ import annotations
 
@@ -18,32 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from data_plane.engine.core import adapter_reader
 from data_plane.engine.core.adapter_reader import MAX_START_FAILURES, AdapterReaderProcess
 from data_plane.lora.adapter_reading import AdapterReading
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.reader import READER_NICENESS, lower_thread_priority
 from data_plane.lora.shared_tensors import file_prefix, shm_dir
 from data_plane.lora.verified_files import VerifiedFiles
-from data_plane.lora.weights import TARGET_MODULES
-from data_plane.model.config import ModelConfig
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 from tests.data_plane.engine.core.test_adapter_transfer import assert_same_weights
 from tests.data_plane.lora.shared_files import inside, mappings_of, own_shared_files
-
-
-@pytest.fixture(scope="module")
-def adapters(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("reader_adapters")
-    for i, r in enumerate((8, 8, 16)):
-        write_lora_adapter(demo_model_dir, root / f"a{i}", DemoAdapter(r=r, lora_alpha=2 * r, target_modules=TARGET_MODULES),
-                           seed=i)
-    return root
-
-
-@pytest.fixture(scope="module")
-def reading(demo_model_dir: Path, adapters: Path) -> AdapterReading:
-    return AdapterReading(ModelConfig.from_pretrained(demo_model_dir), max_rank=8, lora_roots=(str(adapters),))
 
 
 def ready_reader(reading: AdapterReading, verified: VerifiedFiles | None = None) -> AdapterReaderProcess:
@@ -156,6 +141,42 @@ def test_a_reader_that_dies_fails_only_its_load_and_a_later_load_starts_another(
     assert reader.pids() not in ([first], [second], [])
 
 
+def test_a_load_meeting_traffic_waits_for_a_busy_reader_instead_of_reading_here(reading, adapters, monkeypatch):
+    """While the engine has requests, a read here would hold the API process's GIL between the streams' tokens:
+    a load that finds the ready reader busy waits for it (bounded by BUSY_WAIT_S), then reads here."""
+    reader = AdapterReaderProcess(reading, workers=1, busy=lambda: True)
+    reader.start()
+    assert reader.wait_ready(60)
+    [pid] = reader.pids()
+    os.kill(pid, signal.SIGSTOP)  # it takes the first load and holds it
+    try:
+        pool = ThreadPoolExecutor(2)
+        first = pool.submit(reader, str(adapters / "a0"))
+        time.sleep(0.2)
+        second = pool.submit(reader, str(adapters / "a1"))
+        time.sleep(1.0)  # a read here takes a few milliseconds
+        assert not second.done() and not first.done()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert_same_weights(first.result(30), reading.read(str(adapters / "a0")))
+    assert_same_weights(second.result(30), reading.read(str(adapters / "a1")))  # from the reader, once free
+    assert reader.pids() == [pid]
+
+    monkeypatch.setattr(adapter_reader, "BUSY_WAIT_S", 0.3)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        first = pool.submit(reader, str(adapters / "a0"))
+        time.sleep(0.2)
+        # the wait runs out: read here (a stuck reader never holds a load for ever)
+        assert_same_weights(reader(str(adapters / "a1")), reading.read(str(adapters / "a1")))
+        assert not first.done()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    first.result(30)
+    pool.shutdown()
+    reader.close()
+
+
 def test_readers_that_die_while_starting_cost_no_load_and_are_given_up_after_a_few(reading, adapters):
     reader = AdapterReaderProcess(reading, workers=1)
     for attempt in range(MAX_START_FAILURES):
@@ -169,35 +190,60 @@ def test_readers_that_die_while_starting_cost_no_load_and_are_given_up_after_a_f
     reader.close()
 
 
-def test_readers_start_when_loads_meet_traffic_at_low_priority_and_without_secrets(reading, adapters, monkeypatch):
+def test_the_first_load_starts_a_reader_at_low_priority_without_secrets_and_traffic_a_second(reading, adapters,
+                                                                                            monkeypatch):
     monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", "s3cret-admin")
     requests = 0
     reader = AdapterReaderProcess(reading, busy=lambda: requests > 0)
-    # an idle engine's load reads here: nothing is served that it could slow, so no reader starts
-    assert_same_weights(reader(str(adapters / "a0")), reading.read(str(adapters / "a0")))
-    assert reader.pids() == [] and not reader.wait_ready(0)
-    requests = 3
-    # the first load that meets requests reads here too, never waiting: a reader starts for the next ones;
-    # started from a thread at a lower priority still, as the API's reader threads are
+    assert reader.pids() == [] and not reader.wait_ready(0)  # none before a load
+    # the first load reads here (none is ready), never waiting, and starts a reader for the loads after it, so
+    # that it is ready when traffic comes; started from a thread at a lower priority still, as the API's
+    # reader threads are
     started = ThreadPoolExecutor(1, initializer=lower_thread_priority).submit(reader, str(adapters / "a0"))
-    started.result()
+    assert_same_weights(started.result(), reading.read(str(adapters / "a0")))
     [pid] = reader.pids()
     environ = Path(f"/proc/{pid}/environ").read_bytes()
     assert b"s3cret-admin" not in environ and b"PATH=" in environ
     assert reader.wait_ready(60)
     assert os.getpriority(os.PRIO_PROCESS, pid) == READER_NICENESS  # below the engine, not below that
-    reader.start()  # one is running: no second
+    reader.start(import_first=True)  # one is running: no second
     assert reader.pids() == [pid]
-    requests = 0  # a reader that is there takes loads, idle or not
     files = own_shared_files()
-    got = reader(str(adapters / "a1"))
+    got = reader(str(adapters / "a1"))  # an idle engine's load goes to the reader that is there
     assert wait_for(lambda: got.shared.file not in Path(f"/proc/{pid}/maps").read_text())  # it was the reader's
     assert own_shared_files() - files == {Path(got.shared.file)}
+
+    # while the engine has requests, a load that finds the reader busy starts a second (and waits for a reader to
+    # free, BUSY_WAIT_S at most)
+    requests = 3
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        pool = ThreadPoolExecutor(2)
+        held = pool.submit(reader, str(adapters / "a0"))
+        time.sleep(0.2)
+        assert_same_weights(pool.submit(reader, str(adapters / "a1")).result(60), reading.read(str(adapters / "a1")))
+        assert not held.done() and len(reader.pids()) == 2
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    held.result(30)
+    pool.shutdown()
     reader.close()
     assert not Path(f"/proc/{pid}").exists()
     assert not reader.wait_ready(0.1)
     with pytest.raises(LoRAAdapterError, match="shutting down"):
         reader(str(adapters / "a0"))
+
+
+def test_a_reader_started_with_the_engine_imports_first_then_reads_at_low_priority(reading):
+    """(an engine starting up with --lora-modules: app.py) its priority is the caller's while it imports torch,
+    READER_NICENESS once it is ready for loads."""
+    reader = AdapterReaderProcess(reading)
+    reader.start(import_first=True)
+    [pid] = reader.pids()
+    assert "--import-first" in Path(f"/proc/{pid}/cmdline").read_text()
+    assert reader.wait_ready(60)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == READER_NICENESS
+    reader.close()
 
 
 def test_readers_end_with_an_api_process_killed_outright(reading, adapters, tmp_path):
