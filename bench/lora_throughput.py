@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/lora_throughput.py`
 from tqdm import tqdm
 
 from data_plane.config import EngineConfig
@@ -134,23 +135,8 @@ def median_ratio(bench: Bench, numerator, denominator, repeats: int) -> tuple[fl
 
 def naive_peft_tokens_per_s(bench: Bench, jobs: list[Job]) -> float:
     """The usual way without a LoRA server: transformers + PEFT, one adapter (and request) at a time."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(bench.model_dir, dtype=torch.float32).eval()
-    model = PeftModel.from_pretrained(base, bench.adapter_dirs[0], adapter_name="a0")
-    for i, path in enumerate(bench.adapter_dirs[1:], start=1):
-        model.load_adapter(path, adapter_name=f"a{i}")
-    model.generation_config.eos_token_id = None
-    start, tokens = time.perf_counter(), 0
-    for prompt, adapter_id, _ in jobs:
-        model.set_adapter(f"a{adapter_id - 1}")
-        ids = torch.tensor([prompt])
-        with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                 max_new_tokens=bench.args.output_len, do_sample=False, pad_token_id=0)
-        tokens += out.shape[1] - ids.shape[1]
-    return tokens / (time.perf_counter() - start)
+    peft = NaivePeft(bench.model_dir, bench.adapter_dirs)
+    return peft.tokens_per_s([(prompt, adapter_id - 1) for prompt, adapter_id, _ in jobs], bench.args.output_len)
 
 
 def _run_with_arrivals(bench: Bench, engine: LLMEngine, decoding: list[Job], adapters: list[int],

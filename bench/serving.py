@@ -1,7 +1,7 @@
 """Serving over HTTP vs the engine in process, on the same model in the same run: tokens/s, TTFT, ITL.
 
     .venv/bin/python bench/serving.py [--model DIR | --shape 512,1408,6,8,2,384] [--clients 1 8 32]
-        [--torch-threads 1 2] [--servers core thread] [--adapters N --rank R] [--repeats 3] [--quick]
+        [--torch-threads 1 2] [--servers core thread] [--adapters N --rank R [--peft]] [--repeats 3] [--quick]
 
 Starts real `loraplane engine` processes (`core`: the engine-core process, the default; `thread`: the
 old engine thread in the API process, --no-engine-core-process), one per torch thread count, and
@@ -9,7 +9,9 @@ drives them over HTTP (/v1/completions, token-id prompts, greedy, ignore_eos) fr
 process with 1, 8 and 32 concurrent clients, streaming and not. The in-process figure is LLMEngine
 in this process at the same torch thread count, fed the same way (a new request as soon as one of
 the `clients` finishes). Each repeat runs every case once, alternating in-process and HTTP, on fresh
-prompts; medians and ranges are reported, ratios per repeat. Prints one JSON object; progress on stderr.
+prompts; medians and ranges are reported, ratios per repeat. --peft adds the baseline of issue 13's (d):
+transformers + PEFT serving the same number of requests one at a time (bench/peft_baseline.py), run in
+each repeat before its cases, and every side's ratio over it. Prints one JSON object; progress on stderr.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/serving.py`
 from tqdm import tqdm
 
 from data_plane.config import EngineConfig
@@ -213,11 +216,16 @@ def main() -> int:
                         help="OMP_WAIT_POLICY of the servers (default: unset, libgomp's own)")
     parser.add_argument("--adapters", type=int, default=0, help="spread requests over N adapters (0: base model)")
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--peft", action="store_true",
+                        help="with --adapters: also transformers + PEFT one adapter (and request) at a time, in this "
+                        "process, once per repeat and torch thread count, alternated with the runs (issue 13's (d))")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="smoke test: tiny model, few tokens, 1 repeat")
     args = parser.parse_args()
+    if args.peft and not args.adapters:
+        parser.error("--peft compares adapters: give --adapters N")
     if args.quick:
         args.shape, args.clients, args.torch_threads = "256,768,2,8,2,384", [1, 4], [1]
         args.prompt_len, args.output_len, args.repeats, args.min_requests = 16, 8, 1, 4
@@ -255,10 +263,19 @@ def main() -> int:
                 conn.recv()
         cases = [(t, c, s) for t in args.torch_threads for c in args.clients for s in streams]
         runs: dict[tuple, dict[str, list[dict]]] = {case: {} for case in cases}
+        peft = NaivePeft(model, adapter_dirs) if args.peft else None
+        peft_tok_s: dict[int, list[float]] = {t: [] for t in args.torch_threads}  # per thread count, one per repeat
         rng = random.Random(0)
-        total = args.repeats * len(cases) * (1 + len(args.servers))
+        total = args.repeats * (len(cases) * (1 + len(args.servers)) + (len(args.torch_threads) if peft else 0))
         with tqdm(total=total, desc="serving runs", file=sys.stderr) as bar:
             for _ in range(args.repeats):
+                if peft is not None:
+                    for threads in args.torch_threads:
+                        torch.set_num_threads(threads)
+                        jobs = [([rng.randrange(10, vocab) for _ in range(args.prompt_len)], i % len(weights))
+                                for i in range(max(args.clients[-1], args.min_requests))]
+                        peft_tok_s[threads].append(peft.tokens_per_s(jobs, args.output_len))
+                        bar.update()
                 for case in cases:
                     threads, clients, stream = case
                     n = max(clients, args.min_requests)
@@ -286,6 +303,11 @@ def main() -> int:
                 if side != "in_process":
                     ratios = [f["tokens_per_s"] / b for f, b in zip(figures, base, strict=True)]
                     row[f"ratio_{side}_over_in_process"] = median_range(ratios)
+                if peft is not None:  # each repeat's run over the same repeat's PEFT run
+                    ratios = [f["tokens_per_s"] / n for f, n in zip(figures, peft_tok_s[threads], strict=True)]
+                    row[f"ratio_{side}_over_peft"] = median_range(ratios)
+            if peft is not None:
+                row["peft_one_adapter_at_a_time"] = {"tokens_per_s": median_range(peft_tok_s[threads])}
             results.append(row)
     finally:
         conn.send(None)
