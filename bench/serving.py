@@ -8,7 +8,7 @@ old engine thread in the API process, --no-engine-core-process), one per torch t
 drives them over HTTP (/v1/completions, token-id prompts, greedy, ignore_eos) from a separate client
 process with 1, 8 and 32 concurrent clients, streaming and not. The in-process figure is LLMEngine
 in this process at the same torch thread count, fed the same way (a new request as soon as one of
-the `clients` finishes). Each repeat runs every case once, alternating in-process and HTTP, on fresh
+the `clients` finishes), with the core's OpenMP spin (bench/core_openmp.py). Each repeat runs every case once, alternating in-process and HTTP, on fresh
 prompts; medians and ranges are reported, ratios per repeat. --peft adds the baseline of issue 13's (d):
 transformers + PEFT serving the same number of requests one at a time (bench/peft_baseline.py), run in
 each repeat before its cases, and every side's ratio over it. Prints one JSON object; progress on stderr.
@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import core_openmp  # noqa: F401  (bench/core_openmp.py, first: this process spins as the engine core does)
 import torch
 from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/serving.py`
 from tqdm import tqdm

@@ -4,10 +4,17 @@ The API process (HTTP, tokenizing, SSE), the clients on the same host and the co
 Chosen by measurement (bench/serving.py, 2 CPUs, 32 clients, the issue-13 model; figures in the
 commit that set these defaults):
 
-- OpenMP wait policy: left to libgomp (unset: a worker spins a short while after a parallel region,
-  then sleeps). PASSIVE (sleep at once) made every step pay futex wake-ups: 0.76x in-process over
-  HTTP at 2 threads against 0.97x unset. ACTIVE (spin forever) keeps an idle engine burning every
-  core it has. The operator's OMP_WAIT_POLICY / GOMP_SPINCOUNT reach the core unchanged.
+- OpenMP wait policy: libgomp's own (a worker spins a while after a parallel region, then sleeps),
+  with the spin shortened to CORE_SPIN_COUNT (GOMP_SPINCOUNT; libgomp's default is 300,000). With
+  several engines on one host, the workers of a core between steps (or idle) spun on CPUs that the
+  other engines needed: bench/fleet.py (six engine cores, the control plane, the router and the client
+  on 2 CPUs) served 893-900 tok/s through the router and 699-709 round-robin at 3,000, against 245-259
+  and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s against 10-15 s). One engine alone
+  (bench/serving.py, 32 clients, 2 threads, 5 alternated pairs) measured no difference: HTTP ÷ in
+  process 0.97 and 0.90 (non-streaming, streaming) at 3,000 against 0.95 and 0.92. PASSIVE (sleep at
+  once) made every step pay futex wake-ups: 0.76x against 0.97x. ACTIVE (spin forever) keeps an idle
+  engine burning every core it has. An operator who sets OMP_WAIT_POLICY or GOMP_SPINCOUNT gets
+  exactly that.
 - torch threads: `num_threads` when given; else one per CPU below 4 CPUs (on 2 CPUs, 2 unbound
   threads served 1391 tok/s over HTTP against 994 for 1 thread bound beside the API), and one per
   CPU but one for the API process from 4 CPUs up (as vLLM reserves cores for its API server).
@@ -24,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 
 CPUS_ENV = "LORAPLANE_CORE_CPUS"  # the CPUs process.py binds the core to; process_main reads it before torch
 
 RESERVE_API_CPU_FROM = 4  # CPUs from which the core leaves one to the API process by default
+CORE_SPIN_COUNT = "3000"  # GOMP_SPINCOUNT: how long an OpenMP worker spins before it sleeps (module docstring)
 
 
 def available_cpus() -> list[int]:
@@ -86,8 +95,17 @@ def bind_this_process(cpus: list[int]) -> None:
 
 
 def core_environment(base: dict[str, str], threads: int) -> dict[str, str]:
-    """The core's environment: OpenMP's thread count unless the operator set it (its wait policy is
-    libgomp's own unless the operator set OMP_WAIT_POLICY)."""
-    env = dict(base)
+    """The core's environment: OpenMP's thread count unless the operator set it, and its spin
+    (openmp_spin) unless the operator chose a wait policy."""
+    env = openmp_spin(base)
     env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def openmp_spin(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` with GOMP_SPINCOUNT = CORE_SPIN_COUNT, unless it sets OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp
+    reads it once, when torch loads it: a process's environment before it imports torch."""
+    env = dict(base)
+    if "OMP_WAIT_POLICY" not in env:
+        env.setdefault("GOMP_SPINCOUNT", CORE_SPIN_COUNT)
     return env

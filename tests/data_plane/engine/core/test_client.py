@@ -18,6 +18,7 @@ import pytest
 
 from data_plane.engine.core.adapter_transfer import share_adapter
 from data_plane.engine.core.client import EngineCoreClient
+from data_plane.engine.core.threads import CORE_SPIN_COUNT
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
@@ -125,11 +126,14 @@ async def test_a_killed_core_fails_requests_in_flight_and_new_ones_at_once(clien
 async def test_shutdown_stops_the_core_and_leaves_no_process(demo_model_dir, monkeypatch):
     monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", "admin-secret-1234")
     monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", "cp-secret-5678")
+    for openmp in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):  # unset: the core gets its own spin (threads.py)
+        monkeypatch.delenv(openmp, raising=False)
     client = EngineCoreClient.from_config(engine_config(demo_model_dir, admin_token="admin-secret-1234"))
     client.start()
     assert client.pid in children(os.getpid())
-    environ = Path(f"/proc/{client.pid}/environ").read_text()
-    assert "secret" not in environ and "OMP_NUM_THREADS=1" in environ  # the core holds no secret
+    environ = Path(f"/proc/{client.pid}/environ").read_text().split("\0")
+    assert not [v for v in environ if "secret" in v] and "OMP_NUM_THREADS=1" in environ  # the core holds no secret
+    assert f"GOMP_SPINCOUNT={CORE_SPIN_COUNT}" in environ
     assert await collect(client, Request("s", [1, 2], greedy(3)))
     await client.shutdown()
     assert client.core.process.returncode == 0  # it stopped on its own, not killed

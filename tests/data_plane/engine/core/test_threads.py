@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from data_plane.config import ConfigError
-from data_plane.engine.core.threads import api_cpus, core_cpus, core_environment, core_threads, parse_cpu_list
+from data_plane.engine.core.threads import (
+    CORE_SPIN_COUNT,
+    api_cpus,
+    core_cpus,
+    core_environment,
+    core_threads,
+    parse_cpu_list,
+)
 from tests.data_plane.api.engines import engine_config
 
 
@@ -34,9 +41,12 @@ def test_auto_binds_only_when_a_cpu_is_left_for_the_api():
 
 
 def test_the_operator_s_openmp_settings_win():
-    assert core_environment({}, 3) == {"OMP_NUM_THREADS": "3"}  # the wait policy stays libgomp's
+    # libgomp's wait policy, with its spin shortened (a spinning worker held the CPU the API needed)
+    assert core_environment({}, 3) == {"OMP_NUM_THREADS": "3", "GOMP_SPINCOUNT": CORE_SPIN_COUNT}
     assert core_environment({"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}, 2) == {
         "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    assert core_environment({"OMP_WAIT_POLICY": ""}, 2) == {"OMP_WAIT_POLICY": "", "OMP_NUM_THREADS": "2"}
+    assert core_environment({"GOMP_SPINCOUNT": "100000"}, 2) == {"GOMP_SPINCOUNT": "100000", "OMP_NUM_THREADS": "2"}
 
 
 def test_the_config_refuses_a_bad_bind(demo_model_dir):
