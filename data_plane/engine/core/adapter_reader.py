@@ -91,7 +91,8 @@ class AdapterReaderProcess:
         if folder is None or held_files(folder, self.verified) is None:
             # (bytes this process holds are read here, from them: nothing to copy across)
             reader = self._take(busy)
-        self.reads[("reader_process" if reader is not None else "api_thread", busy)] += 1
+        with self._changed:  # (loads run on several threads)
+            self.reads[("reader_process" if reader is not None else "api_thread", busy)] += 1
         if reader is None:
             return self.reading.read(path, self.verified)
         known = self.verified.known_under(folder) if self.verified is not None and folder is not None else {}
