@@ -15,4 +15,4 @@ _env = openmp_spin(os.environ)
 if _env != dict(os.environ):
     if "torch" in sys.modules:
         raise RuntimeError("import core_openmp before anything that imports torch")
-    os.execve(sys.executable, [sys.executable, *sys.argv], _env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], _env)  # (orig_argv: -c and -m runs too)

@@ -203,11 +203,11 @@ def wait_for_readers(url: str) -> float:
         return READER_START_FALLBACK_S
     while True:
         f = reader_figures(url)
-        if f.get('loraplane_adapter_reader_processes{state="starting"}', 1) == 0 and \
-                f['loraplane_adapter_reader_processes{state="idle"}'] + f['loraplane_adapter_reader_processes{state="reading"}'] > 0:
+        state = {s: f[f'loraplane_adapter_reader_processes{{state="{s}"}}'] for s in ("starting", "idle", "reading")}
+        if state["starting"] == 0 and state["idle"] + state["reading"] > 0:
             return time.monotonic() - started
         if time.monotonic() - started > 300:
-            sys.exit(f"the adapter readers at {url} never started: {f}")
+            sys.exit(f"the adapter readers at {url} never started: {state}")
         time.sleep(0.5)
 
 

@@ -8,8 +8,8 @@ old engine thread in the API process, --no-engine-core-process), one per torch t
 drives them over HTTP (/v1/completions, token-id prompts, greedy, ignore_eos) from a separate client
 process with 1, 8 and 32 concurrent clients, streaming and not. The in-process figure is LLMEngine
 in this process at the same torch thread count, fed the same way (a new request as soon as one of
-the `clients` finishes), with the core's OpenMP spin (bench/core_openmp.py). Each repeat runs every case once, alternating in-process and HTTP, on fresh
-prompts; medians and ranges are reported, ratios per repeat. --peft adds the baseline of issue 13's (d):
+the `clients` finishes), with the core's OpenMP spin (bench/core_openmp.py). Each repeat runs every
+case once, alternating in-process and HTTP, on fresh prompts; medians and ranges are reported, ratios per repeat. --peft adds the baseline of issue 13's (d):
 transformers + PEFT serving the same number of requests one at a time (bench/peft_baseline.py), run in
 each repeat before its cases, and every side's ratio over it. Prints one JSON object; progress on stderr.
 """

@@ -19,6 +19,7 @@ from data_plane.engine.core import adapter_reader
 from data_plane.engine.core.adapter_reader import AdapterReaderProcess
 from data_plane.engine.core.adapter_reader_metrics import AdapterReaderCollector
 from tests.data_plane.api.engines import make_engine
+from tests.data_plane.engine.core.test_client import children
 
 
 def figures(registry: CollectorRegistry) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
@@ -78,10 +79,14 @@ def test_the_engines_metrics_carry_the_readers_when_it_has_them(demo_model_dir: 
 
 
 def test_an_engine_started_with_adapters_starts_its_reader_with_it(demo_model_dir: Path, adapters: Path):
-    """--lora-modules: the reader imports torch while the engine starts, not once traffic keeps the CPUs busy."""
+    """--lora-modules: the reader is started as the engine starts, importing torch before it lowers its
+    priority (--import-first), not by the first load at its low priority once traffic keeps the CPUs busy."""
     engine = make_engine(demo_model_dir, enable_lora=True, max_lora_rank=16, lora_roots=[str(adapters)],
                          lora_modules={"first": str(adapters / "a0")})
     with TestClient(create_app(engine, engine.config)) as client:
         text = client.get("/metrics").text
+        readers = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") for pid in children(os.getpid())]
+        readers = [argv for argv in readers if b"data_plane.engine.core.adapter_reader_main" in argv]
     assert sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
                if line.startswith("loraplane_adapter_reader_processes{")) == 1, text
+    assert [b"--import-first" in argv for argv in readers] == [True]
