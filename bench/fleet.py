@@ -1,13 +1,16 @@
 """The fleet behind the router (issue 11 §5): adapter affinity vs spreading requests blindly. One JSON object.
 
-    .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 48]
+    .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 48] [--engine-threads 1]
 
 Real processes on loopback, all on this machine (CPU): stack A is `loraplane control` (SQLite) with three
 `loraplane engine --control-plane … --max-loras 4` and `loraplane router`; the 48 adapters are loaded
 through the control plane with the default replicas {min 1, max 3}: each starts on one engine and demand
 scaling (its window shortened to SCALE_WINDOW_S for these short runs) adds replicas to the hot ones. Stack B is three
 plain engines with the same flags that each load all 48 adapters at start (`--lora-modules`): what a
-fleet without a LoRA-aware router does. Both serve the same demo base model.
+fleet without a LoRA-aware router does. Both serve the same demo base model. Every engine core runs
+--engine-threads torch threads (default 1): an engine alone on a host takes one per CPU below 4 CPUs
+(data_plane/engine/core/threads.py), which with three busy engines on 2 CPUs puts six OpenMP threads on
+two CPUs, each parallel region waiting at its barrier for a thread the scheduler has set aside.
 
 One request list (Zipf(1.0) over the 48 adapters, streamed completions of --max-tokens tokens) is sent
 (a) through the router (stack A), (b) round-robin over stack B's engines, (c) to a random engine of
@@ -15,7 +18,8 @@ stack B, at the same concurrency, in rotated order each repeat, after one uncoun
 TTFT p50/p99, the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas), and
 `busiest_engine_share`: the requests the busiest engine served over all served (1/3 is an even spread).
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
-1-token non-streaming completion, and streaming throughput of --streams concurrent long streams.
+1-token non-streaming completion, and streaming throughput of --streams concurrent long streams (two runs
+each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s).
 Figures are medians over the repeats with [min, max]. `slot_loads_offline_floor` is no measurement: the
 fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on 4 slots, requests
 within concurrency/3 of each other on an engine sharing a load), for round-robin and for the best demand
@@ -50,6 +54,7 @@ from data_plane.lora.weights import TARGET_MODULES
 
 ADAPTERS, ENGINES = 48, 3
 SCALE_WINDOW_S = 5
+STREAM_TOKENS = 200  # per stream of the routed-vs-direct streaming figure (--max-model-len is 256)
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
 ENGINE_FLAGS = ("--device", "cpu", "--enable-lora", "--max-loras", "4", "--max-cpu-loras", str(ADAPTERS),
                 "--max-lora-rank", "8", "--max-model-len", "256", "--num-kv-blocks", "256", "--log-level", "warning")
@@ -69,8 +74,8 @@ def cli(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def fleet(tmp: Path, base: Path, adapters: dict[str, Path]) -> Iterator[dict]:
-    """Both stacks running; yields their URLs and tokens."""
+def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int = 1) -> Iterator[dict]:
+    """Both stacks running, each engine core with `engine_threads` torch threads; yields URLs and tokens."""
     admin, router_token, engine_admin = (secrets.token_urlsafe(16) for _ in range(3))
     names = [f"fleet-{i}" for i in range(ENGINES)]
     creds = {n: secrets.token_urlsafe(16) for n in names}
@@ -90,7 +95,8 @@ def fleet(tmp: Path, base: Path, adapters: dict[str, Path]) -> Iterator[dict]:
             env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": creds[n]}
             stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
                                             url.rsplit(":", 1)[1], "--control-plane", cp, "--engine-name", n,
-                                            "--lora-cache-dir", str(tmp / f"cache-{n}"), *ENGINE_FLAGS),
+                                            "--lora-cache-dir", str(tmp / f"cache-{n}"), *ENGINE_FLAGS,
+                                            "--num-threads", str(engine_threads)),
                                         env, tmp / f"{n}.log", url))
             routed.append(url)
         modules = [f"{name}={path}" for name, path in adapters.items()]
@@ -98,7 +104,8 @@ def fleet(tmp: Path, base: Path, adapters: dict[str, Path]) -> Iterator[dict]:
             url = f"http://127.0.0.1:{free_port()}"
             env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin}
             stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
-                                            url.rsplit(":", 1)[1], "--lora-modules", *modules, *ENGINE_FLAGS),
+                                            url.rsplit(":", 1)[1], "--lora-modules", *modules, *ENGINE_FLAGS,
+                                            "--num-threads", str(engine_threads)),
                                         env, tmp / f"plain-{i}.log", url))
             plain.append(url)
         router = f"http://127.0.0.1:{free_port()}"
@@ -215,6 +222,16 @@ async def streaming(url: str, model: str, streams: int, max_tokens: int) -> floa
         return sum(n for _, n in done) / (time.perf_counter() - started)
 
 
+def streaming_pairs(router: str, holder: str, streams: int, rep: int) -> tuple[list[float], list[float]]:
+    """Tokens/s of --streams concurrent streams via the router and direct, twice each in ABBA order (BAAB
+    on odd repeats): neither side always runs first, right after the Zipf runs' placement changes settle."""
+    order = [router, holder, holder, router] if rep % 2 == 0 else [holder, router, router, holder]
+    tps: dict[str, list[float]] = {router: [], holder: []}
+    for url in order:
+        tps[url].append(asyncio.run(streaming(url, "a00", streams, STREAM_TOKENS)))
+    return tps[router], tps[holder]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -223,6 +240,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--overhead-requests", type=int, default=200)
     parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--engine-threads", type=int, default=1,
+                        help="torch threads of each engine core (default 1: six engines share this host's CPUs, and "
+                             "an engine alone would take one per CPU, so three busy ones would oversubscribe them)")
     args = parser.parse_args()
     modes = ("router", "round_robin", "random")
     progress = tqdm(total=2 + args.repeats * (len(modes) + 2), desc="fleet benchmark", file=sys.stderr)
@@ -234,13 +254,14 @@ def main() -> int:
         adapters = {f"a{k:02d}": write_lora_adapter(base, tmp / "adapters" / f"a{k:02d}", spec, seed=100 + k)
                     for k in range(ADAPTERS)}
         progress.update()
-        with fleet(tmp, base, adapters) as f:
+        with fleet(tmp, base, adapters, args.engine_threads) as f:
             holders = load_adapters(f, adapters)
             progress.update()
             urls = {"router": [f["router"]], "round_robin": f["plain"], "random": f["plain"]}
             counted = {"router": f["routed"], "round_robin": f["plain"], "random": f["plain"]}
             out: dict[str, list[dict]] = {m: [] for m in modes}
             via_p50, direct_p50, stream_ratio = [], [], []
+            stream_tps: dict[str, list[float]] = {"router": [], "direct": []}
             for mode in modes:  # warm-up, not counted: slots filled, demand scaling settled
                 asyncio.run(run_mode(urls[mode], mode, request_list(args.requests, 99), args.concurrency,
                                      args.max_tokens, 99))
@@ -259,8 +280,10 @@ def main() -> int:
                 via_p50.append(via)
                 direct_p50.append(direct)
                 progress.update()
-                pair = [asyncio.run(streaming(u, "a00", args.streams, 128)) for u in (f["router"], holders["a00"])]
-                stream_ratio.append(pair[0] / pair[1])
+                routed, direct = streaming_pairs(f["router"], holders["a00"], args.streams, rep)
+                stream_tps["router"] += routed
+                stream_tps["direct"] += direct
+                stream_ratio.append(sum(routed) / sum(direct))
                 progress.update()
     progress.close()
 
@@ -281,7 +304,8 @@ def main() -> int:
         "machine": f"CPU only, {os.cpu_count()} cores shared by 6 engines, the control plane, the router and the client",
         "setup": {"engines": ENGINES, "max_loras": 4, "adapters": ADAPTERS, "traffic": "Zipf(1.0) over adapters",
                   "requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-                  "repeats": args.repeats, "model": "demo (Qwen2-style, 4 layers, hidden 256)", "adapter_rank": 8},
+                  "repeats": args.repeats, "engine_threads": args.engine_threads,
+                  "model": "demo (Qwen2-style, 4 layers, hidden 256)", "adapter_rank": 8},
         "modes": {m: summary(m) for m in modes},
         "router_vs_round_robin": {
             "tokens_per_s_ratio": spread(ratios, 3) | {"target": ">= 1.3"},
@@ -297,7 +321,10 @@ def main() -> int:
         "router_overhead_1_token_p50_ms": spread(overhead_ms, 2) | {
             "via_router_ms": spread([1e3 * v for v in via_p50], 2), "direct_ms": spread([1e3 * d for d in direct_p50], 2),
             "target": "<= 2"},
-        "routed_streaming_throughput_ratio": spread(stream_ratio, 3) | {"streams": args.streams, "target": ">= 0.95"},
+        "routed_streaming_throughput_ratio": spread(stream_ratio, 3) | {
+            "streams": args.streams, "tokens_per_stream": STREAM_TOKENS,
+            "via_router_tokens_per_s": spread(stream_tps["router"]), "direct_tokens_per_s": spread(stream_tps["direct"]),
+            "target": ">= 0.95"},
     }))
     return 0
 
