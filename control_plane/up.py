@@ -4,9 +4,13 @@ loaded through the control plane. Clients use the OpenAI API of the router.
 
     loraplane up [--engines N] [--demo-dir .demo/model | --model DIR [--served-model-name NAME]]
                  [--router-port 8000] [--port 8080] [--engine-port 8100] [--database-url URL]
-                 [--lora-roots DIR ...] [--log-format text|json]
+                 [--lora-roots DIR ...] [--engine-threads T] [--log-format text|json]
 
-Engine i listens on --engine-port + i. Every child logs in the one format (shared/logging_setup.py) on
+Engine i listens on --engine-port + i. Engines on the CPU share this host's CPUs: with more than one,
+each gets `--num-threads` CPUs // N (at least 1; --engine-threads sets it) and `--omp-threads-bind
+nobind`. An engine alone takes one torch thread per CPU, so N of them busy at once would put N threads
+on every CPU, and each parallel region of theirs would wait for a thread the scheduler had set aside
+(bench/fleet.py: six engines on 2 CPUs served 1.2-1.35 times the tokens/s at one thread each). Every child logs in the one format (shared/logging_setup.py) on
 stderr; what `up` itself reports (each load, where the stack is) goes to stdout.
 
 Tokens (see ../shared/DESIGN.md § Credentials), each from the environment when set, otherwise made at
@@ -78,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-port", type=int, default=8100, help="the first engine's port; engine i: this + i")
     p.add_argument("--database-url", help=f"default: sqlite under {STATE_DIR}/")
     p.add_argument("--device", default="auto", help="engine device (auto | cpu | cuda | npu)")
+    p.add_argument("--engine-threads", type=int, help="torch threads of each engine on the CPU (default: this "
+                   "host's CPUs shared among the engines when there are several, else the engine's own default)")
     add_log_format_argument(p)  # of every process of the stack
     return p
 
@@ -132,6 +138,21 @@ class _Launch:
     adapters: dict[str, Path]  # demo adapters to load: name -> folder (none with --model)
 
 
+def engine_thread_flags(engines: int, device: str, engine_threads: int | None, cpus: int) -> list[str]:
+    """Engine flags that share `cpus` CPUs among `engines` engines on this host (module docstring); none for
+    one engine (it takes them all) or an accelerator (its torch threads only run the host-side ops)."""
+    if engine_threads is None:
+        if engines == 1 or device not in ("auto", "cpu"):
+            return []
+        engine_threads = max(1, cpus // engines)
+    # "auto" would bind every engine's core to the same last CPUs (data_plane/engine/core/threads.py)
+    return ["--num-threads", str(engine_threads), *(["--omp-threads-bind", "nobind"] if engines > 1 else [])]
+
+
+def _host_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _launch(args: argparse.Namespace) -> _Launch:
     """The children's command lines and environments, and the tokens they share."""
     demo = args.demo_dir
@@ -161,6 +182,7 @@ def _launch(args: argparse.Namespace) -> _Launch:
     if args.database_url:
         control_cmd += ["--database-url", args.database_url]
     engines, urls = [], []
+    threads = engine_thread_flags(args.engines, args.device, args.engine_threads, _host_cpus())
     for i, name in enumerate(names):
         port = args.engine_port + i
         urls.append(f"http://{host}:{port}")
@@ -170,7 +192,7 @@ def _launch(args: argparse.Namespace) -> _Launch:
                "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp[name]}
         cmd = [*launcher, "engine", "--model", str(model), "--served-model-name", served, "--host", host,
                "--port", str(port), "--device", args.device, "--enable-lora", "--control-plane", cp_url,
-               "--engine-name", name, *log,
+               "--engine-name", name, *log, *threads,
                # its own cache of fetched versions, kept across restarts (nothing is fetched twice)
                "--lora-cache-dir", str(STATE_DIR / "lora-cache" / name)]
         if roots:
@@ -191,6 +213,9 @@ def main(argv: list[str]) -> int:
     configure_logging("info", args.log_format)
     if args.engines < 1:
         print("loraplane up: --engines must be at least 1", file=sys.stderr)
+        return 2
+    if args.engine_threads is not None and args.engine_threads < 1:
+        print("loraplane up: --engine-threads must be at least 1", file=sys.stderr)
         return 2
     if args.model is None and not (args.demo_dir / "adapters" / "demo-short" / "adapter_config.json").exists():
         # a child process: the control plane never imports the engine (it needs the engine extra anyway)

@@ -33,6 +33,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie awaiting its reaper counts as gone)."""
     try:
@@ -191,6 +197,17 @@ def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path
             assert r.status_code == 200, r.text
             served.add(r.headers["x-loraplane-engine"])
         assert served == {"local-1", "local-2"}
+        # the two engines share this host's CPUs (control_plane/up.py): half each, no binding
+        threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
+        engines = [p for p in descendants(process.pid) if b"shared.cli\0engine" in _cmdline(p)]
+        assert len(engines) == 2
+        for pid in engines:
+            args = _cmdline(pid).split(b"\0")
+            assert args[args.index(b"--num-threads") + 1].decode() == threads
+            assert args[args.index(b"--omp-threads-bind") + 1] == b"nobind"
+            cores = [c for c in descendants(pid) if b"process_main" in _cmdline(c)]
+            assert len(cores) == 1  # the engine-core process runs that many OpenMP threads
+            assert f"OMP_NUM_THREADS={threads}".encode() in Path(f"/proc/{cores[0]}/environ").read_bytes().split(b"\0")
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=90) == 0
     finally:
