@@ -46,6 +46,7 @@ from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
+from shared.cpus import available_cpus
 
 REPO = Path(__file__).resolve().parents[1]
 _URL_LINE = re.compile(r"serving .* on (http://\S+)")
@@ -320,7 +321,7 @@ def main() -> int:
     print(json.dumps({
         "benchmark": "serving",
         "model": str(args.model) if args.model else f"generated Qwen2 shape {args.shape}",
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": len(available_cpus()),
         "prompt_len": args.prompt_len, "output_len": args.output_len, "repeats": args.repeats,
         "min_requests": args.min_requests, "adapters": args.adapters, "rank": args.rank if args.adapters else None,
         "omp_threads_bind": args.omp_threads_bind, "omp_wait_policy": args.omp_wait_policy or "unset",

@@ -6,12 +6,18 @@ loaded through the control plane. Clients use the OpenAI API of the router.
                  [--router-port 8000] [--port 8080] [--engine-port 8100] [--database-url URL]
                  [--lora-roots DIR ...] [--engine-threads T] [--log-format text|json]
 
-Engine i listens on --engine-port + i. Engines on the CPU share this host's CPUs: with more than one,
-each gets `--num-threads` CPUs // N (at least 1; --engine-threads sets it) and `--omp-threads-bind
-nobind`. An engine alone takes one torch thread per CPU, so N of them busy at once would put N threads
-on every CPU, and each parallel region of theirs would wait for a thread the scheduler had set aside
-(bench/fleet.py: six engines on 2 CPUs served 1.2-1.35 times the tokens/s at one thread each). Every child logs in the one format (shared/logging_setup.py) on
-stderr; what `up` itself reports (each load, where the stack is) goes to stdout.
+Engine i listens on --engine-port + i. With more than one engine, the engines share this host's CPUs:
+each gets `--omp-threads-bind nobind` ("auto" would bind every engine's core to the same last CPUs)
+and, on `--device cpu` or `auto` (treated as the CPU: `up` does not import torch to resolve it),
+`--num-threads` CPUs // N, at least 1. `--engine-threads T` passes T instead, on any device and
+with one engine too. Alone, an engine takes one torch thread per CPU (all but one from 4 CPUs up),
+so N of them busy at once would put N threads on every CPU, and each parallel region of theirs
+would wait at its barrier for a thread the scheduler had set aside: bench/fleet.py (six engines on
+2 CPUs) served 1.1-1.36 times the tokens/s through the router, and 1.17-1.21 times round-robin, at
+one thread each.
+
+Every child logs in the one format (shared/logging_setup.py) on stderr; what `up` itself reports (each
+load, where the stack is) goes to stdout.
 
 Tokens (see ../shared/DESIGN.md § Credentials), each from the environment when set, otherwise made at
 random and written (mode 0600) under .loraplane/ — never printed, and passed to the children only
@@ -50,6 +56,7 @@ from pathlib import Path
 
 import httpx
 
+from shared.cpus import available_cpus
 from shared.logging_setup import add_log_format_argument, configure_logging
 
 STATE_DIR = Path(".loraplane")
@@ -82,8 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-port", type=int, default=8100, help="the first engine's port; engine i: this + i")
     p.add_argument("--database-url", help=f"default: sqlite under {STATE_DIR}/")
     p.add_argument("--device", default="auto", help="engine device (auto | cpu | cuda | npu)")
-    p.add_argument("--engine-threads", type=int, help="torch threads of each engine on the CPU (default: this "
-                   "host's CPUs shared among the engines when there are several, else the engine's own default)")
+    p.add_argument("--engine-threads", type=int, help="torch threads of each engine, on any device (default: "
+                   "on the CPU, this host's CPUs shared among the engines when there are several; else the "
+                   "engine's own default)")
     add_log_format_argument(p)  # of every process of the stack
     return p
 
@@ -139,18 +147,13 @@ class _Launch:
 
 
 def engine_thread_flags(engines: int, device: str, engine_threads: int | None, cpus: int) -> list[str]:
-    """Engine flags that share `cpus` CPUs among `engines` engines on this host (module docstring); none for
-    one engine (it takes them all) or an accelerator (its torch threads only run the host-side ops)."""
-    if engine_threads is None:
-        if engines == 1 or device not in ("auto", "cpu"):
-            return []
+    """The flags that share `cpus` CPUs among `engines` engines on this host (module docstring): the
+    thread split only on the CPU (an accelerator's torch threads run host-side ops alone), no binding
+    whenever there are several, and `engine_threads` as given when it is."""
+    if engine_threads is None and engines > 1 and device.split(":")[0] in ("auto", "cpu"):
         engine_threads = max(1, cpus // engines)
-    # "auto" would bind every engine's core to the same last CPUs (data_plane/engine/core/threads.py)
-    return ["--num-threads", str(engine_threads), *(["--omp-threads-bind", "nobind"] if engines > 1 else [])]
-
-
-def _host_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = ["--num-threads", str(engine_threads)] if engine_threads is not None else []
+    return threads + (["--omp-threads-bind", "nobind"] if engines > 1 else [])
 
 
 def _launch(args: argparse.Namespace) -> _Launch:
@@ -182,7 +185,7 @@ def _launch(args: argparse.Namespace) -> _Launch:
     if args.database_url:
         control_cmd += ["--database-url", args.database_url]
     engines, urls = [], []
-    threads = engine_thread_flags(args.engines, args.device, args.engine_threads, _host_cpus())
+    threads = engine_thread_flags(args.engines, args.device, args.engine_threads, len(available_cpus()))
     for i, name in enumerate(names):
         port = args.engine_port + i
         urls.append(f"http://{host}:{port}")
@@ -210,13 +213,11 @@ def _launch(args: argparse.Namespace) -> _Launch:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    for flag, value in (("--engines", args.engines), ("--engine-threads", args.engine_threads)):
+        if value is not None and value < 1:
+            print(f"loraplane up: {flag} must be at least 1", file=sys.stderr)
+            return 2
     configure_logging("info", args.log_format)
-    if args.engines < 1:
-        print("loraplane up: --engines must be at least 1", file=sys.stderr)
-        return 2
-    if args.engine_threads is not None and args.engine_threads < 1:
-        print("loraplane up: --engine-threads must be at least 1", file=sys.stderr)
-        return 2
     if args.model is None and not (args.demo_dir / "adapters" / "demo-short" / "adapter_config.json").exists():
         # a child process: the control plane never imports the engine (it needs the engine extra anyway)
         written = subprocess.run([sys.executable, "-m", "shared.cli", "demo-model", str(args.demo_dir)], check=False)

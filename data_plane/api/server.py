@@ -299,7 +299,8 @@ def load_engine(config: EngineConfig, core: CoreProcess | None) -> EngineProtoco
 
 def keep_api_off_the_core(config: EngineConfig, engine: EngineCoreClient) -> None:
     """--omp-threads-bind auto bound the core to some CPUs: keep this process on the others."""
-    from data_plane.engine.core.threads import api_cpus, available_cpus, bind_this_process
+    from data_plane.engine.core.threads import api_cpus, bind_this_process
+    from shared.cpus import available_cpus
 
     cpus = api_cpus(config.omp_threads_bind, engine.core.cpus, available_cpus())
     if cpus is not None:

@@ -17,6 +17,7 @@ from typing import IO
 
 import httpx
 
+from shared.cpus import available_cpus
 from tests.e2e.test_control_plane_engines import _free_port
 
 
@@ -39,6 +40,12 @@ def _cmdline(pid: int) -> bytes:
     return b""
 
 
+def role_of(pid: int) -> str | None:
+    """The `loraplane` command a child of `up` runs (python -m shared.cli ROLE …): engine, router, control."""
+    args = _cmdline(pid).split(b"\0")
+    return args[3].decode() if args[1:3] == [b"-m", b"shared.cli"] and len(args) > 3 else None
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie awaiting its reaper counts as gone)."""
     try:
@@ -51,9 +58,9 @@ def start_up(tmp_path: Path, cp_port: int, engine_port: int, *flags: str, stdout
              stderr: IO[str] | int, router_port: int | None = None,
              env: dict[str, str] | None = None) -> subprocess.Popen:
     """`loraplane up` in tmp_path (its state under tmp_path/.loraplane, the demo model in tmp_path/demo),
-    with no LORAPLANE_* variable of the caller's (but those of `env`); the router on `router_port` (a free
-    one if None)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}
+    with no LORAPLANE_* variable of the caller's (but those of `env`) and no OMP_NUM_THREADS (up's share of
+    the CPUs is checked below); the router on `router_port` (a free one if None)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_") and k != "OMP_NUM_THREADS"}
     cmd = [sys.executable, "-c", "import sys; from control_plane.up import main; sys.exit(main(sys.argv[1:]))",
            "--demo-dir", str(tmp_path / "demo"), "--port", str(cp_port), "--engine-port", str(engine_port),
            "--router-port", str(router_port or _free_port()), "--device", "cpu", *flags]
@@ -124,7 +131,7 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
             assert not any(s in cmdline for s in secrets.values()), cmdline
 
         def environ(role: str) -> str:
-            pid = next(p for p in children if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[3:4] == [role.encode()])
+            pid = next(p for p in children if role_of(p) == role)
             return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
 
         # each child holds the tokens of its role only
@@ -198,14 +205,14 @@ def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path
             served.add(r.headers["x-loraplane-engine"])
         assert served == {"local-1", "local-2"}
         # the two engines share this host's CPUs (control_plane/up.py): half each, no binding
-        threads = str(max(1, len(os.sched_getaffinity(0)) // 2))
-        engines = [p for p in descendants(process.pid) if b"shared.cli\0engine" in _cmdline(p)]
+        threads = str(max(1, len(available_cpus()) // 2))
+        engines = [p for p in descendants(process.pid) if role_of(p) == "engine"]
         assert len(engines) == 2
         for pid in engines:
             args = _cmdline(pid).split(b"\0")
             assert args[args.index(b"--num-threads") + 1].decode() == threads
             assert args[args.index(b"--omp-threads-bind") + 1] == b"nobind"
-            cores = [c for c in descendants(pid) if b"process_main" in _cmdline(c)]
+            cores = [c for c in descendants(pid) if b"data_plane.engine.core.process_main" in _cmdline(c)]
             assert len(cores) == 1  # the engine-core process runs that many OpenMP threads
             assert f"OMP_NUM_THREADS={threads}".encode() in Path(f"/proc/{cores[0]}/environ").read_bytes().split(b"\0")
         process.send_signal(signal.SIGTERM)

@@ -21,7 +21,8 @@ import msgspec
 import zmq
 
 from data_plane.config import EngineConfig
-from data_plane.engine.core.threads import CPUS_ENV, available_cpus, core_cpus, core_environment, core_threads
+from data_plane.engine.core.threads import CPUS_ENV, core_cpus, core_environment, core_threads
+from shared.cpus import available_cpus
 
 logger = logging.getLogger(__name__)
 StartMessage = tuple[EngineConfig, str]  # (config, log level): the first message, before the engine's wire types

@@ -39,10 +39,6 @@ RESERVE_API_CPU_FROM = 4  # CPUs from which the core leaves one to the API proce
 CORE_SPIN_COUNT = "3000"  # GOMP_SPINCOUNT: how long an OpenMP worker spins before it sleeps (module docstring)
 
 
-def available_cpus() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
 def parse_cpu_list(text: str) -> list[int]:
     """ "1-3,5" → [1, 2, 3, 5]; ValueError on anything else."""
     cpus: set[int] = set()
