@@ -20,7 +20,8 @@ TTFT p50/p99, the device-slot loads and evictions the engines counted (GET /v1/l
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams (two runs
 each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s).
-Figures are medians over the repeats with [min, max]. `slot_loads_offline_floor` is no measurement: the
+Figures are medians over the repeats with [min, max], but each side's streaming tokens/s, which are over
+every run (two per repeat). `slot_loads_offline_floor` is no measurement: the
 fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on 4 slots, requests
 within concurrency/3 of each other on an engine sharing a load), for round-robin and for the best demand
 placement, and `any_routing`, the fewest any routing allows (the fleet's 12 slots as one, the whole
@@ -225,11 +226,12 @@ async def streaming(url: str, model: str, streams: int, max_tokens: int) -> floa
 def streaming_pairs(router: str, holder: str, streams: int, rep: int) -> tuple[list[float], list[float]]:
     """Tokens/s of --streams concurrent streams via the router and direct, twice each in ABBA order (BAAB
     on odd repeats): neither side always runs first, right after the Zipf runs' placement changes settle."""
-    order = [router, holder, holder, router] if rep % 2 == 0 else [holder, router, router, holder]
-    tps: dict[str, list[float]] = {router: [], holder: []}
-    for url in order:
-        tps[url].append(asyncio.run(streaming(url, "a00", streams, STREAM_TOKENS)))
-    return tps[router], tps[holder]
+    sides = (router, holder)
+    order = (0, 1, 1, 0) if rep % 2 == 0 else (1, 0, 0, 1)
+    tps: tuple[list[float], list[float]] = ([], [])
+    for side in order:
+        tps[side].append(asyncio.run(streaming(sides[side], "a00", streams, STREAM_TOKENS)))
+    return tps
 
 
 def main() -> int:
@@ -244,6 +246,8 @@ def main() -> int:
                         help="torch threads of each engine core (default 1: six engines share this host's CPUs, and "
                              "an engine alone would take one per CPU, so three busy ones would oversubscribe them)")
     args = parser.parse_args()
+    if args.engine_threads < 1:
+        parser.error("--engine-threads must be at least 1")
     modes = ("router", "round_robin", "random")
     progress = tqdm(total=2 + args.repeats * (len(modes) + 2), desc="fleet benchmark", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -280,10 +284,10 @@ def main() -> int:
                 via_p50.append(via)
                 direct_p50.append(direct)
                 progress.update()
-                routed, direct = streaming_pairs(f["router"], holders["a00"], args.streams, rep)
-                stream_tps["router"] += routed
-                stream_tps["direct"] += direct
-                stream_ratio.append(sum(routed) / sum(direct))
+                routed_tps, direct_tps = streaming_pairs(f["router"], holders["a00"], args.streams, rep)
+                stream_tps["router"] += routed_tps
+                stream_tps["direct"] += direct_tps
+                stream_ratio.append(sum(routed_tps) / sum(direct_tps))
                 progress.update()
     progress.close()
 
