@@ -4,7 +4,7 @@
         [--max-loras 4]
 
 Real processes on loopback, all on this machine (CPU): stack A is `loraplane control` (SQLite) with three
-`loraplane engine --control-plane … --max-loras 4` (--max-loras) and `loraplane router`; the 48 adapters are loaded
+`loraplane engine --control-plane … --max-loras 4` (or --max-loras N) and `loraplane router`; the 48 adapters are loaded
 through the control plane with the default replicas {min 1, max 3}: each starts on one engine and demand
 scaling (its window shortened to SCALE_WINDOW_S for these short runs) adds replicas to the hot ones. Stack B is three
 plain engines with the same flags that each load all 48 adapters at start (`--lora-modules`): what a
@@ -25,8 +25,9 @@ Figures are medians over the repeats with [min, max], but each side's streaming 
 every run (two per repeat). `slot_loads_offline_floor` is no measurement: the
 fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on --max-loras slots, requests
 within concurrency/3 of each other on an engine sharing a load), for round-robin and for the best demand
-placement, and `any_routing`, the fewest any routing allows (the fleet's 12 slots as one, the whole
-concurrency sharing loads), against which the slot-loads target can be judged.
+placement, and `any_routing`, the fewest any routing allows (the fleet's 3 × --max-loras slots as one, the
+whole concurrency sharing loads), against which the slot-loads target can be judged (null with a slot for
+every adapter: the floor would count the first loads, which the warm-up takes).
 """
 
 from __future__ import annotations
