@@ -37,7 +37,7 @@ def test_a_loaded_adapter_is_handed_over_as_its_own_file_with_nothing_written(de
     assert shared.file == demo_adapter.shared.file and own_shared_files() == files  # no new file
     after = os.stat(shared.file)  # … and nothing written to the old one
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
-    # the layout crosses the socket, the tensors do not (no timing: a loaded CI host made it flaky)
+    # the layout crosses the socket, the tensors do not (no timing: on a loaded host it was flaky)
     assert len(m.encoder.encode(m.ShipAdapter(1, shared))) < 64 * 1024 < shared.size
     back = open_adapter(m.core_decoder.decode(m.encoder.encode(m.ShipAdapter(1, shared))).adapter)
     assert_same_weights(back, demo_adapter)
