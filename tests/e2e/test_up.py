@@ -127,7 +127,7 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         children = descendants(process.pid)
         assert len(children) >= 3
         for pid in children:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            cmdline = _cmdline(pid).decode(errors="replace")
             assert not any(s in cmdline for s in secrets.values()), cmdline
 
         def environ(role: str) -> str:
