@@ -4,8 +4,9 @@
 Twelve adapters with one replica each are served through the router by their holder only (the engines'
 own request counters say so) with the tokens of a direct request; streams equal the engine's chunk for chunk; an
 adapter placed nowhere is placed by the router's request; unknown names are 404; the engines answer the
-router's inference key only; a killed holder's adapter is served again once the control plane has placed
-it elsewhere.
+router's inference key only; a sustained load through the router on an adapter of replicas {1, 2} gives it a
+second replica, and idleness takes it back; a killed holder's adapter is served again once the control
+plane has placed it elsewhere.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ ONE_REPLICA = {"demo-pirate": "demo-pirate", "demo-poet": "demo-poet",
                **{f"{folder}-{i}": folder for i in (2, 3, 4) for folder in ("demo-pirate", "demo-poet", "demo-short")},
                "demo-short-5": "demo-short"}
 ROUTED = 2  # requests per adapter through the router
+BUSY_STREAMS = 12  # concurrent streams of one adapter: above the default 8 waiting + running per replica
 
 
 def adapter_counts(engine_url: str) -> dict[str, int]:
@@ -109,7 +111,7 @@ def test_router_in_front_of_the_control_plane_and_three_engines(tmp_path: Path) 
     with contextlib.ExitStack() as stack:
         cp = stack.enter_context(control_plane(
             tmp_path, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN, LORAPLANE_ENGINE_STALE_AFTER_S="3",
-            LORAPLANE_RECONCILE_INTERVAL_S="1"))
+            LORAPLANE_RECONCILE_INTERVAL_S="1", LORAPLANE_SCALE_WINDOW_S="2", LORAPLANE_SCALE_DOWN_IDLE_S="3"))
         engines = {}
         for name in ENGINES:
             engines[name] = stack.enter_context(run_engine(
@@ -178,11 +180,41 @@ def test_router_in_front_of_the_control_plane_and_three_engines(tmp_path: Path) 
                      "an accepted demand report", timeout_s=30)
         assert scrape_metric(router, "loraplane_router_demand_reports_total", 'result="failed"') == 0
 
-        # the adapter nobody held: the router's request places it, then it is served
+        # demand scaling on real traffic: BUSY_STREAMS streams through the router, each request counted once
+        # (the router's in-flight count and the engine's queue are the same requests), keep above 8 per
+        # replica for the 2 s window: a second engine takes the adapter; 3 s idle give the replica back
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "demo-busy", "lora_path": str(
+            paths["demo-poet"]), "base_model": "demo", "replicas": {"min": 1, "max": 2}})
+        assert r.status_code == 200 and len(r.json()["engines"]) == 1, r.text
+        wait_for(lambda: len(holders(cp, "demo-busy")) == 1, "demo-busy held by one engine")
+
+        def busy() -> dict:
+            return admin.get(cp + "/v1/lora_adapters/demo-busy").json()
+
+        busy_stream = {"model": "demo-busy", "prompt": "Once", "max_tokens": 100, "ignore_eos": True, "stream": True}
+        with contextlib.ExitStack() as streams:
+            for _ in range(BUSY_STREAMS):
+                streams.enter_context(keep_running(router + "/v1/completions", busy_stream, key))
+            wait_for(lambda: busy()["replicas"]["target"] == 2 and len(holders(cp, "demo-busy")) == 2,
+                     "a second replica of demo-busy under load")
+        up = busy()["last_decision"]
+        assert (up["from"], up["to"]) == (1, 2) and "above 8" in up["reason"], up
+        assert 8 < up["figures"]["waiting"] + up["figures"]["running"] <= BUSY_STREAMS, up
+        wait_for(lambda: busy()["replicas"]["target"] == 1 and len(holders(cp, "demo-busy")) == 1,
+                 "demo-busy back to one replica once idle")
+        down = busy()["last_decision"]
+        assert (down["from"], down["to"]) == (2, 1) and "no requests" in down["reason"], down
+        admin.post(cp + "/v1/unload_lora_adapter", json={"lora_name": "demo-busy"}).raise_for_status()
+
+        # the adapter nobody held: the router's request places it, then it is served (a load's first
+        # requests may have asked too, when the router's table had not yet listed it)
+        with contextlib.suppress(KeyError):  # no such sample before the first placement
+            placed_before = 0.0
+            placed_before = scrape_metric(router, "loraplane_router_placements_total", 'outcome="placed"')
         r = httpx.post(router + "/v1/completions", json={"model": "demo-short", **PROMPT}, headers=key, timeout=120)
         assert r.status_code == 200, r.text
         assert r.headers["x-loraplane-engine"] in engines
-        assert scrape_metric(router, "loraplane_router_placements_total", 'outcome="placed"') == 1
+        assert scrape_metric(router, "loraplane_router_placements_total", 'outcome="placed"') == placed_before + 1
         # unknown names: 404 in the engines' shape; the keys: the client's at the router, the router's at engines
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)

@@ -1,7 +1,17 @@
 """Demand figures per adapter, as engines and routers report them (demand_reports rows).
 
-Each source keeps one row per adapter, replaced by its next report; demand scaling reads the sum of the
-rows fresher than its window (`current_demand`).
+Each source keeps one row per adapter, replaced by its next report; demand scaling reads the rows fresher
+than its window (`current_demand`). Sources are engines (`engine:<name>`, from the reconciler: requests
+waiting and running there) and routers (`router:<token id>[:<name>]`: requests waiting for a placement,
+and requests sent to an engine and not finished). A request a router sent is in both reports, so they are
+not simply added (that would count it twice and scale up at half the configured load):
+
+    waiting = routers' waiting (at no engine yet) + engines' waiting
+    running = max(engines' running, routers' running - engines' waiting)
+
+so waiting + running = routers' waiting + max(engines' waiting + running, routers' running): what the
+engines hold, or what the routers have in flight when that is more (an engine's report lags a reconcile
+interval, and direct clients add to the engines' figures only).
 """
 
 from __future__ import annotations
@@ -50,12 +60,30 @@ async def replace_demand(session: AsyncSession, source: str, figures: Iterable[A
     await session.flush()
 
 
+ROUTER_SOURCE = "router:"  # the prefix of a router's demand rows (control_plane.domain.routes.service)
+
+
 async def current_demand(session: AsyncSession, max_age_s: float) -> dict[int, AdapterDemand]:
-    """The sum over sources of each adapter's figures reported within the last `max_age_s`."""
+    """Each adapter's demand from the figures reported within the last `max_age_s`, the engines' and the
+    routers' combined as the module docstring says."""
     since = now() - dt.timedelta(seconds=max_age_s)
+    from_router = DemandReport.source.startswith(ROUTER_SOURCE).label("from_router")
     rows = (await session.execute(
-        select(DemandReport.adapter_id, func.sum(DemandReport.waiting), func.sum(DemandReport.running),
+        select(DemandReport.adapter_id, from_router, func.sum(DemandReport.waiting), func.sum(DemandReport.running),
                func.sum(DemandReport.tokens_per_s))
-        .where(DemandReport.reported_at >= since).group_by(DemandReport.adapter_id)
+        .where(DemandReport.reported_at >= since).group_by(DemandReport.adapter_id, from_router)
     )).all()
-    return {a: AdapterDemand(a, int(w or 0), int(r or 0), float(t or 0.0)) for a, w, r, t in rows}
+    engines: dict[int, tuple[int, int, float]] = {}
+    routers: dict[int, tuple[int, int]] = {}
+    for adapter_id, router, waiting, running, tokens_per_s in rows:
+        if router:
+            routers[adapter_id] = (int(waiting or 0), int(running or 0))
+        else:
+            engines[adapter_id] = (int(waiting or 0), int(running or 0), float(tokens_per_s or 0.0))
+    out = {}
+    for adapter_id in engines.keys() | routers.keys():
+        engine_waiting, engine_running, tokens_per_s = engines.get(adapter_id, (0, 0, 0.0))
+        router_waiting, router_running = routers.get(adapter_id, (0, 0))
+        out[adapter_id] = AdapterDemand(adapter_id, router_waiting + engine_waiting,
+                                        max(engine_running, router_running - engine_waiting), tokens_per_s)
+    return out

@@ -19,7 +19,7 @@ Per engine: read its GET /v1/lora_adapters, then
   and where the engine keeps each loaded version (`residency`: device | host, for the routes), skipping
   the answers that would change nothing (engine_rows.news: a steady round writes only its demand);
 - record the engine's queue per adapter (running, waiting) as the demand source `engine:<name>`
-  (demand.replace_demand), which demand scaling sums with the routers' reports.
+  (demand.replace_demand), which demand scaling combines with the routers' reports (demand.current_demand).
 Names the control plane never placed on that engine (--lora-modules, pulled on demand) are left alone.
 
 Several replicas on one PostgreSQL never reconcile one engine at once: each engine is taken with

@@ -1,8 +1,9 @@
 """Demand scaling: each adapter's target replica count follows its queue, with hysteresis.
 
 Once per reconcile interval the fleet pass (control_plane.domain.placements.fleet, one replica at a time)
-sums each adapter's fresh demand reports (engines' waiting + running, read by the reconciler; routers'
-queues, sent with POST /v1/routes/demand) and asks `decide`:
+reads each adapter's fresh demand reports (engines' waiting + running, read by the reconciler; routers'
+queues, sent with POST /v1/routes/demand; combined so that a routed request counts once:
+demand.current_demand) and asks `decide`:
 
 - load = (waiting + running) / current replicas (healthy engines holding it, at least 1);
 - above `scale_up_load_per_replica` without a break for `scale_window_s` → target + 1, at most `max`

@@ -32,7 +32,7 @@ from control_plane.auth import Principal
 from control_plane.db.models import Adapter
 from control_plane.db.session import WriteGate
 from control_plane.db.transaction import read, transact
-from control_plane.domain.placements.demand import AdapterDemand, record_demand
+from control_plane.domain.placements.demand import ROUTER_SOURCE, AdapterDemand, record_demand
 from control_plane.domain.placements.planner import PlacementPlanner, PushOrder
 from control_plane.domain.placements.push import Pusher
 from control_plane.domain.routers.service import record_presence
@@ -110,9 +110,9 @@ def _source(actor: Principal, router: RouterPresence | None) -> str:
     """The demand rows' source: per router process (replicas share a token; each must keep its own rows),
     the name hashed when it would not fit demand_reports.source."""
     if router is None:
-        return f"router:{actor.token_id}"
+        return f"{ROUTER_SOURCE}{actor.token_id}"
     name = router.name if len(router.name) <= 100 else hashlib.sha256(router.name.encode()).hexdigest()[:32]
-    return f"router:{actor.token_id}:{name}"
+    return f"{ROUTER_SOURCE}{actor.token_id}:{name}"
 
 
 def _summed(demand: Iterable[ModelDemand]) -> dict[str, tuple[int, int]]:
