@@ -1,7 +1,7 @@
 """The fleet behind the router (issue 11 §5): adapter affinity vs spreading requests blindly. One JSON object.
 
     .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 48] [--engine-threads 1]
-        [--max-loras 4]
+        [--max-loras 4] [--omp-threads-bind nobind]
 
 Real processes on loopback, all on this machine (CPU): stack A is `loraplane control` (SQLite) with three
 `loraplane engine --control-plane … --max-loras 4` (or --max-loras N) and `loraplane router`; the 48 adapters are loaded
@@ -11,13 +11,26 @@ plain engines with the same flags that each load all 48 adapters at start (`--lo
 fleet without a LoRA-aware router does. Both serve the same demo base model. Every engine core runs
 --engine-threads torch threads (default 1): an engine alone on a host takes one per CPU below 4 CPUs
 (data_plane/engine/core/threads.py), which with three busy engines on 2 CPUs puts six OpenMP threads on
-two CPUs, each parallel region waiting at its barrier for a thread the scheduler has set aside.
+two CPUs, each parallel region waiting at its barrier for a thread the scheduler has set aside. Every engine
+gets --omp-threads-bind nobind (as `loraplane up --engines N` gives them), so every process may run on every
+CPU; the engine's default, auto, would bind all six cores to the last CPU and their API processes to the
+others, and the busy stack's three cores would then share one CPU while the client, the router, the control
+plane and the API processes left the other partly idle (the figures of stops 25-27 were measured that way;
+`--omp-threads-bind auto` reproduces it).
 
 One request list (Zipf(1.0) over the 48 adapters, streamed completions of --max-tokens tokens) is sent
 (a) through the router (stack A), (b) round-robin over stack B's engines, (c) to a random engine of
 stack B, at the same concurrency, in rotated order each repeat, after one uncounted warm-up run of each. Reported per mode: output tokens/s,
-TTFT p50/p99, the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas), and
-`busiest_engine_share`: the requests the busiest engine served over all served (1/3 is an even spread).
+TTFT p50/p99, the device-slot loads and evictions the engines counted (GET /v1/lora_stats, deltas),
+`busiest_engine_share`: the requests the busiest engine served over all served (1/3 is an even spread),
+`host_cpu_busy`: the busy share of all CPUs over the run (/proc/stat), and `cpu_us_per_token`: CPU
+microseconds per output token of each part of the mode's stack (/proc/<pid>/stat): the engine cores, the
+engines' API processes (with their adapter readers), for the router mode the router and the control plane,
+and this process, the client. `engine_core_cpu_per_token_round_robin_over_router` is the engines' own work
+per token of round-robin over the router's, per repeat: what adapter affinity saves the engines, whatever
+else shares this host (on a fleet whose engines have their own accelerators it is the throughput the
+router buys, where on this host the client, the API processes, the router and the control plane take
+their share of the same two CPUs).
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams (two runs
 each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s).
@@ -48,7 +61,7 @@ from pathlib import Path
 
 import httpx
 from fleet_floor import floors, zipf_adapters  # bench/fleet_floor.py
-from stack import free_port, process  # bench/stack.py: run as `python bench/fleet.py`
+from stack import cpu_seconds, free_port, process  # bench/stack.py: run as `python bench/fleet.py`
 from tqdm import tqdm
 
 from data_plane.demo.model_builder import write_demo_model
@@ -77,9 +90,10 @@ def cli(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int = 1, max_loras: int = 4) -> Iterator[dict]:
-    """Both stacks running, each engine core with `engine_threads` torch threads and `max_loras` device
-    slots; yields URLs and tokens."""
+def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int = 1, max_loras: int = 4,
+          bind: str = "nobind") -> Iterator[dict]:
+    """Both stacks running, each engine core with `engine_threads` torch threads, `max_loras` device slots
+    and `--omp-threads-bind bind`; yields URLs, tokens and the processes' pids (`pids`: role -> pids)."""
     admin, router_token, engine_admin = (secrets.token_urlsafe(16) for _ in range(3))
     names = [f"fleet-{i}" for i in range(ENGINES)]
     creds = {n: secrets.token_urlsafe(16) for n in names}
@@ -91,33 +105,37 @@ def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int 
               # demand scaling decides within seconds here (the default window is 30 s): the runs are short
               "LORAPLANE_SCALE_WINDOW_S": str(SCALE_WINDOW_S)}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(process(cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)),
-                                    cp_env, tmp / "control.log", cp))
+        pids: dict[str, list[int]] = {"control_plane": [], "router": [], "routed": [], "plain": []}
+        pids["control_plane"].append(stack.enter_context(process(
+            cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)), cp_env, tmp / "control.log",
+            cp)).pid)
         routed, plain = [], []
         for n in names:
             url = f"http://127.0.0.1:{free_port()}"
             env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": creds[n]}
-            stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
-                                            url.rsplit(":", 1)[1], "--control-plane", cp, "--engine-name", n,
-                                            "--lora-cache-dir", str(tmp / f"cache-{n}"), *ENGINE_FLAGS,
-                                            "--num-threads", str(engine_threads), "--max-loras", str(max_loras)),
-                                        env, tmp / f"{n}.log", url))
+            pids["routed"].append(stack.enter_context(process(
+                cli("engine", "--model", str(base), "--served-model-name", "demo", "--port", url.rsplit(":", 1)[1],
+                    "--control-plane", cp, "--engine-name", n, "--lora-cache-dir", str(tmp / f"cache-{n}"),
+                    *ENGINE_FLAGS, "--num-threads", str(engine_threads), "--max-loras", str(max_loras),
+                    "--omp-threads-bind", bind),
+                env, tmp / f"{n}.log", url)).pid)
             routed.append(url)
         modules = [f"{name}={path}" for name, path in adapters.items()]
         for i in range(ENGINES):
             url = f"http://127.0.0.1:{free_port()}"
             env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin}
-            stack.enter_context(process(cli("engine", "--model", str(base), "--served-model-name", "demo", "--port",
-                                            url.rsplit(":", 1)[1], "--lora-modules", *modules, *ENGINE_FLAGS,
-                                            "--num-threads", str(engine_threads), "--max-loras", str(max_loras)),
-                                        env, tmp / f"plain-{i}.log", url))
+            pids["plain"].append(stack.enter_context(process(
+                cli("engine", "--model", str(base), "--served-model-name", "demo", "--port", url.rsplit(":", 1)[1],
+                    "--lora-modules", *modules, *ENGINE_FLAGS, "--num-threads", str(engine_threads),
+                    "--max-loras", str(max_loras), "--omp-threads-bind", bind),
+                env, tmp / f"plain-{i}.log", url)).pid)
             plain.append(url)
         router = f"http://127.0.0.1:{free_port()}"
-        stack.enter_context(process(cli("router", "--control-plane", cp, "--port", router.rsplit(":", 1)[1],
-                                        "--log-level", "warning"),
-                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router))
+        pids["router"].append(stack.enter_context(process(
+            cli("router", "--control-plane", cp, "--port", router.rsplit(":", 1)[1], "--log-level", "warning"),
+            {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router)).pid)
         yield {"cp": cp, "admin": admin, "engine_admin": engine_admin, "routed": routed, "plain": plain,
-               "router": router}
+               "router": router, "pids": pids}
 
 
 def load_adapters(f: dict, adapters: dict[str, Path]) -> dict[str, str]:
@@ -191,6 +209,48 @@ async def run_mode(urls: list[str], pick: str, requests: list[tuple[str, str]], 
     return {"tokens_per_s": tokens / seconds, "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
 
 
+def process_cpu_s(pid: int) -> float:
+    """cpu_seconds, 0 once the process is gone."""
+    try:
+        return cpu_seconds(pid)
+    except OSError:
+        return 0.0
+
+
+def child_pids(pid: int) -> list[int]:
+    out = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def cpu_by_role(pids: dict[str, list[int]], engines: str) -> dict[str, float]:
+    """CPU seconds used so far by the processes of one stack: `engines` ("routed" or "plain") split into
+    their engine-core children and the rest (the API processes, their adapter readers); the router and the
+    control plane with the routed stack; and this process, the client."""
+    cores = apis = 0.0
+    for pid in pids[engines]:
+        apis += process_cpu_s(pid)
+        for child in child_pids(pid):
+            with contextlib.suppress(OSError):
+                is_core = b"engine.core.process_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+                cores += process_cpu_s(child) if is_core else 0.0
+                apis += 0.0 if is_core else process_cpu_s(child)
+    usage = os.times()
+    out = {"engine_cores": cores, "engine_apis": apis, "client": usage.user + usage.system}
+    if engines == "routed":
+        out |= {"router": sum(map(process_cpu_s, pids["router"])),
+                "control_plane": sum(map(process_cpu_s, pids["control_plane"]))}
+    return out
+
+
+def host_busy() -> tuple[int, int]:
+    """(busy, total) jiffies of every CPU so far (/proc/stat; idle and iowait are not busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(values) - values[3] - values[4], sum(values)
+
+
 def slot_counters(urls: list[str], token: str) -> tuple[int, int, list[int]]:
     """(device-slot loads, evictions, adapter requests per engine) the engines counted so far."""
     loads = evictions = 0
@@ -251,6 +311,10 @@ def main() -> int:
     parser.add_argument("--max-loras", type=int, default=4,
                         help="device slots of every engine (default 4, the issue's; --max-loras 48, a slot for every "
                              "adapter, gives the stacks' ceiling with no slot ever loaded twice)")
+    parser.add_argument("--omp-threads-bind", default="nobind",
+                        help="every engine's --omp-threads-bind (default nobind, as `loraplane up --engines N` starts "
+                             "them; the engine's own default, auto, binds every engine core to the last CPU and every "
+                             "API process to the others)")
     args = parser.parse_args()
     if args.engine_threads < 1 or not 1 <= args.max_loras <= ADAPTERS:
         parser.error(f"--engine-threads must be at least 1 and --max-loras within 1-{ADAPTERS}")
@@ -264,11 +328,13 @@ def main() -> int:
         adapters = {f"a{k:02d}": write_lora_adapter(base, tmp / "adapters" / f"a{k:02d}", spec, seed=100 + k)
                     for k in range(ADAPTERS)}
         progress.update()
-        with fleet(tmp, base, adapters, args.engine_threads, args.max_loras) as f:
+        with fleet(tmp, base, adapters, args.engine_threads, args.max_loras, args.omp_threads_bind) as f:
             holders = load_adapters(f, adapters)
             progress.update()
             urls = {"router": [f["router"]], "round_robin": f["plain"], "random": f["plain"]}
             counted = {"router": f["routed"], "round_robin": f["plain"], "random": f["plain"]}
+            stacks = {"router": "routed", "round_robin": "plain", "random": "plain"}
+            cpu_per_token: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
             out: dict[str, list[dict]] = {m: [] for m in modes}
             via_p50, direct_p50, stream_ratio = [], [], []
             stream_tps: dict[str, list[float]] = {"router": [], "direct": []}
@@ -279,12 +345,20 @@ def main() -> int:
                 requests = request_list(args.requests, seed=rep)
                 for mode in modes[rep % 3:] + modes[:rep % 3]:
                     before = slot_counters(counted[mode], f["engine_admin"])
+                    cpu_before, busy_before = cpu_by_role(f["pids"], stacks[mode]), host_busy()
+                    started = time.perf_counter()
                     figures = asyncio.run(run_mode(urls[mode], mode, requests, args.concurrency, args.max_tokens, rep))
+                    tokens = figures["tokens_per_s"] * (time.perf_counter() - started)
+                    cpu_after, busy_after = cpu_by_role(f["pids"], stacks[mode]), host_busy()
                     after = slot_counters(counted[mode], f["engine_admin"])
                     served = [a - b for a, b in zip(after[2], before[2], strict=True)]
                     out[mode].append(figures | {"slot_loads": after[0] - before[0],
                                                 "evictions": after[1] - before[1],
-                                                "busiest_engine_share": max(served) / max(sum(served), 1)})
+                                                "busiest_engine_share": max(served) / max(sum(served), 1),
+                                                "host_cpu_busy": (busy_after[0] - busy_before[0])
+                                                / max(busy_after[1] - busy_before[1], 1)})
+                    cpu_per_token[mode].append({role: 1e6 * (cpu_after[role] - cpu_before[role]) / max(tokens, 1)
+                                                for role in cpu_after})
                     progress.update()
                 via, direct = asyncio.run(overhead(f["router"], holders["a00"], "a00", args.overhead_requests))
                 via_p50.append(via)
@@ -299,12 +373,15 @@ def main() -> int:
 
     def summary(mode: str) -> dict:
         rows = out[mode]
-        digits = {"slot_loads": 0, "evictions": 0, "busiest_engine_share": 3}
-        return {k: spread([r[k] for r in rows], digits.get(k, 1)) for k in rows[0]}
+        digits = {"slot_loads": 0, "evictions": 0, "busiest_engine_share": 3, "host_cpu_busy": 3}
+        return {k: spread([r[k] for r in rows], digits.get(k, 1)) for k in rows[0]} | {
+            "cpu_us_per_token": {role: spread([r[role] for r in cpu_per_token[mode]])
+                                 for role in cpu_per_token[mode][0]}}
 
     tps = {m: [r["tokens_per_s"] for r in out[m]] for m in modes}
     loads = {m: [r["slot_loads"] for r in out[m]] for m in modes}
     ratios = [a / b for a, b in zip(tps["router"], tps["round_robin"], strict=True)]
+    core_cpu = {m: [r["engine_cores"] for r in cpu_per_token[m]] for m in modes}
     load_ratios = [a / max(b, 1) for a, b in zip(loads["router"], loads["round_robin"], strict=True)]
     overhead_ms = [1e3 * (v - d) for v, d in zip(via_p50, direct_p50, strict=True)]
     floor = [floors(zipf_adapters(args.requests, rep), args.max_loras, args.concurrency // ENGINES, ENGINES)
@@ -316,11 +393,15 @@ def main() -> int:
                   "traffic": "Zipf(1.0) over adapters",
                   "requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
                   "repeats": args.repeats, "engine_threads": args.engine_threads,
+                  "omp_threads_bind": args.omp_threads_bind,
                   "model": "demo (Qwen2-style, 4 layers, hidden 256)", "adapter_rank": 8},
         "modes": {m: summary(m) for m in modes},
         "router_vs_round_robin": {
             "tokens_per_s_ratio": spread(ratios, 3) | {"target": ">= 1.3"},
-            "slot_loads_ratio": spread(load_ratios, 3) | {"target": "<= 0.25"}},
+            "slot_loads_ratio": spread(load_ratios, 3) | {"target": "<= 0.25"},
+            # the engines' own work per token, whatever else shares the host: what affinity saves them
+            "engine_core_cpu_per_token_round_robin_over_router": spread(
+                [b / a for a, b in zip(core_cpu["router"], core_cpu["round_robin"], strict=True)], 3)},
         # the floor counts every adapter's first load, which the warm-up round takes here: with a slot for
         # every adapter that is all it would count, against the few loads measured after the warm-up
         "slot_loads_offline_floor": None if args.max_loras == ADAPTERS else {

@@ -63,7 +63,9 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from stack import REPO, free_port, process  # bench/stack.py: run as `python bench/fleet_scale.py`
+
+# bench/stack.py: run as `python bench/fleet_scale.py`
+from stack import REPO, cpu_seconds, free_port, process
 
 # this folder is first on sys.path, and bench/control_plane.py would shadow the package
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
@@ -98,12 +100,6 @@ def pct(values: list[float], q: int) -> float:
 def ms(values: list[float]) -> dict:
     return {"p50_ms": round(1e3 * pct(values, 50), 2), "p99_ms": round(1e3 * pct(values, 99), 2),
             "max_ms": round(1e3 * max(values), 2), "requests": len(values)}
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (/proc/<pid>/stat fields 14 and 15, in clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- database -----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A control plane and one engine as real processes on loopback, for the bench scripts (soak, attacks).
+"""A control plane and one engine as real processes on loopback, for the bench scripts (soak, attacks), and
+the helpers the fleet scripts share: free ports, processes started and stopped, their CPU seconds.
 
 `stack(tmp, base, adapter_root, database_url)` starts `loraplane control` and `loraplane engine
 --enable-lora --control-plane …` on the demo model with fresh secrets (passed through the environment
@@ -22,6 +23,13 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_NAME = "bench-engine"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, all its threads (/proc/<pid>/stat fields 14 and 15, in clock ticks);
+    OSError once it is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
