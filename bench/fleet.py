@@ -26,11 +26,11 @@ TTFT p50/p99, the device-slot loads and evictions the engines counted (GET /v1/l
 `host_cpu_busy`: the busy share of all CPUs over the run (/proc/stat), and `cpu_us_per_token`: CPU
 microseconds per output token of each part of the mode's stack (/proc/<pid>/stat): the engine cores, the
 engines' API processes (with their adapter readers), for the router mode the router and the control plane,
-and this process, the client. `engine_core_cpu_per_token_round_robin_over_router` is the engines' own work
-per token of round-robin over the router's, per repeat: what adapter affinity saves the engines, whatever
-else shares this host (on a fleet whose engines have their own accelerators it is the throughput the
-router buys, where on this host the client, the API processes, the router and the control plane take
-their share of the same two CPUs).
+and this process, the client. `engine_core_cpu_per_token_round_robin_over_router` is the engine cores' CPU
+per output token of round-robin over the router mode's, per repeat, on this host: the compute that
+adapter affinity saves the engines (fewer slot loads, fewer adapters per batch). It is not a throughput:
+the router mode's load is less even (busiest_engine_share), and on this host the client, the API
+processes, the router and the control plane take their share of the same two CPUs.
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams (two runs
 each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s).
@@ -65,6 +65,7 @@ from stack import cpu_seconds, free_port, process  # bench/stack.py: run as `pyt
 from tqdm import tqdm
 
 from data_plane.demo.model_builder import write_demo_model
+from data_plane.engine.core.threads import check_bind
 from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
@@ -93,7 +94,8 @@ def cli(*args: str) -> list[str]:
 def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int = 1, max_loras: int = 4,
           bind: str = "nobind") -> Iterator[dict]:
     """Both stacks running, each engine core with `engine_threads` torch threads, `max_loras` device slots
-    and `--omp-threads-bind bind`; yields URLs, tokens and the processes' pids (`pids`: role -> pids)."""
+    and `--omp-threads-bind bind`; yields URLs, tokens and the processes' pids (`pids`: "control_plane",
+    "router", and the engines of each stack, "routed" and "plain")."""
     admin, router_token, engine_admin = (secrets.token_urlsafe(16) for _ in range(3))
     names = [f"fleet-{i}" for i in range(ENGINES)]
     creds = {n: secrets.token_urlsafe(16) for n in names}
@@ -206,19 +208,26 @@ async def run_mode(urls: list[str], pick: str, requests: list[tuple[str, str]], 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         seconds = time.perf_counter() - started
-    return {"tokens_per_s": tokens / seconds, "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99)}
+    return {"tokens_per_s": tokens / seconds, "ttft_p50_ms": 1e3 * pct(ttfts, 50), "ttft_p99_ms": 1e3 * pct(ttfts, 99),
+            "tokens": tokens}
 
 
-def process_cpu_s(pid: int) -> float:
-    """cpu_seconds, 0 once the process is gone."""
+def process_cpu_s(pid: int, reaped_children: bool = False) -> float:
+    """cpu_seconds, 0 once the process is gone; with `reaped_children`, plus what its children that ended
+    and were waited for used (cutime + cstime), so that a child gone between two readings still counts."""
     try:
-        return cpu_seconds(pid)
+        own = cpu_seconds(pid)
+        if not reaped_children:
+            return own
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return own + (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
     except OSError:
         return 0.0
 
 
 def child_pids(pid: int) -> list[int]:
-    out = []
+    """The live children of `pid` (of every thread of it)."""
+    out: list[int] = []
     with contextlib.suppress(OSError):
         for task in Path(f"/proc/{pid}/task").iterdir():
             out += [int(c) for c in (task / "children").read_text().split()]
@@ -226,12 +235,13 @@ def child_pids(pid: int) -> list[int]:
 
 
 def cpu_by_role(pids: dict[str, list[int]], engines: str) -> dict[str, float]:
-    """CPU seconds used so far by the processes of one stack: `engines` ("routed" or "plain") split into
-    their engine-core children and the rest (the API processes, their adapter readers); the router and the
-    control plane with the routed stack; and this process, the client."""
+    """CPU seconds used so far by the processes of one stack: the engines of the group `engines` ("routed"
+    or "plain") split into their engine-core children and the rest (the API processes with their adapter
+    readers, those that ended too); the router and the control plane with the routed stack; and this
+    process, the client."""
     cores = apis = 0.0
     for pid in pids[engines]:
-        apis += process_cpu_s(pid)
+        apis += process_cpu_s(pid, reaped_children=True)
         for child in child_pids(pid):
             with contextlib.suppress(OSError):
                 is_core = b"engine.core.process_main" in Path(f"/proc/{child}/cmdline").read_bytes()
@@ -246,9 +256,10 @@ def cpu_by_role(pids: dict[str, list[int]], engines: str) -> dict[str, float]:
 
 
 def host_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of every CPU so far (/proc/stat; idle and iowait are not busy)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(values) - values[3] - values[4], sum(values)
+    """(busy, total) jiffies of every CPU so far (/proc/stat's first eight: user nice system idle iowait irq
+    softirq steal; the guest times after them are inside user and nice; idle, iowait and steal are not busy)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(values) - values[3] - values[4] - values[7], sum(values)
 
 
 def slot_counters(urls: list[str], token: str) -> tuple[int, int, list[int]]:
@@ -297,6 +308,15 @@ def streaming_pairs(router: str, holder: str, streams: int, rep: int) -> tuple[l
     return tps
 
 
+def bind_value(text: str) -> str:
+    """--omp-threads-bind as the engines take it (auto, nobind or a CPU list), checked here before six start."""
+    try:
+        check_bind(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: auto, nobind or a CPU list such as 1-3 ({exc})") from exc
+    return text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -311,7 +331,7 @@ def main() -> int:
     parser.add_argument("--max-loras", type=int, default=4,
                         help="device slots of every engine (default 4, the issue's; --max-loras 48, a slot for every "
                              "adapter, gives the stacks' ceiling with no slot ever loaded twice)")
-    parser.add_argument("--omp-threads-bind", default="nobind",
+    parser.add_argument("--omp-threads-bind", default="nobind", type=bind_value,
                         help="every engine's --omp-threads-bind (default nobind, as `loraplane up --engines N` starts "
                              "them; the engine's own default, auto, binds every engine core to the last CPU and every "
                              "API process to the others)")
@@ -346,9 +366,8 @@ def main() -> int:
                 for mode in modes[rep % 3:] + modes[:rep % 3]:
                     before = slot_counters(counted[mode], f["engine_admin"])
                     cpu_before, busy_before = cpu_by_role(f["pids"], stacks[mode]), host_busy()
-                    started = time.perf_counter()
                     figures = asyncio.run(run_mode(urls[mode], mode, requests, args.concurrency, args.max_tokens, rep))
-                    tokens = figures["tokens_per_s"] * (time.perf_counter() - started)
+                    tokens = figures.pop("tokens")
                     cpu_after, busy_after = cpu_by_role(f["pids"], stacks[mode]), host_busy()
                     after = slot_counters(counted[mode], f["engine_admin"])
                     served = [a - b for a, b in zip(after[2], before[2], strict=True)]
@@ -399,7 +418,8 @@ def main() -> int:
         "router_vs_round_robin": {
             "tokens_per_s_ratio": spread(ratios, 3) | {"target": ">= 1.3"},
             "slot_loads_ratio": spread(load_ratios, 3) | {"target": "<= 0.25"},
-            # the engines' own work per token, whatever else shares the host: what affinity saves them
+            # engine-core CPU per token on this host, round-robin over router (not a throughput: the router
+            # mode's load is less even, busiest_engine_share)
             "engine_core_cpu_per_token_round_robin_over_router": spread(
                 [b / a for a, b in zip(core_cpu["router"], core_cpu["round_robin"], strict=True)], 3)},
         # the floor counts every adapter's first load, which the warm-up round takes here: with a slot for

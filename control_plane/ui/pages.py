@@ -16,6 +16,7 @@ from control_plane.domain.audit import schemas as audit_schemas
 from control_plane.domain.audit.service import AuditQuery, AuditService
 from control_plane.domain.engines import schemas as engine_schemas
 from control_plane.domain.engines.service import EngineService
+from control_plane.domain.placements.demand import ENGINE_SOURCE, engine_source
 from control_plane.domain.stats import history
 from control_plane.domain.stats.history import Series
 
@@ -47,9 +48,9 @@ async def fleet(engines: EngineService, session: AsyncSession) -> list[EngineRow
     listed = (await engines.list()).data
     rows = (await session.execute(
         select(DemandReport.source, func.sum(DemandReport.running), func.sum(DemandReport.waiting))
-        .where(DemandReport.source.in_([f"engine:{e.name}" for e in listed])).group_by(DemandReport.source)
+        .where(DemandReport.source.in_([engine_source(e.name) for e in listed])).group_by(DemandReport.source)
     )).all()
-    queues = {source.removeprefix("engine:"): (int(r or 0), int(w or 0)) for source, r, w in rows}
+    queues = {source.removeprefix(ENGINE_SOURCE): (int(r or 0), int(w or 0)) for source, r, w in rows}
     return [EngineRow(e, *queues.get(e.name, (0, 0))) for e in listed]
 
 

@@ -1,7 +1,9 @@
 """demand_reports: the latest queue figures per (source, adapter), for demand scaling.
 
-A source is one engine's stats (`engine:<name>`) or one router's report (`router:<token id>`); each
-report replaces that source's row, and scaling sums the rows fresher than its window.
+A source is one engine's stats (`engine:<name>`) or one router's report (`router:<token id>`, or
+`router:<token id>:<router name>` when the router names itself); each report replaces that source's rows,
+and scaling combines the rows fresher than its window so that a request a router sent to an engine counts
+once (control_plane.domain.placements.demand.current_demand).
 """
 
 from __future__ import annotations

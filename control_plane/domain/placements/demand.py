@@ -26,6 +26,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.db.models import DemandReport
 from control_plane.domain.engines.health import now
 
+ENGINE_SOURCE = "engine:"  # + the engine's name: its queue, as the reconciler read it
+ROUTER_SOURCE = "router:"  # + the token id[:router name]: a router's report (control_plane.domain.routes.service)
+
+
+def engine_source(name: str) -> str:
+    return f"{ENGINE_SOURCE}{name}"
+
 
 @dataclass(frozen=True)
 class AdapterDemand:
@@ -60,9 +67,6 @@ async def replace_demand(session: AsyncSession, source: str, figures: Iterable[A
     await session.flush()
 
 
-ROUTER_SOURCE = "router:"  # the prefix of a router's demand rows (control_plane.domain.routes.service)
-
-
 async def current_demand(session: AsyncSession, max_age_s: float) -> dict[int, AdapterDemand]:
     """Each adapter's demand from the figures reported within the last `max_age_s`, the engines' and the
     routers' combined as the module docstring says."""
@@ -80,7 +84,7 @@ async def current_demand(session: AsyncSession, max_age_s: float) -> dict[int, A
             routers[adapter_id] = (int(waiting or 0), int(running or 0))
         else:
             engines[adapter_id] = (int(waiting or 0), int(running or 0), float(tokens_per_s or 0.0))
-    out = {}
+    out: dict[int, AdapterDemand] = {}
     for adapter_id in engines.keys() | routers.keys():
         engine_waiting, engine_running, tokens_per_s = engines.get(adapter_id, (0, 0, 0.0))
         router_waiting, router_running = routers.get(adapter_id, (0, 0))

@@ -55,7 +55,7 @@ from control_plane.db.session import WriteGate, failure_kind
 from control_plane.db.transaction import DatabaseUnavailableError, read, transact
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
-from control_plane.domain.placements.demand import AdapterDemand, replace_demand
+from control_plane.domain.placements.demand import AdapterDemand, engine_source, replace_demand
 from control_plane.domain.placements.engine_rows import EngineRow, engine_rows, news, take_engine
 from control_plane.domain.placements.fleet import FleetPass, FleetReport
 from control_plane.domain.placements.loads import VersionLoader
@@ -228,7 +228,7 @@ class Reconciler:
 
             async def record(session: AsyncSession) -> None:
                 await record_answers(session, answers)
-                await replace_demand(session, f"engine:{name}", demand)
+                await replace_demand(session, engine_source(name), demand)
 
             await transact(session, self.gate, record, what=f"recording the reconcile of engine {name!r}",
                            idempotent=True)

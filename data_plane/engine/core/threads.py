@@ -7,8 +7,8 @@ commit that set these defaults):
 - OpenMP wait policy: libgomp's own (a worker spins a while after a parallel region, then sleeps),
   with the spin shortened to CORE_SPIN_COUNT (GOMP_SPINCOUNT; libgomp's default is 300,000). With
   several engines on one host, the workers of a core between steps (or idle) spun on CPUs that the
-  other engines needed: bench/fleet.py (six engine cores, the control plane, the router and the client
-  on 2 CPUs) served 893-900 tok/s through the router and 699-709 round-robin at 3,000, against 245-259
+  other engines needed: bench/fleet.py as it ran then (six engine cores of 2 threads each, the control
+  plane, the router and the client on 2 CPUs) served 893-900 tok/s through the router and 699-709 round-robin at 3,000, against 245-259
   and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s against 10-15 s). One engine alone
   (bench/serving.py, 32 clients, 2 threads, 5 alternated pairs) measured no difference: HTTP ÷ in
   process 0.97 and 0.90 (non-streaming, streaming) at 3,000 against 0.95 and 0.92. PASSIVE (sleep at
