@@ -118,6 +118,8 @@ class RequestMetrics:
         self.arrival = arrival
         self.adapter = adapter
         self.label = metrics.labels(adapter)  # fixed at the start: a name keeps its label value
+        # the per-token series, looked up once (labels() validates and locks on every call)
+        self._generation_tokens = metrics.generation_tokens.labels(self.label)
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.first_token_time: float | None = None
@@ -140,7 +142,7 @@ class RequestMetrics:
             self._m.itl.observe(now - self.last_token_time)
         self.last_token_time = now
         self.generation_tokens += num_new_tokens
-        self._m.generation_tokens.labels(self.label).inc(num_new_tokens)
+        self._generation_tokens.inc(num_new_tokens)
         if self._m.request_stats is not None and self.adapter is not None:
             self._m.request_stats.record_tokens(self.adapter, num_new_tokens, now)
 

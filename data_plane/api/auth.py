@@ -41,7 +41,9 @@ def check_api_key(authorization: str | None, api_key: str | None) -> None:
         )
 
 
-def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+# The guards are coroutines though they never wait: Litestar runs a plain function guard on a worker
+# thread (anyio.to_thread), a thread hop and a GIL hand-off on every request for a string compare.
+async def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """Litestar guard for the inference endpoints (chat, completions, models)."""
     check_api_key(connection.headers.get("authorization"), connection.app.state.config.api_key)
 
@@ -56,6 +58,6 @@ def is_admin(connection: ASGIConnection) -> bool:
     return True
 
 
-def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+async def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """Litestar guard for the admin endpoints."""
     check_admin(connection.headers.get("authorization"), connection.app.state.config.admin_token)

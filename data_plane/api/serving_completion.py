@@ -103,7 +103,9 @@ class CompletionService:
         self, req: CompletionRequest, prompts: list[str | list[int]], leases: list[Lease], response_id: str
     ) -> list[Request]:
         params = req.to_sampling_params()
-        encoded = await off_loop(self._encode_all, prompts)
+        # token ids need no tokenizer: only text goes to the tokenizer threads (a hop per request otherwise)
+        text = any(isinstance(p, str) for p in prompts)
+        encoded = await off_loop(self._encode_all, prompts) if text else prompts
         requests = []
         for i, (ids, lease) in enumerate(zip(encoded, leases, strict=True)):
             request_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
