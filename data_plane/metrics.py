@@ -118,8 +118,9 @@ class RequestMetrics:
         self.arrival = arrival
         self.adapter = adapter
         self.label = metrics.labels(adapter)  # fixed at the start: a name keeps its label value
-        # the per-token series, looked up once (labels() validates and locks on every call)
-        self._generation_tokens = metrics.generation_tokens.labels(self.label)
+        # the per-token series, looked up at the first token (labels() validates and locks on every call;
+        # not before, so that a request refused before any token adds no series)
+        self._generation_tokens: Counter | None = None
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.first_token_time: float | None = None
@@ -138,10 +139,12 @@ class RequestMetrics:
         if self.first_token_time is None:
             self.first_token_time = now
             self._m.ttft.labels(self.label).observe(now - self.arrival)
+            self._generation_tokens = self._m.generation_tokens.labels(self.label)
         else:
             self._m.itl.observe(now - self.last_token_time)
         self.last_token_time = now
         self.generation_tokens += num_new_tokens
+        assert self._generation_tokens is not None  # set with the first token above
         self._generation_tokens.inc(num_new_tokens)
         if self._m.request_stats is not None and self.adapter is not None:
             self._m.request_stats.record_tokens(self.adapter, num_new_tokens, now)
