@@ -21,7 +21,13 @@ import msgspec
 import zmq
 
 from data_plane.config import EngineConfig
-from data_plane.engine.core.threads import CPUS_ENV, core_cpus, core_environment, core_threads
+from data_plane.engine.core.threads import (
+    CPUS_ENV,
+    bound_engine_cores,
+    core_cpus,
+    core_environment,
+    core_threads,
+)
 from shared.cpus import available_cpus
 
 logger = logging.getLogger(__name__)
@@ -58,6 +64,8 @@ class CoreProcess:
         bind = core_cpus(config.omp_threads_bind, config.num_threads or 1, cpus)
         if bind is not None:
             env[CPUS_ENV] = ",".join(map(str, bind))
+            if config.omp_threads_bind == "auto":
+                warn_if_cores_share(bind, cpus)
         args = [f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", str(os.getpid())]
         process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.process_main", *args], env=env)
         logger.info("engine core: process %d, %s torch threads, CPUs %s", process.pid,
@@ -78,6 +86,18 @@ class CoreProcess:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
         # (the adapters' shared files are not the core's: each goes with the weights owning it, see
         # data_plane/lora/shared_tensors.py)
+
+
+def warn_if_cores_share(bind: list[int], cpus: list[int]) -> None:
+    """"auto" picked the same last CPUs for every engine on a host: say so when another core has them."""
+    sharing = {pid: sorted(c) for pid, c in bound_engine_cores(cpus).items() if c & set(bind)}
+    if sharing:
+        logger.warning(
+            "--omp-threads-bind auto binds this engine's core to CPUs %s, and other engine cores on this host "
+            "are bound to some of them (pid: CPUs %s), so they take turns on those CPUs while others may idle. "
+            "With several engines on one host, give each its own --omp-threads-bind CPU list, or nobind, and "
+            "--num-threads so that their threads add up to the host's CPUs (`loraplane up --engines N` does this).",
+            bind, sharing)
 
 
 def core_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -24,7 +24,9 @@ commit that set these defaults):
   a CPU list such as "1-3" or "2,3" binds the core to exactly those. When "auto" binds the core,
   `loraplane engine` keeps its API process on the other CPUs (api_cpus), so neither preempts the other.
   Several engines on one host: give each its own list (or nobind), or "auto" puts every core on the
-  same last CPUs.
+  same last CPUs. An engine whose "auto" lands on CPUs another engine core is bound to says so in a
+  warning at start (`bound_engine_cores`): bench/fleet.py ran six such engines for three stops, every
+  core on one of two CPUs, before anyone noticed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import os
 from collections.abc import Mapping
 
 CPUS_ENV = "LORAPLANE_CORE_CPUS"  # the CPUs process.py binds the core to; process_main reads it before torch
+CORE_MODULE = "data_plane.engine.core.process_main"  # how an engine core shows in a process list
 
 RESERVE_API_CPU_FROM = 4  # CPUs from which the core leaves one to the API process by default
 CORE_SPIN_COUNT = "3000"  # GOMP_SPINCOUNT: how long an OpenMP worker spins before it sleeps (module docstring)
@@ -81,6 +84,25 @@ def api_cpus(bind: str, core: list[int] | None, cpus: list[int]) -> list[int] | 
         return None
     rest = [c for c in cpus if c not in core]
     return rest or None
+
+
+def bound_engine_cores(cpus: list[int]) -> dict[int, set[int]]:
+    """pid -> CPUs of every engine core on this host (other than this process) bound to fewer CPUs than
+    `cpus`, the ones this process may use: those that --omp-threads-bind pinned."""
+    found: dict[int, set[int]] = {}
+    if not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc"):
+        return found  # not Linux: nothing binds cores there
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to look at
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if CORE_MODULE.encode() not in f.read():
+                    continue
+            affinity = os.sched_getaffinity(int(entry.name))
+            if not affinity >= set(cpus):
+                found[int(entry.name)] = affinity
+    return found
 
 
 def bind_this_process(cpus: list[int]) -> None:

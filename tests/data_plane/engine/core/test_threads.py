@@ -1,13 +1,22 @@
-"""The engine core's threads and CPUs: leave the API process a CPU when there are few."""
+"""The engine core's threads and CPUs: leave the API process a CPU when there are few; say so when "auto"
+binds a core to CPUs another engine core on the host is bound to."""
 
 from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
 from data_plane.config import ConfigError
+from data_plane.engine.core.process import warn_if_cores_share
 from data_plane.engine.core.threads import (
+    CORE_MODULE,
     CORE_SPIN_COUNT,
     api_cpus,
+    bound_engine_cores,
     core_cpus,
     core_environment,
     core_threads,
@@ -60,3 +69,41 @@ def test_the_api_process_keeps_off_the_cpus_auto_gave_the_core():
     assert api_cpus("auto", [2, 3], [0, 1, 2, 3]) == [0, 1]
     assert api_cpus("auto", None, [0, 1]) is None  # the core was not bound: neither is the API
     assert api_cpus("1", [1], [0, 1]) is None  # an explicit list binds the core only
+
+
+@pytest.fixture
+def bound_core():
+    """A process that looks like an engine core (its command line names the core's module), bound to the
+    last CPU this process may use; (pid, that CPU, every CPU). Needs two CPUs to tell bound from free."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs at least two CPUs")
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", CORE_MODULE])
+    try:
+        os.sched_setaffinity(process.pid, {cpus[-1]})
+        yield process.pid, cpus[-1], cpus
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_engine_cores_bound_to_fewer_cpus_are_found(bound_core):
+    pid, last, cpus = bound_core
+    free = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", CORE_MODULE])  # unbound
+    try:
+        found = bound_engine_cores(cpus)
+    finally:
+        free.kill()
+        free.wait()
+    assert found.get(pid) == {last}
+    assert free.pid not in found
+
+
+def test_auto_warns_when_another_core_is_bound_to_its_cpus(bound_core, caplog):
+    pid, last, cpus = bound_core
+    with caplog.at_level(logging.WARNING, logger="data_plane.engine.core.process"):
+        warn_if_cores_share([cpus[0]], cpus)  # another CPU: nothing shared
+        assert not caplog.records
+        warn_if_cores_share([last], cpus)
+    (record,) = caplog.records
+    assert f"{pid}: [{last}]" in record.getMessage() and "--omp-threads-bind" in record.getMessage()
