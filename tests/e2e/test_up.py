@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -179,12 +180,26 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
     assert noisy == [], noisy
 
 
+def _free_ports_in_a_row(count: int) -> int:
+    """The first of `count` consecutive free ports: `up` puts engine i on --engine-port + i, and a port
+    next to a free one may be another process's (an engine once failed to start on it: address in use)."""
+    while True:
+        first = _free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return first
+
+
 def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path: Path) -> None:
     from data_plane.demo.model_builder import write_demo_model
 
     model = tmp_path / "checkpoints" / "mine"
     write_demo_model(model, seed=1)
-    cp_port, engine_port, router_port = _free_port(), _free_port(), _free_port()
+    cp_port, engine_port, router_port = _free_port(), _free_ports_in_a_row(2), _free_port()
     log = tmp_path / "up.log"
     with log.open("w") as out:
         process = start_up(tmp_path, cp_port, engine_port, "--engines", "2", "--model", str(model),
