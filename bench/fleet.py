@@ -15,8 +15,8 @@ two CPUs, each parallel region waiting at its barrier for a thread the scheduler
 gets --omp-threads-bind nobind (as `loraplane up --engines N` gives them), so every process may run on every
 CPU; the engine's default, auto, would bind all six cores to the last CPU and their API processes to the
 others, and the busy stack's three cores would then share one CPU while the client, the router, the control
-plane and the API processes left the other partly idle (the figures of stops 25-27 were measured that way;
-`--omp-threads-bind auto` reproduces it).
+plane and the API processes left the other partly idle (stop 27's figures at one thread per engine were
+measured that way; `--omp-threads-bind auto` reproduces it).
 
 One request list (Zipf(1.0) over the 48 adapters, streamed completions of --max-tokens tokens) is sent
 (a) through the router (stack A), (b) round-robin over stack B's engines, (c) to a random engine of

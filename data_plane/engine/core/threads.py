@@ -25,8 +25,8 @@ commit that set these defaults):
   `loraplane engine` keeps its API process on the other CPUs (api_cpus), so neither preempts the other.
   Several engines on one host: give each its own list (or nobind), or "auto" puts every core on the
   same last CPUs. An engine whose "auto" lands on CPUs another engine core is bound to says so in a
-  warning at start (`bound_engine_cores`): bench/fleet.py ran six such engines for three stops, every
-  core on one of two CPUs, before anyone noticed.
+  warning at start (`bound_engine_cores`): bench/fleet.py once ran six such engines, every core on one
+  of two CPUs, before anyone noticed.
 """
 
 from __future__ import annotations
