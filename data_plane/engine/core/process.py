@@ -22,6 +22,7 @@ import zmq
 
 from data_plane.config import EngineConfig
 from data_plane.engine.core.threads import (
+    CORE_MODULE,
     CPUS_ENV,
     bound_engine_cores,
     core_cpus,
@@ -67,7 +68,7 @@ class CoreProcess:
             if config.omp_threads_bind == "auto":
                 warn_if_cores_share(bind, cpus)
         args = [f"ipc://{ipc_dir}/in", f"ipc://{ipc_dir}/out", str(os.getpid())]
-        process = subprocess.Popen([sys.executable, "-m", "data_plane.engine.core.process_main", *args], env=env)
+        process = subprocess.Popen([sys.executable, "-m", CORE_MODULE, *args], env=env)
         logger.info("engine core: process %d, %s torch threads, CPUs %s", process.pid,
                     config.num_threads or "default", bind if bind is not None else "unbound")
         atexit.register(_kill, process)  # however the API process ends, the core goes with it
