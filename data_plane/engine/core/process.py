@@ -89,16 +89,19 @@ class CoreProcess:
         # data_plane/lora/shared_tensors.py)
 
 
-def warn_if_cores_share(bind: list[int], cpus: list[int]) -> None:
-    """"auto" picked the same last CPUs for every engine on a host: say so when another core has them."""
+def warn_if_cores_share(bind: list[int], cpus: list[int]) -> str | None:
+    """"auto" picked the same last CPUs for every engine on a host: say so when another core has them;
+    answers the warning logged (None: none)."""
     sharing = {pid: sorted(c) for pid, c in bound_engine_cores(cpus).items() if c & set(bind)}
-    if sharing:
-        logger.warning(
-            "--omp-threads-bind auto binds this engine's core to CPUs %s, and other engine cores on this host "
-            "are bound to some of them (pid: CPUs %s), so they take turns on those CPUs while others may idle. "
-            "With several engines on one host, give each its own --omp-threads-bind CPU list, or nobind, and "
-            "--num-threads so that their threads add up to the host's CPUs (`loraplane up --engines N` does this).",
-            bind, sharing)
+    if not sharing:
+        return None
+    message = (
+        f"--omp-threads-bind auto binds this engine's core to CPUs {bind}, and other engine cores on this host "
+        f"are bound to some of them (pid: CPUs {sharing}), so they take turns on those CPUs while others may "
+        "idle. With several engines on one host, give each its own --omp-threads-bind CPU list, or nobind, and "
+        "--num-threads so that their threads add up to the host's CPUs (`loraplane up --engines N` does this).")
+    logger.warning(message)
+    return message
 
 
 def core_env(environ: Mapping[str, str]) -> dict[str, str]:
