@@ -65,7 +65,7 @@ from stack import cpu_seconds, free_port, process  # bench/stack.py: run as `pyt
 from tqdm import tqdm
 
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.engine.core.threads import check_bind
+from data_plane.engine.core.threads import CORE_MODULE, check_bind
 from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
@@ -213,14 +213,10 @@ async def run_mode(urls: list[str], pick: str, requests: list[tuple[str, str]], 
 
 
 def process_cpu_s(pid: int, reaped_children: bool = False) -> float:
-    """cpu_seconds, 0 once the process is gone; with `reaped_children`, plus what its children that ended
-    and were waited for used (cutime + cstime), so that a child gone between two readings still counts."""
+    """cpu_seconds, 0 once the process is gone (`reaped_children`: a child gone between two readings still
+    counts)."""
     try:
-        own = cpu_seconds(pid)
-        if not reaped_children:
-            return own
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return own + (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(pid, reaped_children)
     except OSError:
         return 0.0
 
@@ -244,9 +240,11 @@ def cpu_by_role(pids: dict[str, list[int]], engines: str) -> dict[str, float]:
         apis += process_cpu_s(pid, reaped_children=True)
         for child in child_pids(pid):
             with contextlib.suppress(OSError):
-                is_core = b"engine.core.process_main" in Path(f"/proc/{child}/cmdline").read_bytes()
-                cores += process_cpu_s(child) if is_core else 0.0
-                apis += 0.0 if is_core else process_cpu_s(child)
+                is_core = CORE_MODULE.encode() in Path(f"/proc/{child}/cmdline").read_bytes()
+                if is_core:
+                    cores += process_cpu_s(child)
+                else:
+                    apis += process_cpu_s(child)
     usage = os.times()
     out = {"engine_cores": cores, "engine_apis": apis, "client": usage.user + usage.system}
     if engines == "routed":

@@ -25,11 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 ENGINE_NAME = "bench-engine"
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     """utime + stime of a process, all its threads (/proc/<pid>/stat fields 14 and 15, in clock ticks);
+    with `reaped_children`, plus cutime + cstime (16 and 17: its children that ended and were waited for).
     OSError once it is gone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = sum(int(f) for f in fields[11:15 if reaped_children else 13])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:

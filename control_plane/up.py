@@ -13,8 +13,8 @@ and, on `--device cpu` or `auto` (treated as the CPU: `up` does not import torch
 with one engine too. Alone, an engine takes one torch thread per CPU (all but one from 4 CPUs up),
 so N of them busy at once would put N threads on every CPU, and each parallel region of theirs
 would wait at its barrier for a thread the scheduler had set aside: bench/fleet.py (six engines on
-2 CPUs) served 1.1-1.36 times the tokens/s through the router, and 1.17-1.21 times round-robin, at
-one thread each.
+2 CPUs, nobind) served 1.8 times as many tokens/s through the router (2.0 times round-robin) with one
+thread each as with two.
 
 Every child logs in the one format (shared/logging_setup.py) on stderr; what `up` itself reports (each
 load, where the stack is) goes to stdout.

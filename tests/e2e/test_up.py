@@ -18,6 +18,7 @@ from typing import IO
 
 import httpx
 
+from data_plane.engine.core.threads import CORE_MODULE
 from shared.cpus import available_cpus
 from tests.e2e.test_control_plane_engines import _free_port
 
@@ -227,7 +228,7 @@ def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path
             args = _cmdline(pid).split(b"\0")
             assert args[args.index(b"--num-threads") + 1].decode() == threads
             assert args[args.index(b"--omp-threads-bind") + 1] == b"nobind"
-            cores = [c for c in descendants(pid) if b"data_plane.engine.core.process_main" in _cmdline(c)]
+            cores = [c for c in descendants(pid) if CORE_MODULE.encode() in _cmdline(c)]
             assert len(cores) == 1  # the engine-core process runs that many OpenMP threads
             assert f"OMP_NUM_THREADS={threads}".encode() in Path(f"/proc/{cores[0]}/environ").read_bytes().split(b"\0")
         process.send_signal(signal.SIGTERM)

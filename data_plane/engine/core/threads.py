@@ -8,8 +8,8 @@ commit that set these defaults):
   with the spin shortened to CORE_SPIN_COUNT (GOMP_SPINCOUNT; libgomp's default is 300,000). With
   several engines on one host, the workers of a core between steps (or idle) spun on CPUs that the
   other engines needed: bench/fleet.py as it ran then (six engine cores of 2 threads each, the control
-  plane, the router and the client on 2 CPUs) served 893-900 tok/s through the router and 699-709 round-robin at 3,000, against 245-259
-  and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s against 10-15 s). One engine alone
+  plane, the router and the client on 2 CPUs) served 893-900 tok/s through the router and 699-709
+  round-robin at 3,000, against 245-259 and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s against 10-15 s). One engine alone
   (bench/serving.py, 32 clients, 2 threads, 5 alternated pairs) measured no difference: HTTP ÷ in
   process 0.97 and 0.90 (non-streaming, streaming) at 3,000 against 0.95 and 0.92. PASSIVE (sleep at
   once) made every step pay futex wake-ups: 0.76x against 0.97x. ACTIVE (spin forever) keeps an idle
@@ -92,6 +92,7 @@ def bound_engine_cores(cpus: list[int]) -> dict[int, set[int]]:
     found: dict[int, set[int]] = {}
     if not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc"):
         return found  # not Linux: nothing binds cores there
+    every = set(cpus)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -100,7 +101,7 @@ def bound_engine_cores(cpus: list[int]) -> dict[int, set[int]]:
                 if CORE_MODULE.encode() not in f.read():
                     continue
             affinity = os.sched_getaffinity(int(entry.name))
-            if not affinity >= set(cpus):
+            if not affinity >= every:
                 found[int(entry.name)] = affinity
     return found
 
