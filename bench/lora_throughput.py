@@ -187,6 +187,8 @@ def hot_load_itl(bench: Bench, repeats: int, prepare: bool) -> dict:
         engine = bench.engine(enable_lora=True, max_loras=4, max_lora_rank=RANK)
         decoding = [(p, 1 + i % 2, bench.weights[i % 2]) for i, p in enumerate(bench.prompts(16))]
         steady = bench.run(engine, decoding)["steps"][2:]
+        for adapter_id in (1, 2):  # the streams' adapters keep their slots (0 and 1) even where a slow read
+            engine.pin_lora(adapter_id, bench.weights[adapter_id - 1])  # lets the decodes end first
         hot, submitted = _run_with_arrivals(bench, engine, decoding, list(range(3, 9)), read=True, prepare=prepare)
         load_steps.extend(hot[step] for step in submitted)  # the step that copied the adapter in
         writes.extend(a.last_load_seconds for i, a in engine.stats().lora.adapters.items() if i > 2 and a.loads)
@@ -195,7 +197,8 @@ def hot_load_itl(bench: Bench, repeats: int, prepare: bool) -> dict:
             engine.unpin_lora(adapter_id)
         loads = sum(a.loads for a in engine.stats().lora.adapters.values())
         arrivals, submitted = _run_with_arrivals(bench, engine, decoding, [7, 8] * 3, read=False, prepare=False)
-        assert sum(a.loads for a in engine.stats().lora.adapters.values()) == loads, "the baseline loaded a slot"
+        after = {i: a.loads for i, a in engine.stats().lora.adapters.items()}
+        assert sum(after.values()) == loads, f"the baseline loaded a slot: loads by adapter {after}, {loads} before"
         arrival_steps.extend(arrivals[step] for step in submitted)
         runs["steady"].append(p99(steady))
         runs["arrivals"].append(p99(arrivals[2:]))
