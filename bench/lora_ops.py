@@ -4,6 +4,12 @@ prefill segment), alternated; medians of --repeats timings, with their range. Tw
 of --tokens tokens, each of another adapter (cycling over --slots), and a prefill step of --slots
 segments of --prefill-len tokens, one adapter each. Prints one JSON object.
 
+A decode step of tokens of different adapters reads each of their slots' A and B once, two flops per
+weight read: it is bound by how fast the host streams memory. So the decode figure comes with the bytes
+it reads, the rate that makes, and, alternated with it, the same number of bytes summed by torch
+(`stream_ms`, a plain read of one flat tensor on the same threads): `decode_vs_stream` is the
+kernels' time over that, 1.0 for a kernel that reads as fast as the host can.
+
     .venv/bin/python bench/lora_ops.py [--shape 512,1408,6,8,2,384] [--tokens 32] [--slots 32] [--rank 16]
         [--prefill-len 64]
 """
@@ -63,25 +69,43 @@ def main() -> int:
             lora_shrink_expand(y, x, a, b, lanes, batch, backend)
         return time.perf_counter() - start
 
+    used = min(args.tokens, args.slots)  # slots the decode step reads, each once
+    decode_bytes = sum((a[:used].nbytes + b[:used].nbytes) for *_, a, b, _ in weights)
+    stream = torch.randn(decode_bytes // dtype.itemsize, dtype=dtype)
+
+    def stream_step() -> float:
+        start = time.perf_counter()
+        stream.sum()
+        return time.perf_counter() - start
+
     activations = {name: [(torch.randn(tokens, dim, dtype=dtype), torch.zeros(tokens, out, dtype=dtype))
                           for dim, out, *_ in weights] for name, (_, tokens) in steps.items()}
     result = {"shape": args.shape, "tokens": args.tokens, "slots": args.slots, "rank": args.rank,
               "prefill_len": args.prefill_len, "dtype": args.dtype, "torch_threads": torch.get_num_threads()}
     for name, rounds in (("decode", 5), ("prefill", 1)):
-        timings: dict[str, list[float]] = {"kernels": [], "torch": []}
+        timings: dict[str, list[float]] = {"kernels": [], "torch": [], "stream": []}
         for _ in range(2):  # warm-up
-            step(kernels, name), step(TORCH_KERNELS, name)
+            step(kernels, name), step(TORCH_KERNELS, name), stream_step()
         for _ in range(args.repeats):
             for _ in range(rounds):
                 timings["kernels"].append(step(kernels, name))
                 timings["torch"].append(step(TORCH_KERNELS, name))
-        ms = {k: statistics.median(v) * 1e3 for k, v in timings.items()}
+                if name == "decode":
+                    timings["stream"].append(stream_step())
+        ms = {k: statistics.median(v) * 1e3 for k, v in timings.items() if v}
         result[name] = {
             "kernels_ms": round(ms["kernels"], 3), "torch_ms": round(ms["torch"], 3),
             "kernels_range_ms": [round(min(timings["kernels"]) * 1e3, 3), round(max(timings["kernels"]) * 1e3, 3)],
             "torch_range_ms": [round(min(timings["torch"]) * 1e3, 3), round(max(timings["torch"]) * 1e3, 3)],
             "speedup": round(ms["torch"] / ms["kernels"], 2),
         }
+        if name == "decode":
+            stream_ms = ms["stream"]
+            result[name] |= {
+                "weight_bytes": decode_bytes, "kernels_gb_s": round(decode_bytes / ms["kernels"] / 1e6, 1),
+                "stream_ms": round(stream_ms, 3), "stream_gb_s": round(decode_bytes / stream_ms / 1e6, 1),
+                "decode_vs_stream": round(ms["kernels"] / stream_ms, 2),
+            }
     print(json.dumps(result))
     return 0
 
