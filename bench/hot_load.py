@@ -11,7 +11,11 @@ window that starts once every stream has 8 tokens, one of three things happens (
 repeat, after an uncounted warm-up round):
 - steady: nothing (the window lasts 1.5 s);
 - arrivals: six short requests (2 tokens) of the two other registered adapters, already in slots,
-  50 ms apart: their prefills, no file read, no slot write (the baseline of the same arrivals);
+  50 ms apart: their prefills, no file read, no slot write (the baseline of the same arrivals). Each
+  prompt starts with a number of its own, so the prefix cache holds none of it, as it holds none of a
+  new adapter's first prompt (its cache namespace is new): until stop 29 they sent the streams'
+  prompt, 16 of its 28 tokens were cached, and a step with an arrival computed 12 prompt tokens
+  against a hot load's 28;
 - hot: six adapters never seen are loaded (POST /v1/load_lora_adapter: the engine reads and checks
   their files) and get one short request each, 50 ms apart: each is read, handed to the engine core,
   and written into a slot by the step that admits it, beside the running streams;
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import statistics
@@ -66,6 +71,8 @@ def client_main(conn) -> None:
     """Runs in its own process: each job is (url, mode, streams, hot adapter paths) -> gaps and timings."""
     import aiohttp
 
+    prompt_numbers = itertools.count()  # the arrivals' prompts: never one the prefix cache has seen
+
     async def stream(session, url, model, stamps: list[float]) -> None:
         body = {"model": model, "prompt": PROMPT, "max_tokens": 480, "temperature": 0.0, "ignore_eos": True,
                 "stream": True}
@@ -78,9 +85,9 @@ def client_main(conn) -> None:
                 *events, rest = (rest + data).split(b"\n\n")
                 stamps.extend(now for e in events if e.startswith(b"data: {"))
 
-    async def short(session, url, model) -> float:
+    async def short(session, url, model, prompt: str = PROMPT) -> float:
         started = time.perf_counter()
-        body = {"model": model, "prompt": PROMPT, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+        body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
         async with session.post(url + "/v1/completions", json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"{model} answered {resp.status}: {await resp.text()}")
@@ -125,7 +132,8 @@ def client_main(conn) -> None:
                     elif mode == "slots":
                         arrivals.append(asyncio.ensure_future(short(session, url, Path(hot_paths[k]).name)))
                     else:
-                        arrivals.append(asyncio.ensure_future(short(session, url, f"a{2 + k % 2}")))
+                        fresh = f"{next(prompt_numbers)} {PROMPT}"  # a new adapter's first prompt's prefill
+                        arrivals.append(asyncio.ensure_future(short(session, url, f"a{2 + k % 2}", fresh)))
                     await asyncio.sleep(ARRIVAL_GAP_S)
                 await asyncio.gather(*arrivals)
             end = time.perf_counter()
