@@ -33,7 +33,11 @@ the router mode's load is less even (busiest_engine_share), and on this host the
 processes, the router and the control plane take their share of the same two CPUs.
 Then the router's own cost, against the engine that holds the adapter (stack A), alternated: p50 of a
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams (two runs
-each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s).
+each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s). Both use one more adapter,
+`solo`, loaded with replicas {min 1, max 1} and sent no other traffic, so that the router has exactly the
+one engine to choose that the direct side calls. (Until stop 29 they used a00, the hottest adapter, which
+demand scaling gives two or three replicas: the router could then spread the streams over engines the
+direct side did not use.)
 Figures are medians over the repeats with [min, max], but each side's streaming tokens/s, which are over
 every run (two per repeat). `slot_loads_offline_floor` is no measurement: the
 fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on --max-loras slots, requests
@@ -70,10 +74,11 @@ from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
 ADAPTERS, ENGINES = 48, 3
+SOLO = "solo"  # the router-cost figures' adapter: one replica, no Zipf traffic (module docstring)
 SCALE_WINDOW_S = 5
 STREAM_TOKENS = 200  # per stream of the routed-vs-direct streaming figure (--max-model-len is 256)
 PROMPT_WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards", "quietly", "hex"]
-ENGINE_FLAGS = ("--device", "cpu", "--enable-lora", "--max-cpu-loras", str(ADAPTERS),
+ENGINE_FLAGS = ("--device", "cpu", "--enable-lora", "--max-cpu-loras", str(ADAPTERS + 1),
                 "--max-lora-rank", "8", "--max-model-len", "256", "--num-kv-blocks", "256", "--log-level", "warning")
 
 
@@ -150,7 +155,10 @@ def load_adapters(f: dict, adapters: dict[str, Path]) -> dict[str, str]:
                 raise SystemExit("the engines did not all register with the control plane")
             time.sleep(0.3)
         for name, path in adapters.items():
-            r = cp.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path), "base_model": "demo"})
+            body = {"lora_name": name, "lora_path": str(path), "base_model": "demo"}
+            if name == SOLO:
+                body["replicas"] = {"min": 1, "max": 1}
+            r = cp.post("/v1/load_lora_adapter", json=body)
             if r.status_code != 200:
                 raise SystemExit(f"load of {name} answered {r.status_code}: {r.text[:300]}")
         deadline = time.monotonic() + 120
@@ -159,7 +167,7 @@ def load_adapters(f: dict, adapters: dict[str, Path]) -> dict[str, str]:
             urls = {e["name"]: e["url"] for e in routes["engines"]}
             held = {m["model"]: [h for h in m["holders"] if h["residency"] != "loading"]
                     for m in routes["models"] if m["kind"] == "adapter"}
-            if len(held) == ADAPTERS and all(held.values()):
+            if len(held) == len(adapters) and all(held.values()):
                 return {name: urls[h[0]["engine"]] for name, h in held.items()}
             if time.monotonic() > deadline:
                 raise SystemExit(f"adapters not all placed: {held}")
@@ -302,7 +310,7 @@ def streaming_pairs(router: str, holder: str, streams: int, rep: int) -> tuple[l
     order = (0, 1, 1, 0) if rep % 2 == 0 else (1, 0, 0, 1)
     tps: tuple[list[float], list[float]] = ([], [])
     for side in order:
-        tps[side].append(asyncio.run(streaming(sides[side], "a00", streams, STREAM_TOKENS)))
+        tps[side].append(asyncio.run(streaming(sides[side], SOLO, streams, STREAM_TOKENS)))
     return tps
 
 
@@ -345,9 +353,10 @@ def main() -> int:
         spec = DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES)
         adapters = {f"a{k:02d}": write_lora_adapter(base, tmp / "adapters" / f"a{k:02d}", spec, seed=100 + k)
                     for k in range(ADAPTERS)}
+        solo = write_lora_adapter(base, tmp / "adapters" / SOLO, spec, seed=99)
         progress.update()
         with fleet(tmp, base, adapters, args.engine_threads, args.max_loras, args.omp_threads_bind) as f:
-            holders = load_adapters(f, adapters)
+            holders = load_adapters(f, adapters | {SOLO: solo})  # solo: stack A only
             progress.update()
             urls = {"router": [f["router"]], "round_robin": f["plain"], "random": f["plain"]}
             counted = {"router": f["routed"], "round_robin": f["plain"], "random": f["plain"]}
@@ -377,11 +386,11 @@ def main() -> int:
                     cpu_per_token[mode].append({role: 1e6 * (cpu_after[role] - cpu_before[role]) / max(tokens, 1)
                                                 for role in cpu_after})
                     progress.update()
-                via, direct = asyncio.run(overhead(f["router"], holders["a00"], "a00", args.overhead_requests))
+                via, direct = asyncio.run(overhead(f["router"], holders[SOLO], SOLO, args.overhead_requests))
                 via_p50.append(via)
                 direct_p50.append(direct)
                 progress.update()
-                routed_tps, direct_tps = streaming_pairs(f["router"], holders["a00"], args.streams, rep)
+                routed_tps, direct_tps = streaming_pairs(f["router"], holders[SOLO], args.streams, rep)
                 stream_tps["router"] += routed_tps
                 stream_tps["direct"] += direct_tps
                 stream_ratio.append(sum(routed_tps) / sum(direct_tps))
@@ -408,6 +417,7 @@ def main() -> int:
         "machine": f"CPU only, {os.cpu_count()} cores shared by 6 engines, the control plane, the router and the client",
         "setup": {"engines": ENGINES, "max_loras": args.max_loras, "adapters": ADAPTERS,
                   "traffic": "Zipf(1.0) over adapters",
+                  "router_cost_adapter": f"{SOLO}: replicas {{min 1, max 1}}, no Zipf traffic",
                   "requests": args.requests, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
                   "repeats": args.repeats, "engine_threads": args.engine_threads,
                   "omp_threads_bind": args.omp_threads_bind,
