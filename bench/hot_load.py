@@ -2,7 +2,7 @@
 object.
 
     .venv/bin/python bench/hot_load.py [--shape 512,1408,6,8,2,384] [--streams 16] [--repeats 3]
-        [--torch-threads 2] [--rank 16] [--readers process,thread]
+        [--torch-threads 2] [--rank 16] [--readers process,thread] [--long-prefill-token-thresholds 256 0]
 
 What bench/lora_throughput.py's figure (e) measures in process, as a client sees it: one `loraplane engine`
 (engine-core process, --max-loras 4, four adapters registered at start with --lora-modules) serves
@@ -36,7 +36,10 @@ together, with its hot/steady ratio (an arrivals window has 10-20 steps, so its 
 Two engines, alternated window by window in one run: one reads adapter files in its adapter reader
 process (the default), the other on threads of its API process (--no-adapter-reader-process); the
 `process_reader` and `thread_reader` blocks give each one's figures, `ratio_hot_p99_process_vs_thread`
-the same repeat's hot p99 of one over the other.
+the same repeat's hot p99 of one over the other. With several --long-prefill-token-thresholds, each reader's
+engine runs once per threshold (blocks `process_threshold_0_reader`, ...), alternated as well, with each
+threshold's hot p99 against the first's: at 0 the engine paces the arrivals' short prompts beside the
+streams as it paces long ones (--decode-stall-limit), so their prefills no longer take one long step.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import httpx
 from serving import Server, build_model  # bench/serving.py: run as `python bench/hot_load.py`
 from tqdm import tqdm
 
+from data_plane.config import LONG_PREFILL_TOKENS
 from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
@@ -239,6 +243,9 @@ def main() -> int:
     parser.add_argument("--readers", default="process,thread", type=lambda v: v.split(","),
                         help="engines to alternate: process (the adapter reader process, the default) and/or "
                         "thread (--no-adapter-reader-process)")
+    parser.add_argument("--long-prefill-token-thresholds", type=int, nargs="+", default=[LONG_PREFILL_TOKENS],
+                        metavar="TOKENS", help="each reader's engine once per threshold (the engine's "
+                        "--long-prefill-token-threshold; 0 paces the arrivals' short prompts too), alternated")
     args = parser.parse_args()
     args.model, args.omp_threads_bind, args.omp_wait_policy = None, "auto", None  # what serving.Server reads
 
@@ -255,13 +262,17 @@ def main() -> int:
     conn, child_conn = ctx.Pipe()
     client = ctx.Process(target=client_main, args=(child_conn,), daemon=True)
     client.start()
+    thresholds = args.long_prefill_token_thresholds
+    kinds = {(reader if len(thresholds) == 1 else f"{reader}_threshold_{t}"): (reader, t)
+             for reader in args.readers for t in thresholds}  # server name -> (reader, threshold)
     servers: dict[str, Server] = {}
     try:
-        for reader in args.readers:
-            extra = ("--lora-roots", str(root)) + (() if reader == "process" else ("--no-adapter-reader-process",))
-            servers[reader] = Server(model, resident, args.torch_threads, "core", root / f"engine-{reader}.log", args,
-                                     extra=extra)
-            ready(servers[reader].url)
+        for name, (reader, threshold) in kinds.items():
+            extra = ("--lora-roots", str(root), "--long-prefill-token-threshold", str(threshold))
+            extra += () if reader == "process" else ("--no-adapter-reader-process",)
+            servers[name] = Server(model, resident, args.torch_threads, "core", root / f"engine-{name}.log", args,
+                                   extra=extra)
+            ready(servers[name].url)
         modes = ["steady", "arrivals", "hot", "slots"]
         results = {reader: {mode: [] for mode in modes} for reader in servers}
         warm_up: dict[str, dict] = {reader: {} for reader in servers}
@@ -281,7 +292,7 @@ def main() -> int:
                         bar.update()
                 if r == 0:  # count only windows with the readers up: what a serving engine has after its first loads
                     for reader in servers:
-                        if reader == "process":
+                        if kinds[reader][0] == "process":
                             reader_start_s[reader] = round(wait_for_readers(servers[reader].url), 1)
                         reads_before[reader] = reader_figures(servers[reader].url)
             for reader in servers:
@@ -307,11 +318,19 @@ def main() -> int:
         "engine": f"loraplane engine, engine-core process, --max-loras {RESIDENT}, {args.torch_threads} torch threads",
         "streams": args.streams, "repeats": args.repeats, "arrivals_per_window": HOT,
         "readers": {"process": "adapter reader process (the default)", "thread": "--no-adapter-reader-process"},
+        "long_prefill_token_thresholds": thresholds,
         **{f"{reader}_reader": figures for reader, figures in by_reader.items()},
     }
-    if len(by_reader) == 2:  # the same repeats' hot p99, one server against the other
-        figures["ratio_hot_p99_process_vs_thread"] = spread(
-            [a / b for a, b in zip(by_reader["process"]["_hot_p99"], by_reader["thread"]["_hot_p99"], strict=True)], 3)
+
+    def hot_p99_ratio(a: str, b: str) -> dict:  # the same repeats' hot p99, one server against the other
+        return spread([x / y for x, y in zip(by_reader[a]["_hot_p99"], by_reader[b]["_hot_p99"], strict=True)], 3)
+
+    if {"process", "thread"} <= set(by_reader):
+        figures["ratio_hot_p99_process_vs_thread"] = hot_p99_ratio("process", "thread")
+    for name, (reader, threshold) in kinds.items():
+        if len(thresholds) > 1 and threshold != thresholds[0]:
+            figures[f"ratio_hot_p99_{name}_vs_threshold_{thresholds[0]}"] = hot_p99_ratio(
+                name, f"{reader}_threshold_{thresholds[0]}")
     for block in by_reader.values():
         del block["_hot_p99"]
     print(json.dumps(figures))

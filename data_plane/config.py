@@ -8,6 +8,9 @@ from pathlib import Path
 
 from shared.errors import InvalidRequestError
 
+# prompts of more tokens than this are long: while requests decode, only they are paced (engine/prefill_pacer.py)
+LONG_PREFILL_TOKENS = 256
+
 # A prompt of more characters than max_model_len * this cannot fit in the context, so it is refused
 # before it is tokenized (tokenizing megabytes would take seconds). Real BPE vocabularies average
 # 3-5 characters per token on text; their longest tokens are runs of spaces or repeated symbols of
@@ -43,6 +46,9 @@ class EngineConfig:
     # while requests decode, a step that also computes chunks of long prompts may take at most this
     # many times a decode-only step (engine/prefill_pacer.py); 0: chunks fill the token budget (vLLM)
     decode_stall_limit: float = 1.25
+    # prompts longer than this are long (vLLM's flag): only they are paced by decode_stall_limit; 0 paces
+    # every prompt (the running decodes' steps stay within the limit; new requests' first tokens come later)
+    long_prefill_token_threshold: int = LONG_PREFILL_TOKENS
     max_waiting_requests: int = 1024  # waiting *sequences* (n per request); past this the API answers 503
     max_n: int | None = None  # samples per request; defaults to (and is capped by) max_num_seqs
     max_stop_strings: int = 16
@@ -151,6 +157,8 @@ class EngineConfig:
         if self.omp_threads_bind not in ("auto", "nobind") and not re.fullmatch(
                 r"\d+(-\d+)?(,\d+(-\d+)?)*", self.omp_threads_bind):
             raise ConfigError(f"--omp-threads-bind {self.omp_threads_bind!r}: expected auto, nobind or a CPU list like 1-3")
+        if self.long_prefill_token_threshold < 0:
+            raise ConfigError(f"--long-prefill-token-threshold {self.long_prefill_token_threshold}: expected 0 or more")
         if self.decode_stall_limit != 0 and self.decode_stall_limit <= 1:
             raise ConfigError(f"--decode-stall-limit {self.decode_stall_limit}: expected 0 (off) or a factor above 1, "
                               "such as 1.25")

@@ -27,6 +27,8 @@ logger = logging.getLogger("loraplane.engine")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from data_plane.config import LONG_PREFILL_TOKENS  # plain constants, no torch
+
     p = argparse.ArgumentParser(
         prog="loraplane engine", description="Serve a model over an OpenAI-compatible API.",
         usage="%(prog)s [MODEL | --model MODEL] [options]",
@@ -61,9 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--decode-stall-limit", type=float, default=1.25,
-        help="while requests decode, a step that also computes chunks of a long prompt (over 256 new tokens) may "
+        help="while requests decode, a step that also computes chunks of a long prompt (see "
+        "--long-prefill-token-threshold) may "
         "take at most this many times a step of the decodes alone, measured as the engine runs, so a long prompt "
         "does not hold up their next tokens; 0 lets chunks fill --max-num-batched-tokens, as vLLM (default 1.25)",
+    )
+    p.add_argument(
+        "--long-prefill-token-threshold", type=int, default=LONG_PREFILL_TOKENS, metavar="TOKENS",
+        help="a prompt of more tokens than this is long: while requests decode, its chunks are paced by "
+        "--decode-stall-limit; shorter prompts are admitted whole. 0 paces every prompt: steadier inter-token "
+        f"latency, later first tokens (default {LONG_PREFILL_TOKENS})",
     )
     p.add_argument(
         "--max-waiting-requests", type=int, default=1024,
@@ -211,6 +220,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
         decode_stall_limit=args.decode_stall_limit,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_waiting_requests=args.max_waiting_requests,
         max_n=args.max_n,
         max_stop_strings=args.max_stop_strings,

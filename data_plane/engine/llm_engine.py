@@ -92,6 +92,7 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, lora_slots,
             enable_chunked_prefill=config.enable_chunked_prefill,
             prefill_pacer=PrefillPacer(config.decode_stall_limit) if config.decode_stall_limit else None,
+            long_prefill_tokens=config.long_prefill_token_threshold,
         )
         self.builder = BatchBuilder(config.block_size, runner.device, lora_slots, fold_chunks=runner.reads_kv_in_place)
         self.sampler = Sampler(tokenizer.eos_token_ids)

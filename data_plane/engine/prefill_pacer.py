@@ -20,9 +20,12 @@ one decode token costs (t_decode / decodes), an overestimate, so the first chunk
 The share at most doubles from one step to the next: an estimate of c from a few cheap steps, where
 noise is most of the figure, cannot jump it to the whole token budget and stall the decodes at once.
 
-Only prompts with more than `LONG_PREFILL_TOKENS` new tokens are paced: a chat turn's prompt is
-admitted whole as before (pacing it would add steps to every request's time to first token), and the
-stall the issue is about comes from the long ones. Without running decodes nothing is paced.
+Only prompts with more than `LONG_PREFILL_TOKENS` tokens (--long-prefill-token-threshold, vLLM's
+flag) are paced: a chat turn's prompt is admitted whole as before (pacing it would add steps to every
+request's time to first token), and the stall the issue is about comes from the long ones. On a slow
+CPU even a short prompt beside running decodes costs a long step (bench/hot_load.py: a 28-token prompt
+beside 16 decodes takes a step of about 31 ms against 24 on a 2-CPU host); threshold 0 paces every
+prompt, for an operator who prefers steady inter-token latency to early first tokens. Without running decodes nothing is paced.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-LONG_PREFILL_TOKENS = 256  # a prefill with more new tokens than this is long, and paced
+from data_plane.config import LONG_PREFILL_TOKENS  # the default of --long-prefill-token-threshold
+
+__all__ = ["LONG_PREFILL_TOKENS", "PrefillPacer"]
 MIN_LONG_CHUNK = 4  # a long prompt always progresses by at least this many tokens a step
 WINDOW = 32  # recent steps the prefill-token cost is the median of
 DECODE_WINDOW = 5  # recent decode-only steps t_decode is the median of (their cost drifts with context)

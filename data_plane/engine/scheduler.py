@@ -13,7 +13,8 @@ of its own that would stall them. Each step spends the budget in this order:
     2. the next chunk of every running sequence still in its prefill, oldest first
     3. waiting sequences (the admission passes below); the last one admitted may get a partial chunk
 
-While sequences decode, prompts longer than LONG_PREFILL_TOKENS share a part of the budget that
+While sequences decode, prompts longer than `long_prefill_tokens` (LONG_PREFILL_TOKENS unless
+--long-prefill-token-threshold says otherwise; 0: every prompt) share a part of the budget that
 the prefill pacer (prefill_pacer.py, `--decode-stall-limit`) sizes from measured step times, so that
 the decodes' steps stay within the stall limit; a long prompt then takes more, cheaper steps.
 
@@ -72,21 +73,22 @@ class _LongPrefillShare:
     pacer is asked once a step, and only when a long prompt is scheduled: it grows its share only over
     steps that use it."""
 
-    def __init__(self, pacer: PrefillPacer | None, num_decodes: int) -> None:
+    def __init__(self, pacer: PrefillPacer | None, num_decodes: int, long_tokens: int) -> None:
         self._pacer = pacer if num_decodes else None  # nothing to stall without decodes
         self._num_decodes = num_decodes
+        self._long_tokens = long_tokens  # a prompt of more tokens than this is long
         self._left: int | None = None
 
     def cap(self, seq: Sequence, num_new: int) -> int:
         """How many of `num_new` tokens of `seq`'s prefill this step may compute."""
-        if self._pacer is None or len(seq) <= LONG_PREFILL_TOKENS:
+        if self._pacer is None or len(seq) <= self._long_tokens:
             return num_new
         if self._left is None:
             self._left = self._pacer.long_prefill_budget(self._num_decodes)
         return min(num_new, self._left)
 
     def spend(self, seq: Sequence, num_new: int) -> None:
-        if self._left is not None and len(seq) > LONG_PREFILL_TOKENS:
+        if self._left is not None and len(seq) > self._long_tokens:
             self._left -= num_new
 
 
@@ -145,6 +147,7 @@ class Scheduler:
         max_slot_wait_steps: int = MAX_SLOT_WAIT_STEPS,
         enable_chunked_prefill: bool = False,
         prefill_pacer: PrefillPacer | None = None,
+        long_prefill_tokens: int = LONG_PREFILL_TOKENS,
     ) -> None:
         self.block_manager = block_manager
         self.lora_slots = lora_slots
@@ -153,6 +156,7 @@ class Scheduler:
         self.max_slot_wait_steps = max_slot_wait_steps
         self.enable_chunked_prefill = enable_chunked_prefill
         self.prefill_pacer = prefill_pacer if enable_chunked_prefill else None
+        self.long_prefill_tokens = long_prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -169,7 +173,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._schedule_decodes(out)
-        long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes))
+        long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes), self.long_prefill_tokens)
         token_budget = self._continue_prefills(out, self.max_num_batched_tokens - len(out.decodes), long_share)
         self._admit_waiting(out, token_budget, long_share)
         return out

@@ -215,6 +215,10 @@ def test_chunked_prefill_flags(tmp_path: Path):
     assert default.decode_stall_limit == 1.25 and config("--decode-stall-limit", "0").decode_stall_limit == 0
     with pytest.raises(ConfigError, match="--decode-stall-limit"):
         config("--decode-stall-limit", "0.5")
+    assert default.long_prefill_token_threshold == LONG_PREFILL_TOKENS
+    assert config("--long-prefill-token-threshold", "0").long_prefill_token_threshold == 0
+    with pytest.raises(ConfigError, match="--long-prefill-token-threshold"):
+        config("--long-prefill-token-threshold", "-1")
 
 
 def _decoding(scheduler: Scheduler, count: int) -> list[Sequence]:
@@ -250,13 +254,47 @@ def test_long_prompts_beside_decodes_get_the_pacers_share_and_short_ones_run_who
     assert [p.num_new_tokens for p in idle.schedule().prefills] == [128]
 
 
-def test_a_paced_long_prompt_beside_decodes_gives_transformers_tokens(engine_checkpoints):
+def test_threshold_zero_paces_every_prompt_beside_decodes():
+    """--long-prefill-token-threshold 0: a short prompt beside running decodes gets the pacer's share too
+    (a few tokens a step, growing), instead of running whole in one long step; with the default it runs
+    whole. Without decodes it still runs whole."""
+    def scheduler(threshold: int, pacer: PrefillPacer) -> Scheduler:
+        return Scheduler(BlockManager(512, block_size=4), max_num_seqs=8, max_num_batched_tokens=1024,
+                         enable_chunked_prefill=True, prefill_pacer=pacer, long_prefill_tokens=threshold)
+
+    def measured() -> PrefillPacer:
+        pacer = PrefillPacer(1.25)
+        for _ in range(4):
+            pacer.observe(3, 0, 0.010)
+        return pacer
+
+    for threshold, whole in ((0, False), (LONG_PREFILL_TOKENS, True)):
+        pacer = measured()
+        paced = scheduler(threshold, pacer)
+        _decoding(paced, 3)
+        short = _seq(10, 30)
+        paced.add(short)
+        (prefill,) = paced.schedule().prefills
+        if whole:
+            assert prefill.num_new_tokens == 30
+        else:
+            assert prefill.num_new_tokens == pacer.long_prefill_budget(3) < 30
+    idle = scheduler(0, measured())
+    idle.add(_seq(12, 30))
+    assert [p.num_new_tokens for p in idle.schedule().prefills] == [30]
+
+
+@pytest.mark.parametrize("threshold", [LONG_PREFILL_TOKENS, 0])
+def test_a_paced_long_prompt_beside_decodes_gives_transformers_tokens(engine_checkpoints, threshold):
+    """The defaults (budget 2048, stall limit 1.25), and threshold 0, which paces the short prompts too."""
     path = engine_checkpoints["qwen2"]
     prompts = _prompts([20, 24, LONG_PREFILL_TOKENS + 60, 16], seed=26)
     expected = hf_greedy(load_hf(path), prompts, 16)
-    engine = make_engine(path, max_num_seqs=8)  # the defaults: budget 2048, stall limit 1.25
+    engine = make_engine(path, max_num_seqs=8, long_prefill_token_threshold=threshold)
     records = record_steps(engine)
     assert run(engine, prompts, greedy(16), arrive_every=3) == expected
+    if threshold == 0:  # the short prompts that arrived beside decodes were cut too
+        assert any(left > new for r in records if r.num_decodes for new, left in r.chunks if left < LONG_PREFILL_TOKENS)
     beside = [new for r in records if r.num_decodes for new, left in r.chunks if left > LONG_PREFILL_TOKENS]
     # the long prompt was cut into chunks beside the decodes, the first no more than twice the smallest
     assert beside and beside[0] <= 2 * MIN_LONG_CHUNK
