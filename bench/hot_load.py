@@ -268,7 +268,9 @@ def main() -> int:
     servers: dict[str, Server] = {}
     try:
         for name, (reader, threshold) in kinds.items():
-            extra = ("--lora-roots", str(root), "--long-prefill-token-threshold", str(threshold))
+            extra = ("--lora-roots", str(root))
+            if thresholds != [LONG_PREFILL_TOKENS]:  # (the default: no flag, so an engine from before it serves too)
+                extra += ("--long-prefill-token-threshold", str(threshold))
             extra += () if reader == "process" else ("--no-adapter-reader-process",)
             servers[name] = Server(model, resident, args.torch_threads, "core", root / f"engine-{name}.log", args,
                                    extra=extra)

@@ -25,7 +25,8 @@ flag) are paced: a chat turn's prompt is admitted whole as before (pacing it wou
 request's time to first token), and the stall the issue is about comes from the long ones. On a slow
 CPU even a short prompt beside running decodes costs a long step (bench/hot_load.py: a 28-token prompt
 beside 16 decodes takes a step of about 31 ms against 24 on a 2-CPU host); threshold 0 paces every
-prompt, for an operator who prefers steady inter-token latency to early first tokens. Without running decodes nothing is paced.
+prompt, for an operator who prefers steady inter-token latency to early first tokens. Without running
+decodes nothing is paced.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections import deque
 from data_plane.config import LONG_PREFILL_TOKENS  # the default of --long-prefill-token-threshold
 
 __all__ = ["LONG_PREFILL_TOKENS", "PrefillPacer"]
+
 MIN_LONG_CHUNK = 4  # a long prompt always progresses by at least this many tokens a step
 WINDOW = 32  # recent steps the prefill-token cost is the median of
 DECODE_WINDOW = 5  # recent decode-only steps t_decode is the median of (their cost drifts with context)
