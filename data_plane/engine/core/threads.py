@@ -9,12 +9,12 @@ commit that set these defaults):
   several engines on one host, the workers of a core between steps (or idle) spun on CPUs that the
   other engines needed: bench/fleet.py as it ran then (six engine cores of 2 threads each, the control
   plane, the router and the client on 2 CPUs) served 893-900 tok/s through the router and 699-709
-  round-robin at 3,000, against 245-259 and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s against 10-15 s). One engine alone
-  (bench/serving.py, 32 clients, 2 threads, 5 alternated pairs) measured no difference: HTTP ÷ in
-  process 0.97 and 0.90 (non-streaming, streaming) at 3,000 against 0.95 and 0.92. PASSIVE (sleep at
-  once) made every step pay futex wake-ups: 0.76x against 0.97x. ACTIVE (spin forever) keeps an idle
-  engine burning every core it has. An operator who sets OMP_WAIT_POLICY or GOMP_SPINCOUNT gets
-  exactly that.
+  round-robin at 3,000, against 245-259 and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s
+  against 10-15 s). One engine alone (bench/serving.py, 32 clients, 2 threads, 5 alternated pairs)
+  measured no difference: HTTP ÷ in process 0.97 and 0.90 (non-streaming, streaming) at 3,000 against
+  0.95 and 0.92. PASSIVE (sleep at once) made every step pay futex wake-ups: 0.76x against 0.97x.
+  ACTIVE (spin forever) keeps an idle engine burning every core it has. An operator who sets
+  OMP_WAIT_POLICY or GOMP_SPINCOUNT gets exactly that.
 - torch threads: `num_threads` when given; else one per CPU below 4 CPUs (on 2 CPUs, 2 unbound
   threads served 1391 tok/s over HTTP against 994 for 1 thread bound beside the API), and one per
   CPU but one for the API process from 4 CPUs up (as vLLM reserves cores for its API server).
