@@ -5,7 +5,8 @@ or the path it was trained against), rarely as an engine's --served-model-name. 
 registers every name its base model goes by: the checkpoint's `_name_or_path` (config.json), the
 model folder it loaded, and the sha256 of config.json's bytes (two copies of one checkpoint match
 wherever they lie). With them it registers what it can hold: the device it runs on, the LoRA rank
-its slots are padded to and its host cache's slots (its device slots are `slots_total`).
+its slots are padded to, its host cache's slots (its device slots are `slots_total`) and its context
+length (routers reserve a tenant's tokens by it when a request sets no max_tokens).
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ class ServedModel:
     device_kind: str | None
     max_lora_rank: int | None  # None with LoRA off
     max_cpu_loras: int | None
+    max_model_len: int | None  # None before the config is finalized (the model loaded)
 
 
 def served_model(config: EngineConfig, device_kind: str | None) -> ServedModel:
-    """Read off the model folder's config.json (EngineConfig checked that it is there)."""
+    """Read off the model folder's config.json (EngineConfig checked that it is there) and the config."""
     raw = Path(config.model, "config.json").read_bytes()
     try:
         name = json.loads(raw).get("_name_or_path")
@@ -47,4 +49,5 @@ def served_model(config: EngineConfig, device_kind: str | None) -> ServedModel:
         device_kind=device_kind,
         max_lora_rank=config.max_lora_rank if lora else None,
         max_cpu_loras=config.max_cpu_loras if lora else None,
+        max_model_len=config.max_model_len,
     )

@@ -28,6 +28,8 @@ Slots = Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
 ByteCount = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 Sha256 = Annotated[str, msgspec.Meta(max_length=64)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
+# A context length in tokens, stored in a 32-bit column.
+ContextLength = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 # A reason for an unhealthy engine: short, shown in listings and logs.
 Reason = Annotated[str, msgspec.Meta(max_length=512)]
 
@@ -136,7 +138,8 @@ class EngineRegistration(msgspec.Struct, kw_only=True):
     What the engine serves besides its served name (`base_model`), so that an adapter naming its base
     model by hub id, path or config digest finds it: the checkpoint's `_name_or_path` (config.json), the
     model folder, the sha256 of config.json; and what it can hold: device slots (`slots_total`, its
-    --max-loras), the rank slots are padded to, the host cache's slots (--max-cpu-loras)."""
+    --max-loras), the rank slots are padded to, the host cache's slots (--max-cpu-loras), its context
+    length (`max_model_len`: routers reserve a tenant's tokens by it when a request sets no max_tokens)."""
 
     name: Name
     url: Annotated[str, msgspec.Meta(pattern=r"^[hH][tT][tT][pP][sS]?://\S+$", max_length=1024)]
@@ -148,6 +151,7 @@ class EngineRegistration(msgspec.Struct, kw_only=True):
     device_kind: Annotated[str, msgspec.Meta(pattern="^[a-z][a-z0-9_]{0,31}$")] | None = None  # cpu | cuda | npu
     max_lora_rank: Slots | None = None
     max_cpu_loras: Slots | None = None
+    max_model_len: ContextLength | None = None
 
 
 class EngineHeartbeat(msgspec.Struct, kw_only=True):

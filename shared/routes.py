@@ -11,6 +11,10 @@ from the control plane and asks it for placements.
   call however many requests wait). The control plane feeds the figures to demand scaling and places
   the named adapters; the answer carries their routes (holders may still be `loading`).
 
+`max_model_len` of a route is the context length of the engines serving its base model (the smallest
+when they differ; None when none reported it): the router reserves a tenant's tokens by it when a
+request sets no max_tokens.
+
 Ranking (router): residency `device` > `host` > `loading` (placed, not yet served); among equals, the
 fewest outstanding requests (power of two choices). `base` models are the engines' served names: every
 healthy engine of that base model holds them on device.
@@ -59,6 +63,7 @@ class ModelRoute(msgspec.Struct, kw_only=True):
     kind: Literal["base", "adapter"]
     base_model: str  # an adapter's base model as engines serve it; a base model's own name
     holders: list[Holder]
+    max_model_len: int | None = None  # the context length of its base model's engines (the smallest)
 
 
 class RoutesTable(msgspec.Struct, kw_only=True):

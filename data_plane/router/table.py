@@ -7,6 +7,9 @@ last table (the router goes on routing by it, and /health says degraded once it 
 
 Placements the router asked for (DemandAnswer.placed) are merged into the table at once (`merge`), so
 requests waiting for them are routed before the next revalidation brings the same routes.
+
+`context_length(model)` is the context length a model's requests run in (the routes' `max_model_len`):
+what a tenant's request without max_tokens reserves by (usage.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class RoutingTable:
         self.etag: str | None = None  # the ETag header as received: sent back verbatim in If-None-Match
         self.engines: dict[str, RouteEngine] = {}
         self.models: dict[str, ModelRoute] = {}
+        self.largest_context: int | None = None  # the largest max_model_len of the table's routes
         self.validated_at: float | None = None  # time.monotonic() of the last 200 or 304
         self.changes = 0  # tables received (200)
 
@@ -41,6 +45,7 @@ class RoutingTable:
     def replace(self, table: RoutesTable, etag: str | None) -> None:
         self.engines = {e.name: e for e in table.engines}
         self.models = {m.model: m for m in table.models}
+        self.largest_context = max((m.max_model_len for m in table.models if m.max_model_len), default=None)
         self.etag = etag or table.etag
         self.changes += 1
         self.touch()
@@ -59,6 +64,18 @@ class RoutingTable:
 
     def route(self, model: str) -> ModelRoute | None:
         return self.models.get(model)
+
+    def context_length(self, model: str) -> int | None:
+        """The route's max_model_len, else its base model's; for a model the table does not know (or
+        whose engines did not say), the largest the table knows; None when no engine said."""
+        route = self.models.get(model)
+        if route is not None:
+            if route.max_model_len:
+                return route.max_model_len
+            base = self.models.get(route.base_model)
+            if base is not None and base.max_model_len:
+                return base.max_model_len
+        return self.largest_context
 
     def engine(self, name: str) -> RouteEngine | None:
         return self.engines.get(name)

@@ -68,7 +68,8 @@ def test_the_registration_names_every_name_the_base_model_goes_by(demo_model_dir
     served = served_model(config, "cpu")
     assert served == ServedModel(model_name_or_path="org/demo-base", model_path=str(model.resolve()),
                                  config_digest=hashlib.sha256(config_json.read_bytes()).hexdigest(),
-                                 device_kind="cpu", max_lora_rank=16, max_cpu_loras=5)
+                                 device_kind="cpu", max_lora_rank=16, max_cpu_loras=5,
+                                 max_model_len=config.max_model_len)
     # no _name_or_path, LoRA off: only what is known
     plain = served_model(engine_config(demo_model_dir), None)
     assert (plain.model_name_or_path, plain.max_lora_rank, plain.max_cpu_loras) == (None, None, None)
@@ -80,3 +81,4 @@ def test_the_registration_names_every_name_the_base_model_goes_by(demo_model_dir
     body = msgspec.json.decode(msgspec.json.encode(EngineRegistration(
         name="e1", url="http://127.0.0.1:2", base_model="demo", **dataclasses.asdict(served))), type=EngineRegistration)
     assert (body.model_path, body.config_digest, body.max_cpu_loras) == (str(model.resolve()), served.config_digest, 5)
+    assert body.max_model_len == config.max_model_len is not None  # the context length routers reserve by

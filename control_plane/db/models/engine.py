@@ -37,3 +37,5 @@ class Engine(IdentityAuditBase):
     max_lora_rank: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_cpu_loras: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # host-cache slots
     cache_bytes_free: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # --lora-cache-dir room
+    # its context length (routers reserve a tenant's tokens by it); NULL: the engine did not say
+    max_model_len: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -52,7 +52,8 @@ class EngineController(Controller):
     async def register(self, service: EngineService, principal: Principal, request: Request) -> schemas.Engine:
         """Register an engine (idempotent by name: a repeat updates everything it registers: url, served
         base model, the other names its base model goes by (`model_name_or_path`, `model_path`,
-        `config_digest`: an adapter's base model matches any of them), device and capacities); it is
+        `config_digest`: an adapter's base model matches any of them), device, capacities and context
+        length (`max_model_len`, which the routing table carries for routers' token reservations); it is
         healthy from now on for as long as it heartbeats. An admin token registers any name, an engine
         token only its own. The url must be `http(s)://host[:port]`: no userinfo, query, fragment or
         path, no link-local or cloud-metadata address, inside LORAPLANE_ENGINE_ALLOWED_NETWORKS when

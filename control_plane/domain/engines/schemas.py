@@ -29,6 +29,7 @@ class Engine(msgspec.Struct, kw_only=True):
     max_lora_rank: int  # 0: not reported
     max_cpu_loras: int  # host-cache slots; 0: not reported
     cache_bytes_free: int | None  # free room of its artifact cache; None: not reported
+    max_model_len: int | None  # its context length; None: not reported
     created_at: dt.datetime
     updated_at: dt.datetime
 

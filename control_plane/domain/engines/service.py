@@ -64,6 +64,7 @@ class EngineService:
             engine.device_kind = req.device_kind
             engine.max_lora_rank = req.max_lora_rank or 0
             engine.max_cpu_loras = req.max_cpu_loras or 0
+            engine.max_model_len = req.max_model_len
             engine.state = EngineState.HEALTHY.value
             engine.last_heartbeat = now()
             await session.flush()  # a concurrent first registration of the name fails here; Mutation retries
@@ -149,6 +150,7 @@ class EngineService:
                               model_name_or_path=e.model_name_or_path, model_path=e.model_path,
                               config_digest=e.config_digest, device_kind=e.device_kind, max_lora_rank=e.max_lora_rank,
                               max_cpu_loras=e.max_cpu_loras, cache_bytes_free=e.cache_bytes_free,
+                              max_model_len=e.max_model_len,
                               created_at=e.created_at, updated_at=e.updated_at)
 
 

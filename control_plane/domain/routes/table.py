@@ -14,6 +14,8 @@ placements of those active versions on those engines. Nothing is read per adapte
   last reported (`device` when not known yet), `loading`/`absent` → `loading` (placed, on its way),
   `failed`/`draining` → not a holder. An adapter's `base_model` is the served name of the engines that
   hold it (or serve its base model: domain/engines/matching.py), else the name it was registered with.
+- every route's `max_model_len`: the smallest context length the healthy engines of its base model
+  registered (None when none did), what routers reserve a tenant's tokens by.
 
 Everything is ordered (engines and holders by name, base routes then adapters by name), so equal
 registries encode to equal bytes and the ETag (service.py) changes only when the table does.
@@ -55,7 +57,8 @@ async def build_routes(session: AsyncSession, engines: list[Engine],
     """Base routes of `engines` (all of them unless `adapter_names` is given), then the adapter routes of
     every adapter with an active version (or only of those named)."""
     by_id = {e.id: e for e in engines}
-    routes: list[ModelRoute] = [] if adapter_names is not None else _base_routes(engines)
+    contexts = _context_lengths(engines)
+    routes: list[ModelRoute] = [] if adapter_names is not None else _base_routes(engines, contexts)
     stmt = (select(Adapter.name, Adapter.base_model, Adapter.active_version_id)
             .where(servable()).order_by(Adapter.name))
     if adapter_names is not None:
@@ -73,7 +76,8 @@ async def build_routes(session: AsyncSession, engines: list[Engine],
                 served[base_model] = next((e.base_model for e in engines if engine_serves(e, base_model)), base_model)
             base = served[base_model]
         routes.append(ModelRoute(model=name, kind="adapter", base_model=base,
-                                 holders=[Holder(engine=by_id[e].name, residency=r) for e, r in held]))
+                                 holders=[Holder(engine=by_id[e].name, residency=r) for e, r in held],
+                                 max_model_len=contexts.get(base)))
     return routes
 
 
@@ -81,12 +85,22 @@ def route_engines(engines: list[Engine]) -> list[RouteEngine]:
     return [RouteEngine(name=e.name, url=safe_url(e.url), base_model=e.base_model) for e in engines]
 
 
-def _base_routes(engines: list[Engine]) -> list[ModelRoute]:
+def _context_lengths(engines: list[Engine]) -> dict[str, int]:
+    """Served base model -> the smallest context length its engines registered (those that did)."""
+    contexts: dict[str, int] = {}
+    for e in engines:
+        if e.max_model_len:
+            contexts[e.base_model] = min(e.max_model_len, contexts.get(e.base_model, e.max_model_len))
+    return contexts
+
+
+def _base_routes(engines: list[Engine], contexts: dict[str, int]) -> list[ModelRoute]:
     by_base: dict[str, list[Engine]] = defaultdict(list)
     for e in engines:
         by_base[e.base_model].append(e)
     return [ModelRoute(model=base, kind="base", base_model=base,
-                       holders=[Holder(engine=e.name, residency="device") for e in held])
+                       holders=[Holder(engine=e.name, residency="device") for e in held],
+                       max_model_len=contexts.get(base))
             for base, held in sorted(by_base.items())]
 
 

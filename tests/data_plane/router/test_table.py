@@ -1,5 +1,6 @@
 """The routing table from a real HTTP server: revalidated with If-None-Match (304s counted), replaced when
-it changes, kept while the control plane is down (/health degraded), and the router token sent."""
+it changes, kept while the control plane is down (/health degraded), and the router token sent; the
+context length of each model read off it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import contextlib
 
 import httpx
 
-from shared.routes import RouteEngine
+from shared.routes import ModelRoute, RouteEngine
 from tests.data_plane.api.conftest import scrape_metric
-from tests.data_plane.router.support import RoutesServer, base_route, serve_router, serve_routes, wait_until
+from tests.data_plane.router.support import (
+    RoutesServer,
+    adapter_route,
+    base_route,
+    serve_router,
+    serve_routes,
+    wait_until,
+)
 
 E1 = RouteEngine(name="e1", url="http://127.0.0.1:9", base_model="demo")
 E2 = RouteEngine(name="e2", url="http://127.0.0.1:10", base_model="demo")
@@ -47,3 +55,19 @@ def test_no_table_yet_is_503_on_health() -> None:
         r = httpx.get(router.url + "/health")
         assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
         assert scrape_metric(router.url, "loraplane_router_routing_table_age_seconds") == -1
+
+
+def test_each_model_runs_in_its_base_models_context_length() -> None:
+    demo = ModelRoute(model="demo", kind="base", base_model="demo", holders=[], max_model_len=512)
+    long = ModelRoute(model="long", kind="base", base_model="long", holders=[], max_model_len=4096)
+    routes = RoutesServer(engines=[E1], models=[demo, long, adapter_route("a", "demo", e1="device"),
+                                                 base_route("silent", "e1")])
+    with serve_routes(routes), serve_router(routes.url) as router:
+        table = router.service.table
+        assert table.context_length("demo") == 512
+        assert table.context_length("a") == 512  # an adapter route without one: its base model's
+        # a model the table does not know, or whose engines did not say: the largest the table knows
+        assert table.context_length("silent") == table.context_length("unknown") == 4096
+        routes.set([E1], [base_route("silent", "e1")])
+        wait_until(lambda: "demo" not in table.models, "the new table")
+        assert table.context_length("silent") is None  # no engine said

@@ -1,5 +1,6 @@
 """The routing table built from registry rows (SQLite and PostgreSQL): which engines are listed, which
-placements make holders and with what residency, which adapters are listed at all; the fingerprint
+placements make holders and with what residency, which adapters are listed at all, the context length
+of each route (its base model's engines' smallest); the fingerprint
 under which the encoded table is kept, and the ETag it carries."""
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ async def adapter(s: AsyncSession, name: str, base: str, versions: int = 1, acti
 async def test_the_table_lists_healthy_engines_and_the_holders_of_active_versions(session: AsyncSession) -> None:
     s = session
     engines = {e.name: e for e in (
-        engine("e1"), engine("e2", model_path="/m/demo"), engine("sick", state="unhealthy"),
+        # the demo engines disagree on their context length: the smaller one is the routes'; e6 did not say
+        engine("e1", max_model_len=2048), engine("e2", model_path="/m/demo", max_model_len=1024),
+        engine("sick", state="unhealthy", max_model_len=512),
         engine("leaving", state="draining"), engine("silent", beat_age_s=2 * STALE_AFTER_S), engine("e6", base="other"))}
     s.add_all(engines.values())
     await s.flush()
@@ -89,20 +92,22 @@ async def test_the_table_lists_healthy_engines_and_the_holders_of_active_version
     assert [e.name for e in route_engines(healthy)] == ["e1", "e2", "e6"]
     routes = await build_routes(s, healthy)
     assert routes == [
-        ModelRoute(model="demo", kind="base", base_model="demo",
+        ModelRoute(model="demo", kind="base", base_model="demo", max_model_len=1024,
                    holders=[Holder(engine="e1", residency="device"), Holder(engine="e2", residency="device")]),
         ModelRoute(model="other", kind="base", base_model="other", holders=[Holder(engine="e6", residency="device")]),
-        ModelRoute(model="a-loaded", kind="adapter", base_model="demo",
+        ModelRoute(model="a-loaded", kind="adapter", base_model="demo", max_model_len=1024,
                    holders=[Holder(engine="e1", residency="device"), Holder(engine="e2", residency="host")]),
-        ModelRoute(model="b-mixed", kind="adapter", base_model="demo", holders=[Holder(engine="e1", residency="loading")]),
-        ModelRoute(model="c-never-placed", kind="adapter", base_model="demo", holders=[]),
-        ModelRoute(model="f-absent-observed", kind="adapter", base_model="demo",
+        ModelRoute(model="b-mixed", kind="adapter", base_model="demo", max_model_len=1024,
+                   holders=[Holder(engine="e1", residency="loading")]),
+        ModelRoute(model="c-never-placed", kind="adapter", base_model="demo", max_model_len=1024, holders=[]),
+        ModelRoute(model="f-absent-observed", kind="adapter", base_model="demo", max_model_len=1024,
                    holders=[Holder(engine="e2", residency="loading")]),
         ModelRoute(model="g-unserved", kind="adapter", base_model="mistral", holders=[]),
-        ModelRoute(model="h-all-replaced", kind="adapter", base_model="demo", holders=[]),
+        ModelRoute(model="h-all-replaced", kind="adapter", base_model="demo", max_model_len=1024, holders=[]),
     ]
     # the routes of some adapters only (a demand answer): no base routes
-    assert [r.model for r in await build_routes(s, healthy, ["b-mixed", "d-unloaded", "nope"])] == ["b-mixed"]
+    assert [(r.model, r.max_model_len) for r in await build_routes(s, healthy, ["b-mixed", "d-unloaded", "nope"])
+            ] == [("b-mixed", 1024)]
     assert await build_routes(s, [], ["a-loaded"]) == [
         ModelRoute(model="a-loaded", kind="adapter", base_model="demo", holders=[])]
 
@@ -133,6 +138,8 @@ async def test_the_fingerprint_follows_every_row_the_table_depends_on(session: A
     await changes(update(Placement).values(desired="pinned"))
     await changes(update(Adapter).values(active_version_id=v2))
     await changes(update(Engine).where(Engine.name == "e2").values(url="http://127.0.0.1:10"),
+                  await healthy_engines(s, STALE_AFTER_S))
+    await changes(update(Engine).where(Engine.name == "e2").values(max_model_len=512),
                   await healthy_engines(s, STALE_AFTER_S))
     await changes(None, engines[:1])  # an engine left the healthy set
     await changes(delete(Placement))
