@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 
-from data_plane.router.config import RouterConfig, RouterConfigError, secrets_from_env
+from data_plane.router.config import MAX_REQUEST_TOKENS_ENV, RouterConfig, RouterConfigError, secrets_from_env
 from shared.listen import listening_socket
 from shared.logging_setup import add_log_format_argument, configure_logging
 
@@ -44,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--read-timeout-s", type=float, default=d["read_timeout_s"].default,
                    help="longest wait for an engine's next bytes")
     p.add_argument("--max-request-body-bytes", type=int, default=d["max_request_body_bytes"].default)
+    p.add_argument("--max-request-tokens", type=int,
+                   default=os.environ.get(MAX_REQUEST_TOKENS_ENV, d["max_request_tokens"].default),
+                   help="the most tokens one request may reserve (its prompts, plus max_tokens for each sample "
+                   "of each prompt, or the context left without max_tokens); larger ones are answered 400 "
+                   f"(default: ${MAX_REQUEST_TOKENS_ENV}, else no ceiling)")
     p.add_argument("--require-api-key", action="store_true",
                    help="every client sends a key: a static one (LORAPLANE_API_KEYS) or a tenant key, whose "
                    "adapters and quotas the control plane keeps (quotas counted in Redis: LORAPLANE_REDIS_URL)")
@@ -78,7 +84,8 @@ def main(argv: list[str]) -> int:
             refresh_interval_s=args.refresh_interval_s, demand_interval_s=args.demand_interval_s,
             stale_after_s=args.stale_after_s, max_attempts=args.max_attempts,
             connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
-            max_request_body_bytes=args.max_request_body_bytes, log_level=args.log_level,
+            max_request_body_bytes=args.max_request_body_bytes, max_request_tokens=args.max_request_tokens,
+            log_level=args.log_level,
             log_format=args.log_format, name=args.router_name, advertise_url=args.advertise_url,
             require_api_key=args.require_api_key, redis_prefix=args.redis_prefix,
             quota_failure=args.quota_failure, key_cache_ttl_s=args.key_cache_ttl_s,

@@ -17,6 +17,7 @@ ROUTER_TOKEN_ENV = "LORAPLANE_ROUTER_TOKEN"  # router → control plane (its LOR
 ENGINE_API_KEY_ENV = "LORAPLANE_ENGINE_API_KEY"  # router → engines (their --api-key)
 API_KEYS_ENV = "LORAPLANE_API_KEYS"  # clients → router: static keys, comma-separated
 REDIS_URL_ENV = "LORAPLANE_REDIS_URL"  # quota counters and revocations (may hold a password)
+MAX_REQUEST_TOKENS_ENV = "LORAPLANE_MAX_REQUEST_TOKENS"  # --max-request-tokens' default
 
 
 class RouterConfigError(ValueError):
@@ -43,6 +44,9 @@ class RouterConfig:
     control_plane_timeout_s: float = 5.0  # a routes revalidation, a demand report
     placement_timeout_s: float = 120.0  # a placement: the control plane pushes the adapter before answering
     max_request_body_bytes: int = 8 * 1024 * 1024  # larger bodies are answered 413 (the engine's default)
+    # a request whose token reservation (usage.py: every sample of every prompt) is larger is answered 400;
+    # None: no ceiling
+    max_request_tokens: int | None = None
     max_connections: int = 1024  # to all engines together (httpx pool)
     prefix_chars: int = 256  # base-model prompts with equal first bytes go to the same engine
     prefix_cache_size: int = 16384  # prompt prefixes remembered (least recently used forgotten)
@@ -91,6 +95,8 @@ class RouterConfig:
             raise RouterConfigError(f"--quota-failure must be closed or open, got {self.quota_failure!r}")
         if not (self.key_cache_ttl_s > 0 and self.concurrency_lease_s > 0):
             raise RouterConfigError("key_cache_ttl_s and concurrency_lease_s must be positive")
+        if self.max_request_tokens is not None and self.max_request_tokens < 1:
+            raise RouterConfigError(f"--max-request-tokens must be at least 1, got {self.max_request_tokens}")
         if self.affinity_slack < 0:
             raise RouterConfigError(f"affinity_slack must not be negative, got {self.affinity_slack}")
 

@@ -6,10 +6,11 @@ so a minute's quota may be spent at once and then returns evenly); concurrent re
 sorted set (score: when the lease lapses, so a router that died holding some frees them after
 `lease_s`). A tenant's buckets are shared by all its keys; a key's own limits apply on top.
 
-    admit:  every bucket refilled to now; refused (429) unless each holds its cost (1 request; the token
-            reservation, at most the limit, so a request larger than the quota still passes a full
-            bucket) and each set has room; otherwise every bucket pays and every set gets the lease,
-            all in one Lua script (atomic: two routers can never both spend the last unit)
+    admit:  a token reservation larger than a tokens-per-minute limit can never fit: 429 at once, Redis
+            untouched. Otherwise every bucket refilled to now; refused (429) unless each holds its cost
+            (1 request; the token reservation) and each set has room; otherwise every bucket pays and
+            every set gets the lease, all in one Lua script (atomic: two routers can never both spend
+            the last unit)
     charge: while a stream runs, its token buckets pay the difference between what the engine's
             usage says so far (exact prompt tokens, completion tokens as generated) and what the
             request has paid (tenancy.py batches these: one call per ~100 ms or 128 tokens at most);
@@ -17,8 +18,10 @@ sorted set (score: when the lease lapses, so a router that died holding some fre
     settle: the token buckets pay the difference to what the engine says was used in the end (the
             reservation comes back when less was used); the leases go
 
-Each bucket also counts `charged`: every unit it was charged since it was created (it goes, like the
-bucket, after two idle minutes), what operators (and tests) read to see what a tenant was billed.
+A bucket untouched for two minutes goes (it is full again by then), unless it is in debt: it lives until
+it has refilled to full, so a debt is never forgotten before it is paid back. Each bucket also counts
+`charged`: every unit it was charged since it was created (it goes with the bucket), what operators (and
+tests) read to see what a tenant was billed.
 
 Time is Redis's (TIME), so replicas' clocks do not matter. Redis unreachable: `failure` "closed"
 answers 503, "open" admits uncounted; after a failure Redis is left alone for RETRY_S, and a ping every
@@ -44,9 +47,10 @@ from shared.tenants import Limits
 logger = logging.getLogger(__name__)
 RETRY_S = 1.0
 PING_S = 2.0
-_BUCKET_TTL_MS = 120_000  # a bucket untouched this long is full again anyway
+_BUCKET_TTL_MS = 120_000  # a bucket untouched this long is full again anyway (a bucket in debt lives longer)
 
-# both scripts: Redis's clock in ms, a bucket's level refilled to now, and writing it back
+# both scripts: Redis's clock in ms, a bucket's level refilled to now, and writing it back (kept at least
+# until it has refilled to full: a bucket that goes comes back full)
 _BUCKETS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -56,10 +60,10 @@ local function level_of(key, limit)
   local at = tonumber(state[2]) or now
   return math.min(limit, level + (now - at) * limit / 60000)
 end
-local function store(key, level, charged)
+local function store(key, limit, level, charged)
   redis.call('HSET', key, 'level', tostring(level), 'at', now)
   redis.call('HINCRBY', key, 'charged', charged)
-  redis.call('PEXPIRE', key, BUCKET_TTL_MS)
+  redis.call('PEXPIRE', key, math.max(BUCKET_TTL_MS, math.ceil((limit - level) * 60000 / limit)))
 end
 """.replace("BUCKET_TTL_MS", str(_BUCKET_TTL_MS))
 
@@ -70,9 +74,8 @@ for i = 1, n do
   local limit, cost = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
   local level = level_of(KEYS[i], limit)
   levels[i] = level
-  local need = math.min(cost, limit)
-  if refused == 0 and level < need then
-    refused, wait = i, math.ceil((need - level) * 60000 / limit)
+  if refused == 0 and level < cost then
+    refused, wait = i, math.ceil((cost - level) * 60000 / limit)
   end
 end
 if refused == 0 then
@@ -87,7 +90,7 @@ if refused == 0 then
   for i = 1, n do
     local cost = tonumber(ARGV[4 + 2 * i])
     levels[i] = levels[i] - cost
-    store(KEYS[i], levels[i], cost)
+    store(KEYS[i], tonumber(ARGV[3 + 2 * i]), levels[i], cost)
   end
   for j = 1, m do
     redis.call('ZADD', KEYS[n + j], now + lease_ms, lease)
@@ -103,7 +106,7 @@ _SETTLE = _BUCKETS + """
 local n, m, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 for i = 1, n do
   local limit, delta = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-  store(KEYS[i], math.min(limit, level_of(KEYS[i], limit) - delta), delta)
+  store(KEYS[i], limit, math.min(limit, level_of(KEYS[i], limit) - delta), delta)
 end
 for j = 1, m do redis.call('ZREM', KEYS[n + j], lease) end
 return 1
@@ -111,11 +114,13 @@ return 1
 
 
 class RateLimited(LoraplaneError):
-    """429 in OpenAI's shape: `type` says which limit (requests, tokens), `code` rate_limit_exceeded."""
+    """429 in OpenAI's shape: `type` says which limit (requests, tokens), `code` rate_limit_exceeded;
+    `retry_after_s` None for a request that can never fit (no retry helps)."""
 
     status_code = 429
 
-    def __init__(self, message: str, *, kind: str, retry_after_s: float, headers: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, message: str, *, kind: str, retry_after_s: float | None,
+                 headers: list[tuple[bytes, bytes]]) -> None:
         super().__init__(message, code="rate_limit_exceeded")
         self.error_type = kind
         self.retry_after_s = retry_after_s
@@ -148,6 +153,16 @@ class Admission:
     @property
     def counted(self) -> bool:
         return bool(self.tokens or self.sets)
+
+
+def _refuse_too_large(tokens: list[Bucket], reserved: int) -> None:
+    """429 for a reservation that no tokens-per-minute bucket of the request could ever hold, even full."""
+    small = [b for b in tokens if reserved > b.limit]
+    if small:
+        b = min(small, key=lambda b: b.limit)
+        raise RateLimited(f"Request too large for {b.who} on tokens per min (TPM): Limit {b.limit}, Requested "
+                          f"{reserved}. It can never fit: lower max_tokens (max_completion_tokens), n or the "
+                          "number of prompts, or shorten the prompt.", kind="tokens", retry_after_s=None, headers=[])
 
 
 def _reset(limit: int, remaining: int) -> bytes:
@@ -206,6 +221,7 @@ class QuotaStore:
         requests, tokens, sets = self.plan(tenant, key_id, tenant_limits, key_limits)
         if not (requests or tokens or sets):
             return Admission(tenant)  # no quota: nothing to count
+        _refuse_too_large(tokens, reserved)
         if self._admit is None or time.monotonic() < self._down_until:
             return self._unavailable(tenant)
         buckets = requests + tokens

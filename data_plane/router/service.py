@@ -1,6 +1,7 @@
 """RouterService: one request's way through the router, and the parts it is made of.
 
     client key → body (at most max_request_body_bytes) → parse_head (model, stream, prompt prefix)
+         → [--max-request-tokens: the request's token reservation within it? (usage.py)]
          → [a tenant key: Tenancy.admit (may it use the model? within its quotas?)]
          → Placer.route_for (table, or a placement) → Balancer.order (residency, outstanding, the
          affinity) → Proxy.forward (retries, then the engine's answer relayed to the client)
@@ -42,7 +43,7 @@ from data_plane.router.request import adapter_key, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
 from data_plane.router.tenancy import Tenancy, Ticket
 from data_plane.router.tenant_metrics import TenantMetrics
-from data_plane.router.usage import UsageTap
+from data_plane.router.usage import UsageTap, check_ceiling, reservation
 from shared.disconnect import until_disconnect
 from shared.errors import LoraplaneError
 
@@ -100,11 +101,13 @@ class RouterService:
             model = head.model
             prefix = prefix_key(head, self.config.prefix_chars)
             if caller.tenant is None:  # an operator's static key, or an open router
+                if self.config.max_request_tokens is not None:
+                    check_ceiling(reservation(body, self.table.context_length(model)), self.config.max_request_tokens)
                 await until_disconnect(receive, self._route(scope["path"], body, head.model, prefix, send), _gone)
             else:
                 route = self.table.route(head.model)
                 ticket = await self.tenancy.admit(caller, head.model, route is not None and route.kind == "base",
-                                                  body, head.stream)
+                                                  body, head.stream, self.table.context_length(model))
                 await self._route_ticket(ticket, scope["path"], head.model, prefix, receive, send)
         except ClientDisconnected:
             return  # nobody reads an answer now; the engine's request (if any) was aborted and counted
@@ -185,12 +188,13 @@ class RouterService:
 
 
 async def _send_rate_limited(exc: RateLimited, send: Send) -> None:
-    """429 in OpenAI's shape with Retry-After and the x-ratelimit headers (answered here: the app's error
-    handlers know no headers)."""
+    """429 in OpenAI's shape with Retry-After (unless no retry can help) and the x-ratelimit headers
+    (answered here: the app's error handlers know no headers)."""
     body = msgspec.json.encode(exc.to_body())
+    retry = [] if exc.retry_after_s is None else [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())]
     await send({"type": "http.response.start", "status": 429, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"retry-after", str(max(1, round(exc.retry_after_s))).encode()), *exc.headers]})
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *retry,
+        *exc.headers]})
     await send({"type": "http.response.body", "body": body})
 
 

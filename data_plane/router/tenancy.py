@@ -1,8 +1,9 @@
 """Tenants at the router (--require-api-key): one object for the service to ask, per request,
 
     caller(authorization)            who it is (keys.py): an operator's static key, or a tenant key
-    admit(caller, model, is_base, body, stream) → Ticket
-                                     404 unless the key may use `model` (access.py); 429 past a quota,
+    admit(caller, model, is_base, body, stream, context) → Ticket
+                                     404 unless the key may use `model` (access.py); 400 past the
+                                     router's --max-request-tokens (usage.py); 429 past a quota,
                                      503 (or an uncounted admission) when Redis is down (quotas.py);
                                      the ticket holds the body to send (asking a stream for its usage),
                                      the x-ratelimit headers and the tap that reads the usage
@@ -14,8 +15,8 @@
 and what runs beside the requests: the access table's refresh, Redis pings, the revocation listener.
 
 A stream is metered while it runs (`StreamMeter`): each chunk's usage (usage.py) says how many tokens
-the request has used so far; what it owes beyond what it has paid (the reservation at admission: an
-estimated prompt plus max_tokens) is charged to the token buckets at most every CHARGE_EVERY_S, or at
+the request has used so far; what it owes beyond what it has paid (the reservation at admission: the
+prompts, estimated when text, plus what every sample may generate) is charged to the token buckets at most every CHARGE_EVERY_S, or at
 once past CHARGE_TOKENS, so that one long stream over its tenant's tokens-per-minute quota makes the
 tenant's next requests wait on every replica before it ends. The first charge also trues the prompt's
 estimate up (or down) to the engine's exact count. A running stream is never cut: like OpenAI's, the
@@ -39,7 +40,8 @@ from data_plane.router.errors import model_not_found
 from data_plane.router.keys import Caller, KeyVerifier, RevocationListener
 from data_plane.router.quotas import Admission, QuotaStore, QuotaUnavailable, RateLimited
 from data_plane.router.tenant_metrics import TenantMetrics
-from data_plane.router.usage import Usage, UsageTap, ask_for_usage, reservation
+from data_plane.router.usage import Usage, UsageTap, ask_for_usage, check_ceiling, reservation
+from shared.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 CHARGE_EVERY_S = 0.1  # a running stream's tokens reach Redis at most this often …
@@ -64,7 +66,7 @@ class StreamMeter:
     def __init__(self, tenancy: Tenancy, admission: Admission, generated: int) -> None:
         self.tenancy = tenancy
         self.admission = admission
-        self.generated = generated  # the reservation's max_tokens: paid already, used or not
+        self.generated = generated  # what the reservation let it generate: paid already, used or not
         self._last = time.monotonic()
         self._charging = False
 
@@ -89,6 +91,7 @@ class StreamMeter:
 class Tenancy:
     def __init__(self, config: RouterConfig, control_plane: httpx.AsyncClient, metrics: TenantMetrics) -> None:
         self.required = config.require_api_key
+        self.max_request_tokens = config.max_request_tokens
         self.metrics = metrics
         self.keys = KeyVerifier(control_plane, config.api_keys, required=config.require_api_key,
                                 ttl_s=config.key_cache_ttl_s)
@@ -117,13 +120,20 @@ class Tenancy:
     def may_use(self, caller: Caller, model: str, is_base: bool) -> bool:
         return caller.tenant is None or self.access.may_use(caller.tenant, model, is_base)
 
-    async def admit(self, caller: Caller, model: str, is_base: bool, body: bytes, stream: bool) -> Ticket:
+    async def admit(self, caller: Caller, model: str, is_base: bool, body: bytes, stream: bool,
+                    context: int | None) -> Ticket:
+        """`context`: the model's context length (the routing table's max_model_len), None when unknown."""
         assert caller.tenant is not None
         label = self.metrics.label(caller.tenant)
         if not self.may_use(caller, model, is_base):
             self.metrics.requests.labels(label, "not_found").inc()
             raise model_not_found(model)  # word for word an unknown model's 404: nothing leaks
-        reserved = reservation(body)
+        reserved = reservation(body, context)
+        try:
+            check_ceiling(reserved, self.max_request_tokens)
+        except InvalidRequestError:
+            self.metrics.requests.labels(label, "too_large").inc()
+            raise
         try:
             admission = await self.quotas.admit(caller.tenant, caller.key_id, caller.tenant_limits, caller.limits,
                                                 reserved.tokens)

@@ -14,7 +14,8 @@ class TenantMetrics:
         self._max = max_labels
         self._labels: set[str] = set()
         self.requests = Counter("loraplane_router_tenant_requests", "Requests of tenant keys by tenant and outcome "
-                                "(ok, error, abort: the client left, rate_limited, not_found, unavailable)", ["tenant", "outcome"],
+                                "(ok, error, abort: the client left, rate_limited, not_found, unavailable, too_large: past "
+                                "--max-request-tokens)", ["tenant", "outcome"],
                                 registry=registry)
         self.tokens = Counter("loraplane_router_tenant_tokens", "Tokens used by tenant keys, by tenant and kind "
                               "(prompt, completion), as the engines counted them", ["tenant", "kind"], registry=registry)

@@ -1,8 +1,11 @@
 """How many tokens a request uses, read from the engine's answer as it passes, and what to reserve first.
 
-Admission reserves `Reservation.tokens`: the prompt's bytes / 4 (a tokenizer-free estimate; the engine's
-exact count replaces it as soon as its usage arrives) plus `max_tokens` (or `max_completion_tokens`;
-16, OpenAI's completions default, when neither is given).
+Admission reserves `Reservation.tokens`, the most a request may use: for each prompt, its tokens (token
+ids counted; text estimated, its JSON bytes / 4 + 1, tokenizer-free: the engine's exact count replaces
+it as soon as its usage arrives) plus, for each of its samples (`n`, or `best_of` when larger), what
+it may generate: `max_tokens` (`max_completion_tokens` first for chat, as the engines read them), else
+the context left (the engines' max_model_len less the prompt) for chat and 16 (OpenAI's default) for
+completions. `check_ceiling` refuses a reservation past the router's --max-request-tokens (400).
 
 Non-streamed answers carry `usage` in their JSON. Streams of tenant keys are asked for vLLM's
 `stream_options: {"include_usage": true, "continuous_usage_stats": true}` (`ask_for_usage`): every
@@ -28,7 +31,9 @@ from typing import Any
 
 import msgspec
 
-DEFAULT_MAX_TOKENS = 16
+from shared.errors import InvalidRequestError
+
+DEFAULT_MAX_TOKENS = 16  # /v1/completions without max_tokens (OpenAI's default, the engines' too)
 _BYTES_PER_TOKEN = 4
 _KEY = b',"usage":'
 _NULL = b',"usage":null'
@@ -50,6 +55,8 @@ class _StreamOptions(msgspec.Struct):
 class _Sized(msgspec.Struct):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    n: int | None = None
+    best_of: int | None = None
     prompt: msgspec.Raw = msgspec.Raw(b"")
     messages: msgspec.Raw = msgspec.Raw(b"")
     stream_options: _StreamOptions | None = None
@@ -60,14 +67,15 @@ class _Answer(msgspec.Struct):
 
 
 _sized = msgspec.json.Decoder(_Sized)
+_items = msgspec.json.Decoder(list[msgspec.Raw])
 _answer = msgspec.json.Decoder(_Answer)
 _usage = msgspec.json.Decoder(Usage)
 
 
 @dataclass(frozen=True)
 class Reservation:
-    prompt: int  # estimated prompt tokens
-    generated: int  # max_tokens, or the default
+    prompt: int  # the prompts' tokens (counted or estimated)
+    generated: int  # the most it may generate: every sample of every prompt
     asked_usage: bool = False  # the client's stream_options.include_usage
     asked_continuous: bool = False  # … and continuous_usage_stats
 
@@ -76,17 +84,60 @@ class Reservation:
         return self.prompt + self.generated
 
 
-def reservation(body: bytes) -> Reservation:
-    """What to reserve at admission, and what usage the client itself asked its stream for."""
+def reservation(body: bytes, context: int | None) -> Reservation:
+    """What to reserve at admission (see the module docstring; `context`: the model's max_model_len, None
+    when unknown: 16 tokens a sample then), and what usage the client itself asked its stream for. A body
+    the engines would refuse (a field of the wrong type) reserves a token or so: they answer it 400."""
     try:
         sized = _sized.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return Reservation(1, DEFAULT_MAX_TOKENS)
-    generated = max(1, sized.max_tokens or sized.max_completion_tokens or DEFAULT_MAX_TOKENS)
-    prompt = (len(sized.messages) or len(sized.prompt)) // _BYTES_PER_TOKEN + 1
+    chat = len(sized.messages) > 0
+    prompts = [_estimate(len(sized.messages))] if chat else _prompts(bytes(sized.prompt))
+    samples = max(1, sized.n or 1, 1 if chat else sized.best_of or 1)
+    asked = sized.max_completion_tokens if chat and sized.max_completion_tokens is not None else sized.max_tokens
+    generated = 0
+    for tokens in prompts:
+        if asked is not None:
+            each = asked
+        elif chat and context:
+            each = context - tokens
+        else:
+            each = DEFAULT_MAX_TOKENS
+        generated += samples * max(1, each)
     options = sized.stream_options
-    asked = bool(options and options.include_usage)
-    return Reservation(prompt, generated, asked, asked and bool(options and options.continuous_usage_stats))
+    usage = bool(options and options.include_usage)
+    return Reservation(sum(prompts), generated, usage, usage and bool(options and options.continuous_usage_stats))
+
+
+def check_ceiling(reserved: Reservation, ceiling: int | None) -> None:
+    """400 for a request that may use more tokens than the router lets one request use (None: no ceiling)."""
+    if ceiling is not None and reserved.tokens > ceiling:
+        raise InvalidRequestError(
+            f"This request may use {reserved.tokens} tokens (its prompts, and max_tokens for each of its n "
+            f"samples of each prompt, or the context left without max_tokens), more than this router's "
+            f"ceiling of {ceiling} tokens per request (--max-request-tokens). Lower max_tokens "
+            "(max_completion_tokens), n or the number of prompts.", param="max_tokens")
+
+
+def _estimate(size: int) -> int:
+    """The tokens of a prompt of `size` JSON bytes, tokenizer-free: a quarter of them, plus one."""
+    return size // _BYTES_PER_TOKEN + 1
+
+
+def _prompts(raw: bytes) -> list[int]:
+    """The tokens of each prompt of a completion's `prompt` (a string, strings, token ids or lists of them):
+    token ids are counted (commas + 1: the engines refuse any list of ids with anything else in it)."""
+    if not raw.startswith(b"["):
+        return [_estimate(len(raw))]
+    first = raw[1:].lstrip()[:1]
+    if first.isdigit() or first == b"-":
+        return [raw.count(b",") + 1]  # one prompt of token ids
+    try:
+        items = [bytes(item) for item in _items.decode(raw)]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return [_estimate(len(raw))]
+    return [item.count(b",") + 1 if item.startswith(b"[") else _estimate(len(item)) for item in items] or [1]
 
 
 def ask_for_usage(body: bytes) -> bytes:

@@ -9,9 +9,14 @@ router processes share one requests-per-minute quota (their admissions add up to
 Redis unreachable (a closed port) fails closed or open as configured and /health says so; no secret is
 in any process's log, in an answer but its creation's, or in the audit trail.
 
-Token quotas: a long stream is charged while it runs (seen in Redis while its lease is held, and by
-another replica's 429), and what a tenant is charged in the end is the engine's own count (the openai
-client's usage, or the engine's token ids), whatever the prompt's estimate at admission was. A refused
+Token quotas: the reservation counts every prompt and every sample (n, best_of) of the max_tokens or
+the context left (the engines' max_model_len, carried by the routing table); a request that can never
+fit a tokens-per-minute limit is refused before any engine work, and one past --max-request-tokens too;
+two concurrent requests cannot overrun the quota together; a debt stays in Redis until it is paid back.
+A stream whose prompt was underestimated is charged while it runs (seen in Redis while its lease is
+held, and by another replica's 429), and what a tenant is charged in the end is the engine's own count
+(the openai client's usage, or the engine's token ids), whatever the prompt's estimate at admission
+was. A refused
 key is remembered briefly (no control-plane call per request, counted on the router's own client). A
 concurrency slot is free again at once when the client leaves, or the engine refuses the request.
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import secrets
 import socket
@@ -55,6 +61,9 @@ openai = pytest.importorskip("openai")
 ROUTER_TOKEN = "router-token-for-tests"  # tests.data_plane.router.support's, which serve_router sends
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ONE_TOKEN = {"prompt": "The quick brown fox", "max_tokens": 1, "temperature": 0}
+CONTEXT = 256  # the engine's --max-model-len (SHARED_FLAGS)
+# a prompt of one token per digit (the tokenizer splits digits): four times its estimate (its bytes / 4)
+DIGITS = "7" * 200
 
 
 @dataclass
@@ -201,23 +210,26 @@ def test_a_revoked_key_stops_within_the_bound(fleet: Fleet) -> None:
             assert r.status_code == 401 and "revoked" in r.json()["error"]["message"]
 
 
+@contextlib.contextmanager
+def router_process(fleet: Fleet, log: Path, **env: str) -> Iterator[str]:
+    """`loraplane router --require-api-key` as a process of its own, with further LORAPLANE_* `env`."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
+           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL, **env}
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    fleet.logs.append(log)
+    with started([sys.executable, "-m", "shared.cli", "router", "--control-plane", fleet.cp, "--port", str(port),
+                  "--require-api-key", "--redis-prefix", fleet.prefix, "--log-level", "debug"], log, env,
+                 lambda: httpx.get(url + "/health", timeout=2).json()["routing_table"]["engines"] == 1,
+                 f"router at {url}"):
+        yield url
+
+
 def test_two_router_processes_share_one_quota(fleet: Fleet, tmp_path: Path) -> None:
     quota = 6
     key = fleet.make_tenant("team-q", requests_per_minute=quota)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
-           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL}
-    routers = []
     with contextlib.ExitStack() as stack:
-        for i in range(2):
-            port, log = _free_port(), tmp_path / f"router-{i}.log"
-            url = f"http://127.0.0.1:{port}"
-            fleet.logs.append(log)
-            stack.enter_context(started(
-                [sys.executable, "-m", "shared.cli", "router", "--control-plane", fleet.cp, "--port", str(port),
-                 "--require-api-key", "--redis-prefix", fleet.prefix, "--log-level", "debug"], log, env,
-                lambda u=url: httpx.get(u + "/health", timeout=2).json()["routing_table"]["engines"] == 1,
-                f"router {i}"))
-            routers.append(url)
+        routers = [stack.enter_context(router_process(fleet, tmp_path / f"router-{i}.log")) for i in range(2)]
 
         def send(i: int) -> httpx.Response:
             return httpx.post(routers[i % 2] + "/v1/completions", json={"model": "demo-short", **ONE_TOKEN},
@@ -296,29 +308,160 @@ class LeaseWatch:
         self._thread.join(5)
 
 
-def test_a_long_stream_is_charged_while_it_runs(fleet: Fleet) -> None:
-    quota = 100
+def test_a_stream_past_its_reservation_is_charged_while_it_runs(fleet: Fleet) -> None:
+    quota = 120
     streamer = fleet.make_tenant("team-s", tokens_per_minute=quota, concurrent_requests=100)
     other = fleet.make_key("team-s")
     with tenant_router(fleet) as one, tenant_router(fleet) as two, LeaseWatch(fleet, "team-s") as watch:
-        # no max_tokens: admission reserves 16 + the prompt's estimate; the engine goes on to the context's end
-        stream = client_of(one.url, streamer).chat.completions.create(
-            model="demo", messages=[{"role": "user", "content": "Tell me a long story"}], n=2, stream=True,
-            stream_options={"include_usage": True}, temperature=0, extra_body={"ignore_eos": True})
-        chunks, refused = [], None
-        for chunk in stream:
-            chunks.append(chunk)
-            if len(chunks) == 3 * quota:  # ≥ 300 tokens generated: the tenant is far past its quota
-                with pytest.raises(openai.RateLimitError) as refused:  # … which the other replica knows
-                    client_of(two.url, other).completions.create(model="demo", prompt="x", max_tokens=1)
-        assert refused is not None and refused.value.body["type"] == "tokens"
+        # reserved: the prompt's estimate (51) + max_tokens, within the quota; the prompt is 200 tokens
+        stream = client_of(one.url, streamer).completions.create(
+            model="demo", prompt=DIGITS, max_tokens=50, stream=True, stream_options={"include_usage": True},
+            temperature=0, extra_body={"ignore_eos": True})
+        chunks = [next(stream)]
+        # the first chunk's usage trues the prompt up: the tenant is past its quota while the stream runs …
+        wait_until(lambda: charged(fleet, "team-s") > quota, "the stream's first charge")
+        with pytest.raises(openai.RateLimitError) as refused:  # … which the other replica knows
+            client_of(two.url, other).completions.create(model="demo", prompt="x", max_tokens=1)
+        assert refused.value.body["type"] == "tokens"
+        chunks += list(stream)
     final = chunks[-1].usage
-    assert final is not None and not chunks[-1].choices and final.completion_tokens >= 3 * quota
+    assert final is not None and not chunks[-1].choices and final.completion_tokens == 50
+    assert final.prompt_tokens >= len(DIGITS)
     assert all(c.usage is None for c in chunks[:-1])  # the per-chunk usage the router asked for is not shown
-    # while the stream still held its lease, it had been charged past the quota (the old way charged 16 +
-    # the estimate until the end); once it ended, exactly the engine's count
+    # while the stream still held its lease, it had been charged past the quota; once it ended, exactly
+    # the engine's count
     assert max(spent for spent, inflight in watch.samples if inflight == 1) > quota
     wait_until(lambda: charged(fleet, "team-s") == final.total_tokens, "the stream's settlement")
+
+
+def _post(router: str, key: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(router + "/v1" + path, content=json.dumps(body).encode(), timeout=120,
+                      headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+
+
+def _estimate(raw: str) -> int:
+    """The router's estimate of a prompt it cannot count exactly: its JSON bytes / 4, plus one."""
+    return len(raw.encode()) // 4 + 1
+
+
+def test_the_reservation_counts_every_sample_of_every_prompt(fleet: Fleet) -> None:
+    messages = [{"role": "user", "content": "Count the stars"}]
+    chat = _estimate(json.dumps(messages))
+    cases = [  # (path, body, tokens reserved)
+        ("/completions", {"prompt": [[1, 2, 3], [4, 5]], "n": 3, "max_tokens": 7}, 5 + 2 * 3 * 7),
+        ("/completions", {"prompt": [5, 6, 7, 8], "n": 2, "max_tokens": 5}, 4 + 2 * 5),
+        ("/completions", {"prompt": ["Hello", "Good morning"], "n": 2, "max_tokens": 3},
+         _estimate('"Hello"') + _estimate('"Good morning"') + 2 * 2 * 3),
+        # best_of samples count when they outnumber n (this engine refuses best_of != n: 400, still reserved)
+        ("/completions", {"prompt": [9, 9], "best_of": 3, "max_tokens": 2}, 2 + 3 * 2),
+        ("/completions", {"prompt": "Hello"}, _estimate('"Hello"') + 16),  # OpenAI's default max_tokens
+        # chat without max_tokens: each sample may run to the context's end
+        ("/chat/completions", {"messages": messages, "n": 2}, chat + 2 * (CONTEXT - chat)),
+        ("/chat/completions", {"messages": messages, "max_tokens": 100, "max_completion_tokens": 9}, chat + 9),
+    ]
+    limit = 100_000
+    with tenant_router(fleet) as router:
+        for path, body, reserved in cases:
+            key = fleet.make_key("team-a", tokens_per_minute=limit)  # a fresh bucket: full
+            r = _post(router.url, key, path, {"model": "demo", "temperature": 0, **body})
+            assert r.status_code in (200, 400) and "x-loraplane-engine" in r.headers, r.text
+            # what the bucket held after the admission: the limit less the reservation
+            assert int(r.headers["x-ratelimit-remaining-tokens"]) == limit - reserved, (body, r.text)
+    # the engine registered its context length; the table carries it for the base model and its adapters
+    routes = httpx.get(fleet.cp + "/v1/routes", headers={"Authorization": f"Bearer {ROUTER_TOKEN}"}).json()
+    assert {m["model"]: m.get("max_model_len") for m in routes["models"]} == {
+        "demo": CONTEXT, "demo-pirate": CONTEXT, "demo-poet": CONTEXT, "demo-short": CONTEXT}
+    assert [e.get("max_model_len") for e in fleet.admin.get(fleet.cp + "/v1/engines").json()["data"]] == [CONTEXT]
+
+
+def test_a_request_larger_than_the_quota_is_refused_before_any_engine_work(fleet: Fleet) -> None:
+    quota = 300
+    tight = fleet.make_tenant("team-n", tokens_per_minute=quota)
+    own = fleet.make_key("team-a", tokens_per_minute=quota)
+    samples = {"model": "demo", "prompt": [[1, 2], [3, 4]], "n": 4, "max_tokens": 50}  # 4 + 2 × 4 × 50 tokens
+    # no max_tokens: each of the 2 samples may run to the context's end
+    context = {"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "n": 2}
+    with tenant_router(fleet) as router:
+        for key, who, path, body, reserved in (
+                (tight, "tenant team-n", "/completions", samples, 404),
+                (tight, "tenant team-n", "/chat/completions", context, None),
+                (own, f"key {own.split('_')[1]}", "/completions", samples, 404)):
+            r = _post(router.url, key, path, body)
+            assert r.status_code == 429, r.text
+            error = r.json()["error"]
+            assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
+            message = error["message"]
+            assert who in message and f"Limit {quota}" in message and "never" in message, message
+            assert "max_tokens" in message and " n" in message, message
+            if reserved is not None:
+                assert f"Requested {reserved}" in message, message
+            assert "x-loraplane-engine" not in r.headers and "retry-after" not in r.headers
+        # nothing was charged (the buckets were never written)
+        assert charged(fleet, "team-n") == 0
+        assert not redis.Redis.from_url(REDIS_URL).exists(f"{fleet.prefix}q:key:{own.split('_')[1]}:tpm")
+        with pytest.raises(openai.RateLimitError) as refused:
+            client_of(router.url, tight).completions.create(model="demo", prompt=[[1], [2]], n=2, max_tokens=100)
+        assert "never" in refused.value.body["message"]
+        # what fits is served
+        r = _post(router.url, tight, "/completions", {**samples, "n": 2, "max_tokens": 20})
+        assert r.status_code == 200 and r.headers["x-ratelimit-remaining-tokens"] == str(quota - 4 - 2 * 2 * 20)
+
+
+def test_a_request_past_the_ceiling_is_refused(fleet: Fleet, tmp_path: Path) -> None:
+    ceiling = 1000
+    many = {"model": "demo", "prompt": [[1]] * 8, "n": 4, "max_tokens": 40}  # 8 + 8 × 4 × 40 tokens
+    with router_process(fleet, tmp_path / "router.log", LORAPLANE_MAX_REQUEST_TOKENS=str(ceiling),
+                        LORAPLANE_API_KEYS="operator-static-key") as router:
+        for key in (fleet.keys["team-a"], "operator-static-key"):  # a tenant's key (no quota), an operator's
+            r = _post(router, key, "/completions", many)
+            assert r.status_code == 400 and "x-loraplane-engine" not in r.headers, r.text
+            error = r.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == "max_tokens"
+            assert "--max-request-tokens" in error["message"] and f"{ceiling}" in error["message"]
+            assert "1288" in error["message"], error["message"]
+            r = _post(router, key, "/completions", {**many, "prompt": [[1]], "max_tokens": 10})
+            assert r.status_code == 200, r.text
+
+
+def test_concurrent_requests_cannot_overrun_the_quota(fleet: Fleet) -> None:
+    quota = 1000
+    key = fleet.make_tenant("team-o", tokens_per_minute=quota)
+    # 6 + 2 × 3 × 149 = 900 tokens: exactly what it uses (token ids are counted exactly; ignore_eos)
+    body = {"model": "demo", "prompt": [[1, 2, 3], [4, 5, 6]], "n": 3, "max_tokens": 149, "ignore_eos": True,
+            "temperature": 0}
+    with tenant_router(fleet) as one, tenant_router(fleet) as two, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda url: _post(url, key, "/completions", body), (one.url, two.url)))
+    assert sorted(r.status_code for r in answers) == [200, 429], [r.text for r in answers]
+    served = next(r for r in answers if r.status_code == 200)
+    refused = next(r for r in answers if r.status_code == 429).json()["error"]
+    assert refused["type"] == "tokens" and "never" not in refused["message"]  # it fits a full bucket
+    assert served.json()["usage"]["total_tokens"] == 900
+    wait_until(lambda: charged(fleet, "team-o") == 900, lambda: f"900 tokens charged, not {charged(fleet, 'team-o')}")
+
+
+def test_a_debt_stays_until_it_is_paid_back(fleet: Fleet) -> None:
+    quota = 60
+    key = fleet.make_tenant("team-d", tokens_per_minute=quota)
+    with tenant_router(fleet) as router:
+        # reserved: 51 (the prompt's estimate) + 4; used: 200 + 4
+        r = _post(router.url, key, "/completions", {"model": "demo", "prompt": DIGITS, "max_tokens": 4,
+                                                     "temperature": 0})
+        assert r.status_code == 200, r.text
+        used = r.json()["usage"]["total_tokens"]
+        wait_until(lambda: charged(fleet, "team-d") == used, "the settlement")
+        client = redis.Redis.from_url(REDIS_URL)
+        pipe = client.pipeline(transaction=True)  # one moment: Redis's clock, the bucket and its TTL
+        pipe.time()
+        pipe.hmget(_bucket(fleet, "team-d", "tpm"), "level", "at")
+        pipe.pttl(_bucket(fleet, "team-d", "tpm"))
+        (seconds, micros), (level, at), ttl_ms = pipe.execute()
+        now_ms = seconds * 1000 + micros // 1000
+        level_now = float(level) + (now_ms - int(at)) * quota / 60_000
+        assert level_now < -quota, level_now  # a debt of more than a minute's quota
+        full_in_ms = (quota - level_now) * 60_000 / quota  # refilled to full only then
+        assert ttl_ms + 2 >= full_in_ms, (ttl_ms, full_in_ms)  # the debt outlives every idle bound
+        r = _post(router.url, key, "/completions", {"model": "demo", **ONE_TOKEN})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "tokens", r.text
 
 
 def test_the_tokens_charged_are_the_engines_count(fleet: Fleet) -> None:

@@ -14,6 +14,7 @@ from data_plane.router.config import RouterConfig, RouterConfigError, secrets_fr
     ({"control_plane_url": "ftp://x"}, "http(s) URL"), ({"port": 70000}, "--port"),
     ({"router_token": "has space"}, "router token"), ({"api_keys": frozenset({""})}, "client API key"),
     ({"refresh_interval_s": 0}, "refresh_interval_s"), ({"max_attempts": 0}, "max_attempts"),
+    ({"max_request_tokens": 0}, "--max-request-tokens"),
 ])
 def test_bad_settings_are_refused_by_name(fields: dict, words: str) -> None:
     with pytest.raises(RouterConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):

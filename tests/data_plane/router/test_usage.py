@@ -13,7 +13,8 @@ import json
 import httpx
 import pytest
 
-from data_plane.router.usage import Reservation, Usage, UsageTap, ask_for_usage, reservation
+from data_plane.router.usage import Reservation, Usage, UsageTap, ask_for_usage, check_ceiling, reservation
+from shared.errors import InvalidRequestError
 from tests.data_plane.api.conftest import EngineServer
 
 
@@ -74,9 +75,49 @@ def test_an_event_that_is_not_a_usage_passes_untouched() -> None:
 
 def test_reservation_reads_max_tokens_the_prompt_and_what_the_stream_asked() -> None:
     r = reservation(b'{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":40,'
-                    b'"stream_options":{"include_usage":true,"continuous_usage_stats":true}}')
+                    b'"stream_options":{"include_usage":true,"continuous_usage_stats":true}}', 256)
     assert (r.generated, r.asked_usage, r.asked_continuous) == (40, True, True) and r.tokens == 40 + r.prompt
-    r = reservation(b'{"model":"m","prompt":"abcdefgh","stream_options":{"continuous_usage_stats":true}}')
+    # "abcdefgh" with its quotes: 10 bytes, an estimate of 10 // 4 + 1 tokens; OpenAI's default max_tokens
+    r = reservation(b'{"model":"m","prompt":"abcdefgh","stream_options":{"continuous_usage_stats":true}}', 256)
     assert (r.prompt, r.generated, r.asked_usage, r.asked_continuous) == (3, 16, False, False)
+
+
+@pytest.mark.parametrize(("body", "context", "prompt", "generated"), [
+    # token ids are counted, however they are spaced; every sample of every prompt may generate max_tokens
+    (b'{"prompt": [ 3, 1, 4, 1, 5 ], "n": 3, "max_tokens": 10}', 256, 5, 3 * 10),
+    (b'{"prompt": [[3, 1], [4, 1, 5, 9], [2]], "n": 2, "max_tokens": 7}', 256, 2 + 4 + 1, 3 * 2 * 7),
+    (b'{"prompt": [-1]}', 256, 1, 16),
+    # text prompts are estimated one by one: '"abcdefgh"' is 10 bytes, '"xy"' 4
+    (b'{"prompt": ["abcdefgh", "xy"], "max_tokens": 5}', 256, 3 + 2, 2 * 5),
+    # best_of counts when it outnumbers n, in completions (chat has none)
+    (b'{"prompt": [1, 2], "n": 2, "best_of": 5, "max_tokens": 4}', 256, 2, 5 * 4),
+    (b'{"prompt": [1, 2], "n": 6, "best_of": 5, "max_tokens": 4}', 256, 2, 6 * 4),
+    (b'{"messages": [1], "n": 2, "best_of": 5, "max_tokens": 4}', 256, 1, 2 * 4),
+    # chat without max_tokens: the context left after the prompt's estimate, for each sample
+    (b'{"messages": [{"content": "abcdefghijk"}], "n": 4}', 256, 8, 4 * (256 - 8)),
+    (b'{"messages": [{"content": "abcdefghijk"}], "max_tokens": null}', 100, 8, 100 - 8),
+    # … at least one token, and 16 when the engines did not say what context they have
+    (b'{"messages": [{"content": "abcdefghijk"}]}', 5, 8, 1),
+    (b'{"messages": [{"content": "abcdefghijk"}]}', None, 8, 16),
+    # chat reads max_completion_tokens first, as the engines do; completions only max_tokens
+    (b'{"messages": [1], "max_tokens": 50, "max_completion_tokens": 9}', 256, 1, 9),
+    (b'{"messages": [1], "max_tokens": 50, "max_completion_tokens": null}', 256, 1, 50),
+    (b'{"prompt": [1], "max_tokens": 50, "max_completion_tokens": 9}', 256, 1, 50),
+])
+def test_the_reservation_counts_every_sample_of_every_prompt(body: bytes, context: int | None, prompt: int,
+                                                             generated: int) -> None:
+    r = reservation(body, context)
+    assert (r.prompt, r.generated) == (prompt, generated)
+
+
+def test_the_ceiling_names_itself_and_what_to_lower() -> None:
+    r = reservation(b'{"prompt": [[1], [2]], "n": 4, "max_tokens": 100}', 256)
+    check_ceiling(r, None)
+    check_ceiling(r, r.tokens)
+    with pytest.raises(InvalidRequestError) as refused:
+        check_ceiling(r, r.tokens - 1)
+    message = refused.value.message
+    assert f"{r.tokens} tokens" in message and f"{r.tokens - 1} tokens per request (--max-request-tokens)" in message
+    assert "max_tokens" in message and " n " in message and refused.value.param == "max_tokens"
     asked = json.loads(ask_for_usage(b'{"model":"m","stream_options":{"include_usage":false}}'))
     assert asked["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
