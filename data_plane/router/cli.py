@@ -85,8 +85,8 @@ def main(argv: list[str]) -> int:
             stale_after_s=args.stale_after_s, max_attempts=args.max_attempts,
             connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
             max_request_body_bytes=args.max_request_body_bytes, max_request_tokens=args.max_request_tokens,
-            log_level=args.log_level,
-            log_format=args.log_format, name=args.router_name, advertise_url=args.advertise_url,
+            log_level=args.log_level, log_format=args.log_format, name=args.router_name,
+            advertise_url=args.advertise_url,
             require_api_key=args.require_api_key, redis_prefix=args.redis_prefix,
             quota_failure=args.quota_failure, key_cache_ttl_s=args.key_cache_ttl_s,
             **secrets_from_env(),  # type: ignore[arg-type]

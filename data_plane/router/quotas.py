@@ -156,7 +156,7 @@ class Admission:
 
 
 def _refuse_too_large(tokens: list[Bucket], reserved: int) -> None:
-    """429 for a reservation that no tokens-per-minute bucket of the request could ever hold, even full."""
+    """429 for a reservation larger than one of the request's tokens-per-minute buckets holds when full."""
     small = [b for b in tokens if reserved > b.limit]
     if small:
         b = min(small, key=lambda b: b.limit)
