@@ -1,5 +1,5 @@
-"""`loraplane tenants list|show|create|set-limits|keys|create-key|revoke-key|move`: tenants, their API
-keys and quotas, and which tenant owns an adapter. A key's secret is printed once, by create-key."""
+"""`loraplane tenants list|create|update|set-limits|keys|create-key|revoke-key|move`: tenants, their API
+keys, quotas and sources, and which tenant owns an adapter. A key's secret is printed once, by create-key."""
 
 from __future__ import annotations
 
@@ -30,8 +30,19 @@ def _show_limits(limits: dict) -> str:
     return ", ".join(shown) or "unlimited"
 
 
-@click.group(help="Tenants, their API keys and quotas: list, show, create, set-limits, keys, create-key, "
-                  "revoke-key, move (an adapter to a tenant).")
+def _show_sources(sources: list[str]) -> str:
+    return " ".join(sources) or "uploads only"
+
+
+def source_option(command):  # noqa: ANN001, ANN201 (a click decorator)
+    return click.option("--source", "sources", multiple=True, metavar="PREFIX",
+                        help="where the tenant's admin keys may load adapters from: an absolute folder (under "
+                             "--lora-roots) or a URL prefix (s3://bucket/prefix, gs://, az://, hf://org[/name]); "
+                             "repeat for several")(command)
+
+
+@click.group(help="Tenants, their API keys, quotas and sources: list, create, update, set-limits, keys, "
+                  "create-key, revoke-key, move (an adapter to a tenant).")
 def tenants() -> None:
     pass
 
@@ -39,23 +50,46 @@ def tenants() -> None:
 @tenants.command("list")
 @connected
 def list_(session: Session) -> int:
-    """Every tenant with its quotas, adapters owned and keys not revoked."""
+    """Every tenant with its quotas, sources, adapters owned and keys not revoked."""
     return session.finish(session.api.get("/v1/tenants"), lambda body: render.show(render.table(
-        ("NAME", "DISPLAY NAME", "ADAPTERS", "KEYS", "LIMITS"),
-        [(t["name"], t["display_name"], t["adapters"], t["keys"], _show_limits(t["limits"])) for t in body["data"]])))
+        ("NAME", "DISPLAY NAME", "ADAPTERS", "KEYS", "LIMITS", "SOURCES"),
+        [(t["name"], t["display_name"], t["adapters"], t["keys"], _show_limits(t["limits"]), _show_sources(t["sources"]))
+         for t in body["data"]])))
 
 
 @tenants.command()
 @click.argument("name")
 @click.option("--display-name", default="")
 @click.option("--adapters", type=click.IntRange(min=1), help="adapters it may own (left out: unlimited)")
+@source_option
 @limit_options
 @connected
-def create(session: Session, name: str, display_name: str, adapters: int | None, **limits: int | None) -> int:
-    """Create tenant NAME with its quotas."""
-    body = {"name": name, "display_name": display_name, "limits": _limits({**limits, "adapters": adapters})}
-    return session.finish(session.api.call("POST", "/v1/tenants", json=body),
-                          lambda t: render.show(f"created tenant {t['name']}: {_show_limits(t['limits'])}"))
+def create(session: Session, name: str, display_name: str, adapters: int | None, sources: tuple[str, ...],
+           **limits: int | None) -> int:
+    """Create tenant NAME with its quotas and sources (none: its keys may only upload adapter files)."""
+    body = {"name": name, "display_name": display_name, "limits": _limits({**limits, "adapters": adapters}),
+            "sources": list(sources)}
+    return session.finish(session.api.call("POST", "/v1/tenants", json=body), lambda t: render.show(
+        f"created tenant {t['name']}: {_show_limits(t['limits'])}; sources: {_show_sources(t['sources'])}"))
+
+
+@tenants.command()
+@click.argument("name")
+@click.option("--display-name")
+@source_option
+@click.option("--no-sources", is_flag=True, help="remove every source (its keys may then only upload)")
+@connected
+def update(session: Session, name: str, display_name: str | None, sources: tuple[str, ...], no_sources: bool) -> int:
+    """Set NAME's display name and/or sources (--source replaces them all); what is left out is kept."""
+    if sources and no_sources:
+        raise click.UsageError("give --source or --no-sources, not both")
+    body: dict = {} if display_name is None else {"display_name": display_name}
+    if sources or no_sources:
+        body["sources"] = list(sources)
+    if not body:
+        raise click.UsageError("nothing to change: give --display-name, --source or --no-sources")
+    return session.finish(session.api.call("PATCH", f"/v1/tenants/{quote(name, safe='')}", json=body),
+                          lambda t: render.show(f"{t['name']}: sources: {_show_sources(t['sources'])}"))
 
 
 @tenants.command("set-limits")

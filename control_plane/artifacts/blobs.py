@@ -31,10 +31,12 @@ from control_plane.db.models import ArtifactBlob, VersionFile
 logger = logging.getLogger(__name__)
 
 
-async def put_missing(store: ArtifactStore, files: Iterable[SpooledFile]) -> None:
-    """Copy spooled files into the store ahead of the transaction (the slow part, outside the write gate)."""
+async def put_missing(store: ArtifactStore, files: Iterable[SpooledFile], *, rewrite: bool = False) -> None:
+    """Copy spooled files into the store ahead of the transaction (the slow part, outside the write gate);
+    `rewrite`: those it holds already too (the same bytes under the same key), so that the call takes the
+    same work whether or not they were there."""
     for f in files:
-        if not await store.has(f.sha256, f.size):
+        if rewrite or not await store.has(f.sha256, f.size):
             await store.put_file(f.sha256, f.path)
 
 

@@ -7,8 +7,10 @@
   are read over HTTPS from `$HF_ENDPOINT`, default https://huggingface.co, as huggingface_hub does).
 
 A folder is validated where it lies first (so refusals name the caller's path and the root rule holds
-before anything is read), then copied into the spool and validated again there: the version recorded is
-the copy that was checked, and a folder edited during the copy is refused rather than half-recorded.
+before anything is read), then copied into the spool (each file checked again where it was opened: a
+regular file under the roots) and validated again there: the version recorded is the copy that was
+checked, and a folder edited during the copy is refused rather than half-recorded. A tenant key's
+lora_path is confined further, to its tenant's sources (control_plane/domain/tenants/sources.py).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit
+from typing import BinaryIO
+from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 import obstore
 from obstore.store import from_url
@@ -26,13 +30,23 @@ from obstore.store import from_url
 from control_plane.artifacts.spool import VERSION_FILES, Spool
 from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
 from shared.errors import ConflictError, InvalidRequestError
+from shared.peft import resolve_under_roots
 
 OBJECT_STORE_SCHEMES = ("s3", "gs", "az", "hf")
 HF_ENDPOINT = "https://huggingface.co"
+_PROC_FD = Path("/proc/self/fd")  # Linux: where an open file's real path is read back
+
+
+def split_url(url: str, param: str = "lora_path") -> SplitResult:
+    """urlsplit, a URL it cannot parse (an unclosed `[` of an IPv6 host) being a 400 that names `param`."""
+    try:
+        return urlsplit(url)
+    except ValueError as exc:
+        raise InvalidRequestError(f"{param} {url[:80]!r} is not a valid URL ({exc})", param=param) from None
 
 
 def is_object_store_url(lora_path: str) -> bool:
-    return urlsplit(lora_path).scheme in OBJECT_STORE_SCHEMES
+    return split_url(lora_path).scheme in OBJECT_STORE_SCHEMES
 
 
 def hub_url(lora_path: str) -> str:
@@ -52,37 +66,54 @@ async def spool_source(lora_path: str, roots: tuple[str, ...], limit_bytes: int)
             await _from_object_store(spool, lora_path)
             found = await asyncio.to_thread(spool.inspect)
         else:
-            found = await asyncio.to_thread(_from_folder, spool, _local_path(lora_path), roots)
+            found = await asyncio.to_thread(_from_folder, spool, local_path(lora_path), roots)
         return spool, found
     except BaseException:
         spool.close()
         raise
 
 
-def _local_path(lora_path: str) -> str:
+def local_path(lora_path: str, param: str = "lora_path") -> str:
+    """The folder a lora_path that is no object-store URL names (`file:///…` or a path as it is)."""
     if lora_path.startswith("file://"):
-        parts = urlsplit(lora_path)
+        parts = split_url(lora_path, param)
         if parts.netloc not in ("", "localhost"):
-            raise InvalidRequestError("a file:// lora_path names a local folder (file:///path)", param="lora_path")
+            raise InvalidRequestError(f"a file:// {param} names a local folder (file:///path)", param=param)
         return unquote(parts.path)
     if "://" in lora_path:
-        raise InvalidRequestError(f"lora_path must be a folder under the adapter roots, file:///…, or one of "
-                                  f"{', '.join(s + '://' for s in OBJECT_STORE_SCHEMES)}", param="lora_path")
+        raise InvalidRequestError(f"{param} must be a folder under the adapter roots, file:///…, or one of "
+                                  f"{', '.join(s + '://' for s in OBJECT_STORE_SCHEMES)}", param=param)
     return lora_path
 
 
 def _from_folder(spool: Spool, path: str, roots: tuple[str, ...]) -> InspectedAdapter:
     there = inspect_adapter(path, roots)  # the root rule and every refusal, naming the caller's path
+    changed = ConflictError(f"the files in {path!r} changed while they were being read; retry", param="lora_path")
     try:
         for name in VERSION_FILES:
-            spool.add_file(name, Path(there.path) / name)
+            with open_under(Path(there.path) / name, roots, changed) as source:
+                spool.add_reader(name, source)
     except OSError as exc:
         raise InvalidRequestError(f"the adapter files in {path!r} cannot be read ({exc.strerror or type(exc).__name__})",
                                   param="lora_path") from None
     copied = spool.inspect()
     if copied.sha256 != there.sha256:
-        raise ConflictError(f"the files in {path!r} changed while they were being read; retry", param="lora_path")
+        raise changed
     return dataclasses.replace(copied, path=there.path)
+
+
+def open_under(path: Path, roots: tuple[str, ...], changed: ConflictError) -> BinaryIO:
+    """`path` opened for reading, refused (`changed`) unless what was opened is a regular file under the
+    roots: a link swapped in after the folder was checked leads nowhere else. Never blocks on a FIFO."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        opened = Path(os.readlink(_PROC_FD / str(fd))) if _PROC_FD.is_dir() else path
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or resolve_under_roots(opened, roots) is None:
+            raise changed
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 async def _from_object_store(spool: Spool, url: str) -> None:

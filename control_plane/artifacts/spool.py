@@ -65,10 +65,10 @@ class Spool:
             raise InvalidRequestError(f"file {name!r} is given twice", param=self.param)
         return _Writer(self, name)
 
-    def add_file(self, name: str, source: Path) -> SpooledFile:
-        """Copy a local file in (blocking I/O: call off the event loop)."""
-        with self.writer(name) as writer, source.open("rb") as src:
-            for chunk in iter(lambda: src.read(_CHUNK), b""):
+    def add_reader(self, name: str, source: BinaryIO) -> SpooledFile:
+        """Copy an open local file in (blocking I/O: call off the event loop)."""
+        with self.writer(name) as writer:
+            for chunk in iter(lambda: source.read(_CHUNK), b""):
                 writer.write(chunk)
         return self.files[name]
 

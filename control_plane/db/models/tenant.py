@@ -7,7 +7,8 @@ owns adapters cannot be deleted (RESTRICT), so its private adapters never turn i
 from __future__ import annotations
 
 from advanced_alchemy.base import IdentityAuditBase
-from sqlalchemy import BigInteger, Integer, String
+from advanced_alchemy.types import JsonB
+from sqlalchemy import BigInteger, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 
@@ -20,3 +21,5 @@ class Tenant(IdentityAuditBase):
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     concurrent_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_adapters: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # where its admin keys may load from: folder and URL prefixes (domain/tenants/sources.py); [] uploads only
+    sources: Mapped[list[str]] = mapped_column(JsonB, default=list, server_default=text("'[]'"))

@@ -86,7 +86,8 @@ class AdapterController(Controller):
         """Register an adapter folder and pin it as the active version (idempotent), then push it.
 
         The files are validated (config, rank, targets, safetensors header, location under the adapter
-        roots) before anything is recorded. Identical files return the existing version (`created`
+        roots) before anything is recorded. From a tenant key, `lora_path` must also lie under one of its
+        tenant's `sources` (403 otherwise, before anything is read; such a key may always upload). Identical files return the existing version (`created`
         false); new files become the next version. The version is desired where the replica rules put
         it — the engines holding the adapter now, and more chosen by rendezvous hashing over free
         capacity until `replicas.min` (or demand scaling's target) healthy engines of its base model

@@ -32,6 +32,7 @@ from control_plane.domain.placements.planner import (
 from control_plane.domain.placements.push import Pusher
 from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
 from control_plane.domain.tenants import service as tenant_rules
+from control_plane.domain.tenants import sources as tenant_sources
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
@@ -60,11 +61,16 @@ class AdapterService:
     async def load(self, req: schemas.AdapterCreate, actor: Principal) -> schemas.AdapterLoaded:
         """Validate the files, copy them into the artifact store, create or reuse the version, pin it,
         record where it should be placed; after the commit, push it to those engines and answer with
-        each one's outcome."""
+        each one's outcome. A tenant key's lora_path must lie under its tenant's sources (403)."""
 
         async def spool() -> Incoming:
-            spooled, found = await spool_source(req.lora_path, self.settings.adapter_roots,
-                                                self.settings.max_artifact_bytes)
+            roots = self.settings.adapter_roots
+            if actor.tenant is not None:  # a tenant key reads only under its tenant's sources
+                sources = await read(self.session, lambda: tenant_rules.sources_of(self.session, actor.tenant),
+                                     f"sources of {actor.tenant!r}")
+                await self.session.commit()  # end the read: the copy may take long, holding no transaction
+                roots = await asyncio.to_thread(tenant_sources.confine, req.lora_path, sources, roots, actor.tenant)
+            spooled, found = await spool_source(req.lora_path, roots, self.settings.max_artifact_bytes)
             return Incoming(spooled, dataclasses.replace(found, path=_source_of(req.lora_path, found)), req)
 
         return await self.record_version("load_lora_adapter", req.lora_name, actor, spool)
@@ -97,7 +103,9 @@ class AdapterService:
         async def prepare() -> Incoming:
             incoming = await receive()
             spooled.append(incoming.spool)
-            await blobs.put_missing(self.store, incoming.spool.files.values())
+            # a tenant's files are written even when the store holds them: neither the answer nor its
+            # time says whether another version (another tenant's) has the same bytes
+            await blobs.put_missing(self.store, incoming.spool.files.values(), rewrite=actor.tenant is not None)
             return incoming
 
         async def work(session: AsyncSession, incoming: Incoming) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:

@@ -57,10 +57,12 @@ class TenantController(Controller):
                **route_doc(request=schemas.TenantCreate, response=schemas.Tenant, status=201, errors=(400, 409, 413),
                            example={"name": "team-a", "display_name": "Team A",
                                     "limits": {"requests_per_minute": 600, "tokens_per_minute": 100000,
-                                               "concurrent_requests": 16, "adapters": 20}})})
+                                               "concurrent_requests": 16, "adapters": 20},
+                                    "sources": ["/srv/adapters/team-a", "s3://models/team-a/"]})})
     async def create(self, service: TenantService, principal: Principal, request: Request) -> schemas.Tenant:
         """Create a tenant with its quotas (requests and tokens per minute, concurrent requests, adapters
-        owned; a quota left out is unlimited). 409 when the name is taken."""
+        owned; a quota left out is unlimited) and its `sources`, the folder and URL prefixes its admin
+        keys may load from (none: they may only upload files). 409 when the name is taken."""
         return await service.create(decode_body(await request.body(), schemas.TenantCreate), principal)
 
     @get("/", operation_id="listTenants", opt=route_doc(response=schemas.TenantPage))
@@ -80,8 +82,9 @@ class TenantController(Controller):
                             path_params=_TENANT, example={"limits": {"requests_per_minute": 60}})})
     async def update(self, service: TenantService, principal: Principal, tenant: str,
                      request: Request) -> schemas.Tenant:
-        """Set a tenant's display name and/or quotas (`limits` replaces them all); routers apply new quotas
-        within their key cache TTL (at once where Redis carries the change)."""
+        """Set a tenant's display name, quotas (`limits` replaces them all) and/or `sources` (replaced
+        too; an admin token only, as every change here); routers apply new quotas within their key cache
+        TTL (at once where Redis carries the change), new sources hold from the next load."""
         return await service.update(tenant, decode_body(await request.body(), schemas.TenantUpdate), principal)
 
     @post("/{tenant:str}/keys", status_code=201, guards=[admin_guard], operation_id="createApiKey",

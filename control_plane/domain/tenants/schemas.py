@@ -7,11 +7,19 @@ from typing import Annotated
 
 import msgspec
 
+from control_plane.domain.tenants.sources import MAX_SOURCES
 from shared.tenants import Limits, Scope, TenantName
 
 MAX_SCOPES = 8
 KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[^\\x00]*$")]
 DisplayName = Annotated[str, msgspec.Meta(max_length=256, pattern="^[^\\x00]*$")]
+
+
+Source = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern="^[^\\x00]*$")]
+Sources = Annotated[list[Source], msgspec.Meta(
+    max_length=MAX_SOURCES, description="where the tenant's admin keys may load from (control_plane/domain/"
+    "tenants/sources.py): absolute folders (/path, file:///path; resolved, and under --lora-roots) and URL "
+    "prefixes (s3://bucket/prefix, gs://…, az://…, hf://org[/name[@revision]]); empty: uploads only")]
 
 
 class TenantCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -20,19 +28,23 @@ class TenantCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: TenantName
     display_name: DisplayName = ""
     limits: Limits = msgspec.field(default_factory=Limits)
+    sources: Sources = msgspec.field(default_factory=list)
 
 
 class TenantUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """PATCH /v1/tenants/{tenant}: a field left out is kept; `limits` replaces all the quotas."""
+    """PATCH /v1/tenants/{tenant}: a field left out is kept; `limits` replaces all the quotas, `sources`
+    all the sources."""
 
     display_name: DisplayName | None = None
     limits: Limits | None = None
+    sources: Sources | None = None
 
 
 class Tenant(msgspec.Struct, kw_only=True):
     name: str
     display_name: str
     limits: Limits
+    sources: list[str]  # where its admin keys may load from, as compared (empty: uploads only)
     adapters: int  # adapters it owns
     keys: int  # keys not revoked
     created_at: dt.datetime

@@ -4,6 +4,7 @@ transaction with its audit row); audit targets name tenants and key ids, never a
 - a key's secret is made and hashed before the transaction (argon2 is slow) and leaves only in the
   creation's answer; a revocation is published to the routers after the commit;
 - `admin:<tenant>` scopes may name only the key's own tenant;
+- `sources` (where the tenant's admin keys may load from) are stored as compared (sources.normalise);
 - moving an adapter to a tenant (and a tenant key's first load of a new adapter, `claim_new`) is
   refused (409) once the tenant owns its `adapters` quota.
 """
@@ -21,6 +22,7 @@ from control_plane.auth import Principal
 from control_plane.db.models import Adapter, ApiKey, Tenant
 from control_plane.db.transaction import read, transact
 from control_plane.domain.tenants import schemas
+from control_plane.domain.tenants import sources as tenant_sources
 from control_plane.domain.tenants.revocations import RevocationPublisher
 from control_plane.uow import Mutation
 from shared import key_secrets
@@ -59,6 +61,11 @@ async def require_tenant(session: AsyncSession, name: str) -> Tenant:
     return tenant
 
 
+async def sources_of(session: AsyncSession, name: str) -> list[str]:
+    """The tenant's sources (control_plane/domain/tenants/sources.py); none for a tenant that is gone."""
+    return list(await session.scalar(select(Tenant.sources).where(Tenant.name == name)) or [])
+
+
 async def _check_adapter_quota(session: AsyncSession, tenant: Tenant, adapter: Adapter) -> None:
     if tenant.max_adapters is None:
         return
@@ -85,10 +92,12 @@ class TenantService:
         self.revocations = revocations
 
     async def create(self, req: schemas.TenantCreate, actor: Principal) -> schemas.Tenant:
+        sources = tenant_sources.normalise(req.sources)
+
         async def work(session: AsyncSession, _: Any) -> None:
             if await session.scalar(select(Tenant.id).where(Tenant.name == req.name)) is not None:
                 raise ConflictError(f"tenant {req.name!r} exists", param="name")
-            tenant = Tenant(name=req.name, display_name=req.display_name)
+            tenant = Tenant(name=req.name, display_name=req.display_name, sources=sources)
             _set_limits(tenant, req.limits)
             session.add(tenant)
 
@@ -96,12 +105,16 @@ class TenantService:
         return await self.get(req.name)
 
     async def update(self, name: str, req: schemas.TenantUpdate, actor: Principal) -> schemas.Tenant:
+        sources = None if req.sources is None else tenant_sources.normalise(req.sources)
+
         async def work(session: AsyncSession, _: Any) -> None:
             tenant = await require_tenant(session, name)
             if req.display_name is not None:
                 tenant.display_name = req.display_name
             if req.limits is not None:
                 _set_limits(tenant, req.limits)
+            if sources is not None:
+                tenant.sources = sources
 
         await self.mutation.run(actor, "update_tenant", name, work)
         await self.revocations.publish(f"tenant:{name}")  # routers fetch its keys' limits again
@@ -124,7 +137,7 @@ class TenantService:
         keys = await self.session.scalar(select(func.count()).select_from(ApiKey).where(
             ApiKey.tenant_id == tenant.id, ApiKey.revoked_at.is_(None)))
         return schemas.Tenant(name=tenant.name, display_name=tenant.display_name, limits=limits_of(tenant),
-                              adapters=adapters or 0, keys=keys or 0, created_at=tenant.created_at,
+                              sources=list(tenant.sources), adapters=adapters or 0, keys=keys or 0, created_at=tenant.created_at,
                               updated_at=tenant.updated_at)
 
     async def create_key(self, tenant_name: str, req: schemas.ApiKeyCreate, actor: Principal) -> schemas.ApiKeyCreated:

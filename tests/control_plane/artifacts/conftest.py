@@ -2,14 +2,23 @@
 
 The store and the `s3://` sources then talk real S3 over HTTP (signatures, ranges, presigned URLs) to a
 server that is not ours. Without moto these tests skip, unless CI is set (then a missing server fails).
+
+`hub`: the Hub cannot be reached here, so a real local HTTP server lays the demo adapters out as the Hub
+serves a repository's files (`org/poet`: demo-poet at main, demo-short at v2), with HF_ENDPOINT pointing
+at it; it notes every path it was asked for.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -72,3 +81,37 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3:
     for key, value in {**KEYS, "AWS_ENDPOINT_URL": moto_endpoint}.items():
         monkeypatch.setenv(key, value)
     return S3(moto_endpoint, f"t-{uuid.uuid4().hex[:12]}")
+
+
+@dataclass
+class Hub:
+    url: str
+    asked: list[str] = field(default_factory=list)  # the paths requested, in order
+
+
+class _NotingHandler(SimpleHTTPRequestHandler):
+    def __init__(self, *args, hub: Hub, **kwargs) -> None:  # noqa: ANN002, ANN003 (the server's own arguments)
+        self.hub = hub
+        super().__init__(*args, **kwargs)
+
+    def send_head(self):  # noqa: ANN201 (GET and HEAD both come here)
+        self.hub.asked.append(self.path)
+        return super().send_head()
+
+
+@pytest.fixture
+def hub(tmp_path: Path, demo: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
+    served = tmp_path / "hub"
+    for revision in ("main", "v2"):
+        shutil.copytree(demo["demo-poet" if revision == "main" else "demo-short"],
+                        served / "org" / "poet" / "resolve" / revision)
+    found = Hub("")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_NotingHandler, hub=found, directory=str(served)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    found.url = f"http://127.0.0.1:{server.server_address[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", found.url)
+    try:
+        yield found
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -5,39 +5,16 @@ adapter out the same way and HF_ENDPOINT points at it."""
 
 from __future__ import annotations
 
-import functools
-import shutil
-import threading
-from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-
 import pytest
 from litestar.testing import AsyncTestClient
 
 from control_plane.artifacts.sources import hub_url
 from shared.errors import InvalidRequestError
+from tests.control_plane.artifacts.conftest import Hub
 from tests.control_plane.conftest import admin
 
 
-@pytest.fixture
-def hub(tmp_path: Path, demo: dict[str, Path]) -> Iterator[str]:
-    for revision in ("main", "v2"):
-        shutil.copytree(demo["demo-poet" if revision == "main" else "demo-short"],
-                        tmp_path / "org" / "poet" / "resolve" / revision)
-    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-async def test_an_hf_source_is_copied_like_a_folder(client: AsyncTestClient, demo: dict, hub: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_ENDPOINT", hub)
+async def test_an_hf_source_is_copied_like_a_folder(client: AsyncTestClient, demo: dict, hub: Hub) -> None:
     folder = await client.post("/v1/load_lora_adapter", headers=admin(), json={
         "lora_name": "from-folder", "lora_path": str(demo["demo-poet"]), "base_model": "demo"})
     r = await client.post("/v1/load_lora_adapter", headers=admin(), json={

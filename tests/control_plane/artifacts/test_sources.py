@@ -67,6 +67,9 @@ async def test_a_file_url_is_the_folder_it_names(client: AsyncTestClient, demo: 
     assert remote["status"] == 400 and "file:///path" in remote["error"]["message"], remote
     other = await load(client, "ftp", "ftp://host/adapter")
     assert other["status"] == 400 and "s3://" in other["error"]["message"], other
+    for unparsable in ("s3://[bucket/x", "file://[x/y", "hf://org]/x"):  # an unclosed IPv6 host: a 400, not a 500
+        body = await load(client, "bad-url", unparsable)
+        assert body["status"] == 400 and "not a valid URL" in body["error"]["message"], body
 
 
 async def test_a_folder_outside_the_roots_is_refused_before_it_is_read(client: AsyncTestClient, demo: dict,

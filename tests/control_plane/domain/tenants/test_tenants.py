@@ -15,24 +15,7 @@ from shared import key_secrets
 from shared.tenants import split_key
 from tests.control_plane.conftest import admin, reader
 from tests.control_plane.domain.adapters.helpers import fetch_all
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def make_tenant(client: AsyncTestClient, name: str, **limits: int) -> None:
-    r = await client.post("/v1/tenants", json={"name": name, "display_name": name.title(), "limits": limits},
-                          headers=admin())
-    assert r.status_code == 201, r.text
-
-
-async def make_key(client: AsyncTestClient, tenant: str, *scopes: str, headers: dict | None = None) -> str:
-    r = await client.post(f"/v1/tenants/{tenant}/keys", json={"name": "k", "scopes": list(scopes or ["inference"])},
-                          headers=headers or admin())
-    assert r.status_code == 201, r.text
-    assert r.headers["cache-control"] == "no-store"
-    return r.json()["key"]
+from tests.control_plane.domain.tenants.helpers import bearer, make_key, make_tenant
 
 
 async def test_keys_are_shown_once_hashed_and_never_audited(client: AsyncTestClient, db_url: str) -> None:
@@ -60,7 +43,7 @@ async def test_keys_are_shown_once_hashed_and_never_audited(client: AsyncTestCli
 
 async def test_a_tenant_key_manages_its_own_adapters_only(client: AsyncTestClient, demo: dict[str, Path],
                                                           db_url: str) -> None:
-    await make_tenant(client, "team-a", adapters=1)
+    await make_tenant(client, "team-a", sources=[str(demo["root"])], adapters=1)
     await make_tenant(client, "team-b")
     a_admin = bearer(await make_key(client, "team-a", "admin:team-a"))
     a_inference = bearer(await make_key(client, "team-a", "inference"))
