@@ -1,17 +1,21 @@
 """A load's `lora_path` as an `s3://` prefix (files put into moto first), as `file:///…`, and the refusals:
 a file missing under a prefix names it, a folder outside the adapter roots is refused before a byte is
-read. What decides whether a version is the same is its digest, so each source is compared with a load
+read, a URL that cannot be parsed is a 400, and the copy opens only regular files under the roots. What decides whether a version is the same is its digest, so each source is compared with a load
 of the same folder. (SQLite only: nothing here depends on the database; uploads run on both.)"""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from litestar.testing import AsyncTestClient
 
+from control_plane.artifacts.sources import open_under
 from control_plane.settings import ControlPlaneSettings
+from shared.errors import ConflictError
+from shared.peft import WEIGHTS_NAME
 from tests.control_plane.artifacts.conftest import S3
 from tests.control_plane.artifacts.helpers import blob_rows, files_of, recorded, sha, stored_objects
 from tests.control_plane.conftest import admin
@@ -83,3 +87,21 @@ async def test_a_folder_outside_the_roots_is_refused_before_it_is_read(client: A
         body = await load(client, "outside", lora_path)
         assert body["status"] == 400 and body["error"]["param"] == "lora_path", body
         assert "outside the allowed adapter roots" in body["error"]["message"], body
+
+
+def test_the_copy_opens_only_regular_files_under_the_roots(demo: dict, tmp_path: Path) -> None:
+    """What the copy of a folder opens is checked again where it lies: a link swapped in after the folder
+    was checked leads nowhere outside the roots, and a FIFO swapped in does not block the copy."""
+    root = tmp_path / "roots"
+    shutil.copytree(demo["demo-poet"], root / "poet")
+    changed = ConflictError("changed")
+    kept = root / "poet" / WEIGHTS_NAME
+    with open_under(kept, (str(root),), changed) as fh:
+        assert fh.read() == kept.read_bytes()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not under the roots")
+    (root / "poet" / "swapped").symlink_to(secret)
+    os.mkfifo(root / "poet" / "fifo")
+    for path in (root / "poet" / "swapped", root / "poet" / "fifo", secret):
+        with pytest.raises(ConflictError):
+            open_under(path, (str(root),), changed)

@@ -23,7 +23,7 @@ def db_url(tmp_path: Path) -> str:
 
 
 async def team_a(client: AsyncTestClient, *sources: str) -> dict[str, str]:
-    await make_tenant(client, "team-a", sources=list(sources))
+    await make_tenant(client, "team-a", sources=list(sources) or None)
     return bearer(await make_key(client, "team-a", "admin:team-a"))
 
 
@@ -37,7 +37,11 @@ async def test_s3_loads_only_under_the_tenants_prefix(client: AsyncTestClient, d
     for folder in ("team-a/poet", "team-b/private", "team-ab/x"):
         for name, data in files_of(demo["demo-poet"]).items():
             s3.put(f"{folder}/{name}", data)
-    key = await team_a(client, f"{s3.url}/team-a/")
+    key = await team_a(client)
+    status, body = await load(client, key, "a-copy", f"{s3.url}/team-b/private/")  # the control plane's credentials
+    assert status == 403 and "has no sources" in body["error"]["message"], body
+    r = await client.patch("/v1/tenants/team-a", json={"sources": [f"{s3.url}/team-a/"]}, headers=admin())
+    assert r.status_code == 200, r.text
     status, body = await load(client, key, "a-poet", f"{s3.url}/team-a/poet")
     assert status == 200 and body["created"], body
     for lora_path in (f"{s3.url}/team-b/private/", f"{s3.url}/team-ab/x/", f"{s3.url}/team-", f"{s3.url}/",
@@ -58,8 +62,7 @@ async def test_hf_loads_only_the_tenants_repositories_and_revisions(client: Asyn
     nothing = await team_a(client)
     status, body = await load(client, nothing, "a-hub", "hf://org/poet")
     assert status == 403 and "has no sources" in body["error"]["message"], body
-    r = await client.patch("/v1/tenants/team-a", json={"sources": ["hf://org/poet@v2"]},
-                           headers=admin())
+    r = await client.patch("/v1/tenants/team-a", json={"sources": ["hf://org/poet@v2"]}, headers=admin())
     assert r.status_code == 200, r.text
     for lora_path in ("hf://org/poet", "hf://org/poet@main", "hf://org/other@v2", "hf://org2/poet@v2"):
         status, body = await load(client, nothing, "a-hub", lora_path)
@@ -68,7 +71,7 @@ async def test_hf_loads_only_the_tenants_repositories_and_revisions(client: Asyn
     status, body = await load(client, nothing, "a-hub", "hf://org/poet@v2")
     assert status == 200, body
     assert hub.asked and all(p.startswith("/org/poet/resolve/v2/") for p in hub.asked)
-    r = await client.patch("/v1/tenants/team-a", json={"sources": ["hf://org"]},
-                           headers=admin())
+    r = await client.patch("/v1/tenants/team-a", json={"sources": ["hf://org"]}, headers=admin())
+    assert r.status_code == 200 and r.json()["sources"] == ["hf://org"], r.text
     status, body = await load(client, nothing, "a-hub", "hf://org/poet")  # any repository of org, main
     assert status == 200 and body["version"] == 2, body
