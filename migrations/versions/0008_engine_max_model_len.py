@@ -2,7 +2,7 @@
 
 Revision ID: 0008_engine_max_model_len
 Revises: 0007_tenants
-Create Date: 2026-12-04
+Create Date: 2026-12-06
 
 - engines.max_model_len (NULL: the engine did not say, as every engine registered before this revision
   until it registers again): the routing table carries the smallest per base model, and routers reserve
