@@ -69,12 +69,14 @@ def running(tmp: Path) -> Iterator[tuple[str, str, str, str]]:
     adapter = write_lora_adapter(base, tmp / "adapters" / ADAPTER,
                                  DemoAdapter(r=8, lora_alpha=16, target_modules=TARGET_MODULES), seed=100)
     admin, router_token, engine_admin, engine_cp = (secrets.token_urlsafe(16) for _ in range(4))
+    pepper = secrets.token_urlsafe(32)  # tenant keys' hashes: the control plane's and the tenant router's
     cp, engine, router, tenant_router = (f"http://127.0.0.1:{free_port()}" for _ in range(4))
     prefix = f"lpbench:{secrets.token_hex(4)}:"
     cp_env = {**os.environ, "LORAPLANE_REDIS_URL": REDIS_URL, "LORAPLANE_REDIS_PREFIX": prefix,
               "LORAPLANE_ADMIN_TOKENS": admin, "LORAPLANE_ROUTER_TOKENS": router_token,
               "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE}={engine_cp}",
-              "LORAPLANE_DATABASE_URL": f"sqlite:///{tmp / 'cp.db'}", "LORAPLANE_LOG_LEVEL": "warning"}
+              "LORAPLANE_DATABASE_URL": f"sqlite:///{tmp / 'cp.db'}", "LORAPLANE_LOG_LEVEL": "warning",
+              "LORAPLANE_KEY_PEPPER": pepper}
     engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
     with contextlib.ExitStack() as stack:
         stack.enter_context(process(cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)),
@@ -102,7 +104,8 @@ def running(tmp: Path) -> Iterator[tuple[str, str, str, str]]:
                                     {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router))
         stack.enter_context(process(cli("router", "--control-plane", cp, "--port", tenant_router.rsplit(":", 1)[1],
                                         "--log-level", "warning", "--require-api-key", "--redis-prefix", prefix),
-                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_REDIS_URL": REDIS_URL},
+                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_REDIS_URL": REDIS_URL,
+                                     "LORAPLANE_KEY_PEPPER": pepper},
                                     tmp / "tenant-router.log", tenant_router))
         stack.callback(forget_redis, prefix)
         for url, headers in ((router, {}), (tenant_router, {"Authorization": f"Bearer {key}"})):

@@ -41,6 +41,8 @@ from control_plane.settings import ControlPlaneSettings
 from control_plane.ui.controller import console_router
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
+from shared.key_checks import KeyChecks
+from shared.key_secrets import KeyHasher
 from shared.openapi import document_app, route_doc
 
 logger = logging.getLogger(__name__)
@@ -69,9 +71,9 @@ async def metrics(state: State) -> Response[bytes]:
 
 
 def _contract_errors(handler: Any) -> list[int]:
-    """Statuses every guarded route may answer besides its own: 401/403 (the guards) and 503 (the
-    database is unavailable; /health lists its own)."""
-    return [401, 403, 503] if handler.resolve_guards() else []
+    """Statuses every guarded route may answer besides its own: 401/403 (the guards), 429 (a tenant key's
+    failed attempts: shared/key_checks.py) and 503 (the database is unavailable; /health lists its own)."""
+    return [401, 403, 429, 503] if handler.resolve_guards() else []
 
 
 def create_app(settings: ControlPlaneSettings) -> Litestar:
@@ -86,7 +88,9 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     artifact_store = ArtifactStore(settings.artifact_store)
     stats_cache = StatsCache()
     history = HistorySampler(sessions, gate, settings, engine_client, stats_cache)  # the console's charts
-    tenant_auth = TenantAuth(sessions)
+    tenant_auth = TenantAuth(sessions, gate, KeyHasher(settings.key_pepper),
+                             KeyChecks(settings.key_failures_per_address, settings.key_failures_per_key,
+                                       settings.key_failure_window_s))
     revocations = RevocationPublisher(settings.redis_url, settings.redis_prefix, on_publish=tenant_auth.forget)
 
     async def apply_migrations(_: Litestar) -> None:

@@ -13,7 +13,8 @@ router (the routing table and its own demand reports).
 - a tenant key (`lp_<key id>_<secret>`, control_plane/domain/tenants) with the scope `admin:<tenant>` acts
   on routes marked `opt={"tenant_role": "adapter" | "tenant"}` only, and there only on its own tenant and
   that tenant's adapters (the app's `tenant_auth.gate`: another tenant's adapter is a 404); elsewhere, and
-  for a key without that scope, 403.
+  for a key without that scope, 403; 429 (without a lookup or hash) past the failed attempts allowed per
+  client address and per key id (shared/key_checks.py).
 
 401 without a (known) token. Every configured token is compared in constant time, all of them each time,
 so timing tells neither which token nor how much of it matched. The audit trail names a caller by
@@ -54,7 +55,7 @@ class Principal:
 class TenantKeys(Protocol):
     """What the guards need of tenant keys (control_plane/domain/tenants/keys.py, in the app's state)."""
 
-    async def principal(self, key_id: str, secret: str) -> Principal: ...
+    async def principal(self, key_id: str, secret: str, client: str) -> Principal: ...
 
     async def gate(self, connection: ASGIConnection, role: str, principal: Principal) -> None: ...
 
@@ -90,7 +91,8 @@ async def principal_of(connection: ASGIConnection) -> Principal:
         scheme, _, offered = (authorization or "").strip().partition(" ")
         tenant_key = split_key(offered.strip()) if scheme.lower() == "bearer" else None
         if tenant_key is not None:
-            cached = await connection.app.state.tenant_auth.principal(*tenant_key)
+            client = connection.client.host if connection.client else ""
+            cached = await connection.app.state.tenant_auth.principal(*tenant_key, client)
         else:
             cached = authenticate(authorization, connection.app.state.settings)
         connection.scope.setdefault("state", {})["loraplane_principal"] = cached

@@ -17,8 +17,10 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from shared.key_secrets import MIN_PEPPER_CHARS, PEPPER_ENV
 from shared.logging_setup import LOG_FORMATS, LOG_LEVELS
 from shared.names import name_problem
+from shared.secret_env import read_secret
 
 ENV_PREFIX = "LORAPLANE_"
 # Plain driver names are accepted for convenience and mapped to the async drivers the service runs on.
@@ -106,6 +108,14 @@ class ControlPlaneSettings:
     # routers' --redis-prefix (one per fleet sharing a Redis).
     redis_url: str | None = None
     redis_prefix: str = "loraplane:"
+    # Tenant keys' hashes are HMAC-SHA256 under this pepper (LORAPLANE_KEY_PEPPER or LORAPLANE_KEY_PEPPER_FILE;
+    # every router needs the same). Unset, no key can be made (503) and only legacy argon2 hashes verify.
+    key_pepper: str | None = None
+    # failed tenant-key attempts (shared/key_checks.py): past these within the window, 429 without a hash
+    # (LORAPLANE_KEY_FAILURES_PER_ADDRESS, LORAPLANE_KEY_FAILURES_PER_KEY, LORAPLANE_KEY_FAILURE_WINDOW_S)
+    key_failures_per_address: int = 20
+    key_failures_per_key: int = 100
+    key_failure_window_s: float = 60.0
     log_level: str = "info"
     log_format: str = "text"  # text | json (shared/logging_setup.py)
 
@@ -170,6 +180,11 @@ class ControlPlaneSettings:
             self.public_url = self.public_url.rstrip("/")
             if not self.public_url.startswith(("http://", "https://")):
                 raise ValueError("public_url must be an http(s) URL")
+        if self.key_pepper is not None and len(self.key_pepper) < MIN_PEPPER_CHARS:
+            raise ValueError(f"{PEPPER_ENV} must be at least {MIN_PEPPER_CHARS} characters")
+        if min(self.key_failures_per_address, self.key_failures_per_key) < 1 or not self.key_failure_window_s > 0:
+            raise ValueError("key_failures_per_address and key_failures_per_key must be >= 1, key_failure_window_s "
+                             "positive")
         if self.ui_session_secret is not None and len(self.ui_session_secret) < 16:
             raise ValueError("ui_session_secret must be at least 16 characters")
         if self.log_level.lower() not in LOG_LEVELS:
@@ -197,6 +212,9 @@ class ControlPlaneSettings:
             f"migrate_on_start={self.migrate_on_start}, artifact_store={str(self.artifact_store).split('?')[0]!r}, "
             f"max_artifact_bytes={self.max_artifact_bytes}, public_url={self.public_url!r}, "
             f"ui_session_secret={'<hidden>' if self.ui_session_secret else None}, "
+            f"key_pepper={'<hidden>' if self.key_pepper else None}, "
+            f"key_failures={self.key_failures_per_address}/address,{self.key_failures_per_key}/key id "
+            f"per {self.key_failure_window_s}s, "
             f"redis_url={'<set>' if self.redis_url else None}, redis_prefix={self.redis_prefix!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
         )
 
@@ -235,6 +253,9 @@ class ControlPlaneSettings:
                    "RECONCILE_ENGINE_CALLS": ("reconcile_engine_calls", int),
                    "UI_SESSION_SECRET": ("ui_session_secret", str),
                    "REDIS_URL": ("redis_url", str), "REDIS_PREFIX": ("redis_prefix", str),
+                   "KEY_FAILURES_PER_ADDRESS": ("key_failures_per_address", int),
+                   "KEY_FAILURES_PER_KEY": ("key_failures_per_key", int),
+                   "KEY_FAILURE_WINDOW_S": ("key_failure_window_s", float),
                    "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
         for suffix, (name, convert) in scalars.items():
             raw = env.get(ENV_PREFIX + suffix)
@@ -248,6 +269,9 @@ class ControlPlaneSettings:
                              ("ROUTER_TOKENS", "router_tokens")):
             if env.get(ENV_PREFIX + suffix):
                 values[name] = tuple(t for t in env[ENV_PREFIX + suffix].split(",") if t)
+        pepper = read_secret(env, PEPPER_ENV)
+        if pepper is not None:
+            values["key_pepper"] = pepper
         if env.get(ENV_PREFIX + "ENGINE_CREDENTIALS"):
             values["engine_credentials"] = parse_engine_credentials(env[ENV_PREFIX + "ENGINE_CREDENTIALS"])
         if env.get(ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"):

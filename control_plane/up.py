@@ -32,7 +32,10 @@ through their environment, never on their command lines (visible to every user i
 - the engines' inference key, which only the router sends (--api-key on the engines, LORAPLANE_ENGINE_API_KEY
   on the router): LORAPLANE_ENGINE_API_KEY, else .loraplane/engine-api-key;
 - client keys of the router: LORAPLANE_API_KEYS when set (else the router is open, as an engine without
-  --api-key).
+  --api-key);
+- the pepper of tenant keys' hashes, which the control plane and the router share (LORAPLANE_KEY_PEPPER
+  on both): LORAPLANE_KEY_PEPPER (or the file LORAPLANE_KEY_PEPPER_FILE names), else .loraplane/key-pepper
+  (made once: another pepper would invalidate every key made with this one).
 Each child gets only the tokens it uses.
 
 Ctrl-C, SIGTERM or SIGHUP (as a process manager sends) stops the router, then the engines (together: each
@@ -57,7 +60,9 @@ from pathlib import Path
 import httpx
 
 from shared.cpus import available_cpus
+from shared.key_secrets import PEPPER_ENV
 from shared.logging_setup import add_log_format_argument, configure_logging
+from shared.secret_env import read_secret
 
 STATE_DIR = Path(".loraplane")
 DEMO_ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
@@ -67,7 +72,7 @@ STOP_TIMEOUT_S = 45.0  # above the engine's default --shutdown-timeout-s (30): a
 _SECRETS = ("LORAPLANE_ADMIN_TOKENS", "LORAPLANE_READ_TOKENS", "LORAPLANE_ENGINE_TOKEN", "LORAPLANE_ENGINE_ADMIN_TOKEN",
             "LORAPLANE_ENGINE_CREDENTIALS", "LORAPLANE_ADMIN_TOKEN", "LORAPLANE_CONTROL_PLANE_TOKEN",
             "LORAPLANE_API_KEY", "LORAPLANE_ENGINE_API_KEY", "LORAPLANE_ROUTER_TOKEN", "LORAPLANE_ROUTER_TOKENS",
-            "LORAPLANE_API_KEYS")
+            "LORAPLANE_API_KEYS", "LORAPLANE_KEY_PEPPER", "LORAPLANE_KEY_PEPPER_FILE")
 
 
 class _Stopped(Exception):
@@ -96,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _token(env_names: tuple[str, ...], file_name: str) -> tuple[str, Path | None]:
+def _token(env_names: tuple[str, ...], file_name: str, nbytes: int = 24) -> tuple[str, Path | None]:
     for env_name in env_names:
         if os.environ.get(env_name):
             return os.environ[env_name].split(",")[0], None
@@ -104,7 +109,7 @@ def _token(env_names: tuple[str, ...], file_name: str) -> tuple[str, Path | None
     if not path.exists():
         STATE_DIR.mkdir(exist_ok=True)
         path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(24))
+        path.write_text(secrets.token_urlsafe(nbytes))
     return path.read_text().strip(), path
 
 
@@ -169,13 +174,15 @@ def _launch(args: argparse.Namespace) -> _Launch:
     engine_cp = {n: _token((), "engine-cp-token" if n == ENGINE_NAME else f"engine-cp-token-{n}")[0] for n in names}
     router_token, _ = _token(("LORAPLANE_ROUTER_TOKEN",), "router-token")
     engine_key, _ = _token(("LORAPLANE_ENGINE_API_KEY",), "engine-api-key")
+    pepper = read_secret(os.environ, PEPPER_ENV) or _token((), "key-pepper", nbytes=32)[0]
     client_keys = os.environ.get("LORAPLANE_API_KEYS", "")
     host, log = args.host, ["--log-format", args.log_format]
     cp_url = f"http://{host}:{args.port}"
     base_env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
     control_env = {**base_env, "LORAPLANE_ADMIN_TOKENS": os.environ.get("LORAPLANE_ADMIN_TOKENS") or admin,
                    "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ROUTER_TOKENS": router_token,
-                   "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in engine_cp.items())}
+                   "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in engine_cp.items()),
+                   "LORAPLANE_KEY_PEPPER": pepper}
     if os.environ.get("LORAPLANE_READ_TOKENS"):
         control_env["LORAPLANE_READ_TOKENS"] = os.environ["LORAPLANE_READ_TOKENS"]
     launcher = [sys.executable, "-m", "shared.cli"]
@@ -201,7 +208,8 @@ def _launch(args: argparse.Namespace) -> _Launch:
         if roots:
             cmd += ["--lora-roots", *roots]
         engines.append(_Child(f"engine {name}", cmd, env))
-    router_env = {**base_env, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_ENGINE_API_KEY": engine_key}
+    router_env = {**base_env, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_ENGINE_API_KEY": engine_key,
+                  "LORAPLANE_KEY_PEPPER": pepper}
     if client_keys:
         router_env["LORAPLANE_API_KEYS"] = client_keys
     router_cmd = [*launcher, "router", "--control-plane", cp_url, "--host", host, "--port", str(args.router_port),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class LoraplaneError(Exception):
     """Base class: `status_code` and `error_type` drive the OpenAI-style JSON error body."""
@@ -24,6 +26,10 @@ class LoraplaneError(Exception):
                 "code": self.code if self.code is not None else self.status_code,
             }
         }
+
+    def response_headers(self) -> dict[str, str]:
+        """Headers the answer carries besides the body (none but where a subclass says)."""
+        return {}
 
 
 class InvalidRequestError(LoraplaneError):
@@ -54,6 +60,20 @@ class ConflictError(LoraplaneError):
 class PayloadTooLargeError(LoraplaneError):
     status_code = 413
     error_type = "invalid_request_error"
+
+
+class RateLimitError(LoraplaneError):
+    """429 in OpenAI's shape (`type` requests, `code` rate_limit_exceeded) with Retry-After."""
+
+    status_code = 429
+    error_type = "requests"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, code="rate_limit_exceeded")
+        self.retry_after_s = retry_after_s
+
+    def response_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 class OverloadedError(LoraplaneError):

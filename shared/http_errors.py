@@ -32,7 +32,7 @@ def readable(message: str) -> str:
 
 
 def error_response(exc: LoraplaneError) -> Response[dict[str, Any]]:
-    return Response(exc.to_body(), status_code=exc.status_code)
+    return Response(exc.to_body(), status_code=exc.status_code, headers=exc.response_headers() or None)
 
 
 def error_body(

@@ -1,10 +1,12 @@
 """Tenants' API keys and adapter access, defined once for the control plane and the router (msgspec).
 
 A key reads `lp_<key id>_<secret>`: the key id (12 hex digits) is public and names the row, so a key is
-found without scanning; only the secret's argon2 hash is stored. The router fetches a key's record by its
-id (`GET /v1/tenancy/keys/{key_id}`, router token), verifies the secret against the hash once and caches
-the verified key; revocations reach it through Redis (`revocation_channel`) and the cache's TTL bounds
-the worst case. `GET /v1/tenancy/adapters` lists who may use which adapter (owner tenant, public).
+found without scanning; only a keyed hash of it is stored (shared/key_secrets.py). The router fetches a
+key's record by its id (`GET /v1/tenancy/keys/{key_id}`, router token), verifies the secret against the
+hash once and caches the verified key; a legacy (argon2) hash it verified is rewritten by the control
+plane (`POST /v1/tenancy/keys/{key_id}/rehash`, `RehashRequest`). Revocations reach it through Redis
+(`revocation_channel`) and the cache's TTL bounds the worst case. `GET /v1/tenancy/adapters` lists who
+may use which adapter (owner tenant, public).
 
 Limits are per minute (requests, tokens = prompt + generated), in flight at once (concurrent), and the
 number of adapters a tenant owns (enforced by the control plane); None is unlimited.
@@ -20,13 +22,15 @@ from typing import Annotated
 import msgspec
 
 KEYS_PATH = "/v1/tenancy/keys"
+REHASH_SUFFIX = "/rehash"  # KEYS_PATH/{key_id} + this: a legacy hash rewritten as HMAC
 ACCESS_PATH = "/v1/tenancy/adapters"
 KEY_PREFIX = "lp_"
 KEY_ID_HEX = 12
 INFERENCE = "inference"
 ADMIN_SCOPE_PREFIX = "admin:"
 TENANT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"  # goes into scopes, metrics labels and Redis keys as is
-_KEY = re.compile(rf"^{KEY_PREFIX}([0-9a-f]{{{KEY_ID_HEX}}})_([A-Za-z0-9_-]{{20,128}})$")
+KEY_PATTERN = rf"^{KEY_PREFIX}([0-9a-f]{{{KEY_ID_HEX}}})_([A-Za-z0-9_-]{{20,128}})$"
+_KEY = re.compile(KEY_PATTERN)
 
 TenantName = Annotated[str, msgspec.Meta(pattern=TENANT_NAME_PATTERN,
                                          description="1–63 of lower-case letters, digits, `_` and `-`")]
@@ -50,12 +54,18 @@ class KeyRecord(msgspec.Struct, kw_only=True):
 
     key_id: str
     tenant: str
-    secret_hash: str  # argon2 (PHC string)
+    secret_hash: str  # `$hmac-sha256$…`, or a legacy argon2 PHC string (`$argon2…`)
     scopes: list[str]
     expires_at: float | None  # seconds since the epoch
     revoked: bool
     limits: Limits  # the key's own
     tenant_limits: Limits  # the tenant's, shared by all its keys
+
+
+class RehashRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A key a router verified against its legacy hash, for the control plane to check again and rehash."""
+
+    key: Annotated[str, msgspec.Meta(pattern=KEY_PATTERN, description="the whole key, `lp_<key id>_<secret>`")]
 
 
 class AdapterAccess(msgspec.Struct, kw_only=True):

@@ -91,7 +91,8 @@ class Health(msgspec.Struct):
 
 async def client_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     """The caller (keys.py), kept in the request's state for the model list to filter by."""
-    caller = await connection.app.state.router.tenancy.caller(connection.headers.get("authorization"))
+    client = connection.client.host if connection.client else ""
+    caller = await connection.app.state.router.tenancy.caller(connection.headers.get("authorization"), client)
     connection.scope.setdefault("state", {})["loraplane_caller"] = caller
 
 
@@ -169,11 +170,10 @@ async def metrics(state: State) -> Response[bytes]:
 
 def _key_errors(config: RouterConfig, handler: HTTPRouteHandler) -> list[int]:
     """What keys add to a guarded route: 401 (no or a wrong key); with --require-api-key also 403 (a key
-    without the inference scope) and, on the inference routes, 429 (a quota)."""
+    without the inference scope) and 429 (too many failed key attempts; on the inference routes, a quota)."""
     if client_key_guard not in (handler.guards or ()) or not (config.api_keys or config.require_api_key):
         return []
-    inference = fast_path in (handler.middleware or ())
-    return [401] + ([403, 429] if config.require_api_key and inference else [403] if config.require_api_key else [])
+    return [401, 403, 429] if config.require_api_key else [401]
 
 
 def create_app(config: RouterConfig) -> Litestar:

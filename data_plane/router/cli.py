@@ -6,7 +6,8 @@ Secrets come from the environment, or from a file named by the same variable wit
 (never from flags, which every user sees in `ps`): LORAPLANE_ROUTER_TOKEN (this router's token at the
 control plane: one of its LORAPLANE_ROUTER_TOKENS), LORAPLANE_ENGINE_API_KEY (the engines' --api-key),
 LORAPLANE_API_KEYS (comma-separated keys clients must send; unset, the router is open), LORAPLANE_REDIS_URL
-(tenants' quota counters and key revocations, with --require-api-key).
+(tenants' quota counters and key revocations, with --require-api-key), LORAPLANE_KEY_PEPPER (the control
+plane's, to verify tenant keys; without it only keys hashed before the pepper existed are verified).
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--key-cache-ttl-s", type=float, default=d["key_cache_ttl_s"].default,
                    help="a verified tenant key is checked with the control plane again after this long "
                    "(the bound on a revocation Redis did not carry)")
+    p.add_argument("--key-failures-per-address", type=int, default=d["key_failures_per_address"].default,
+                   help="failed tenant-key attempts from one client address within --key-failure-window-s, after "
+                   "which its attempts are answered 429 without a hash")
+    p.add_argument("--key-failures-per-key", type=int, default=d["key_failures_per_key"].default,
+                   help="failed attempts of one key id (from any addresses) after which its offers are answered 429, "
+                   "but for the secret already verified (its holder keeps working)")
+    p.add_argument("--key-failure-window-s", type=float, default=d["key_failure_window_s"].default,
+                   help="the window over which failed tenant-key attempts are counted")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_log_format_argument(p)
     return p
@@ -89,6 +98,8 @@ def main(argv: list[str]) -> int:
             advertise_url=args.advertise_url,
             require_api_key=args.require_api_key, redis_prefix=args.redis_prefix,
             quota_failure=args.quota_failure, key_cache_ttl_s=args.key_cache_ttl_s,
+            key_failures_per_address=args.key_failures_per_address, key_failures_per_key=args.key_failures_per_key,
+            key_failure_window_s=args.key_failure_window_s,
             **secrets_from_env(),  # type: ignore[arg-type]
         )
         sock = listening_socket(config.host, config.port)
@@ -106,7 +117,9 @@ def main(argv: list[str]) -> int:
     keys = f"{len(config.api_keys)} client key(s)" if config.api_keys else "open (no LORAPLANE_API_KEYS)"
     if config.require_api_key:
         quotas = "quotas in Redis" if config.redis_url else "no LORAPLANE_REDIS_URL: quotas fail " + config.quota_failure
-        keys = f"API keys required (tenant keys, {len(config.api_keys)} static), {quotas}"
+        pepper = "" if config.key_pepper else (", no LORAPLANE_KEY_PEPPER: only tenant keys hashed before it existed "
+                                               "are verified, others are answered 503")
+        keys = f"API keys required (tenant keys, {len(config.api_keys)} static), {quotas}{pepper}"
     print(f"loraplane router: serving on {url}, routes from {config.control_plane_url}, {keys}", flush=True)
     # uvloop's event loop and httptools' C parser: the router's own cost is per request and per chunk, and
     # uvicorn's pure-Python h11 parser and asyncio's loop were most of it (base dependencies, so never absent)

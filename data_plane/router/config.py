@@ -1,8 +1,8 @@
 """RouterConfig: everything one router process is configured with, validated once.
 
 The CLI (cli.py) builds it from flags and the environment; nothing below reads either. Secrets (the
-router's token at the control plane, the engines' inference key, the client keys) come from the
-environment or a file named by `<VARIABLE>_FILE`, never from the command line.
+router's token at the control plane, the engines' inference key, the client keys, the tenant keys'
+pepper) come from the environment or a file named by `<VARIABLE>_FILE`, never from the command line.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
+
+from shared import secret_env
+from shared.key_secrets import MIN_PEPPER_CHARS, PEPPER_ENV
 
 ROUTER_TOKEN_ENV = "LORAPLANE_ROUTER_TOKEN"  # router → control plane (its LORAPLANE_ROUTER_TOKENS)
 ENGINE_API_KEY_ENV = "LORAPLANE_ENGINE_API_KEY"  # router → engines (their --api-key)
@@ -60,6 +62,12 @@ class RouterConfig:
     redis_prefix: str = "loraplane:"  # of every Redis key and channel: one per fleet sharing a Redis
     quota_failure: str = "closed"  # Redis unreachable: closed (503) or open (admit, uncounted)
     key_cache_ttl_s: float = 5.0  # a verified key is checked again after this long: revocation's worst case
+    # LORAPLANE_KEY_PEPPER: the control plane's, to verify tenant keys' HMAC hashes (None: legacy hashes only)
+    key_pepper: str | None = field(default=None, repr=False)
+    # failed tenant-key attempts (shared/key_checks.py): past these within the window, 429 without a hash
+    key_failures_per_address: int = 20
+    key_failures_per_key: int = 100  # of one key id, from any addresses; its verified secret still passes
+    key_failure_window_s: float = 60.0
     concurrency_lease_s: float = 900.0  # a concurrent-request slot a crashed router held frees itself after this
     log_level: str = "info"
     log_format: str = "text"
@@ -81,13 +89,15 @@ class RouterConfig:
                     "stale_after_s": self.stale_after_s, "connect_timeout_s": self.connect_timeout_s,
                     "read_timeout_s": self.read_timeout_s, "control_plane_timeout_s": self.control_plane_timeout_s,
                     "placement_timeout_s": self.placement_timeout_s,
-                    "engine_down_s": self.engine_down_s}
+                    "engine_down_s": self.engine_down_s, "key_failure_window_s": self.key_failure_window_s}
         for name, value in positive.items():
             if not value > 0:
                 raise RouterConfigError(f"{name} must be positive, got {value}")
         counts = {"max_attempts": self.max_attempts, "max_request_body_bytes": self.max_request_body_bytes,
                   "max_connections": self.max_connections, "prefix_chars": self.prefix_chars,
-                  "prefix_cache_size": self.prefix_cache_size, "max_model_labels": self.max_model_labels}
+                  "prefix_cache_size": self.prefix_cache_size, "max_model_labels": self.max_model_labels,
+                  "key_failures_per_address": self.key_failures_per_address,
+                  "key_failures_per_key": self.key_failures_per_key}
         for name, value in counts.items():
             if value < 1:
                 raise RouterConfigError(f"{name} must be at least 1, got {value}")
@@ -97,21 +107,18 @@ class RouterConfig:
             raise RouterConfigError("key_cache_ttl_s and concurrency_lease_s must be positive")
         if self.max_request_tokens is not None and self.max_request_tokens < 1:
             raise RouterConfigError(f"--max-request-tokens must be at least 1, got {self.max_request_tokens}")
+        if self.key_pepper is not None and len(self.key_pepper) < MIN_PEPPER_CHARS:
+            raise RouterConfigError(f"{PEPPER_ENV} must be at least {MIN_PEPPER_CHARS} characters")
         if self.affinity_slack < 0:
             raise RouterConfigError(f"affinity_slack must not be negative, got {self.affinity_slack}")
 
 
 def read_secret(env: Mapping[str, str], name: str) -> str | None:
     """$NAME, else the contents of the file $NAME_FILE (stripped), else None."""
-    if env.get(name):
-        return env[name].strip()
-    path = env.get(name + "_FILE")
-    if not path:
-        return None
     try:
-        return Path(path).read_text().strip() or None
-    except OSError as exc:
-        raise RouterConfigError(f"{name}_FILE: cannot read {path}: {exc.strerror}") from None
+        return secret_env.read_secret(env, name)
+    except ValueError as exc:
+        raise RouterConfigError(str(exc)) from None
 
 
 def secrets_from_env(env: Mapping[str, str] | None = None) -> dict[str, object]:
@@ -123,4 +130,5 @@ def secrets_from_env(env: Mapping[str, str] | None = None) -> dict[str, object]:
         "engine_api_key": read_secret(env, ENGINE_API_KEY_ENV),
         "api_keys": frozenset(k.strip() for k in (keys or "").split(",") if k.strip()),
         "redis_url": read_secret(env, REDIS_URL_ENV),
+        "key_pepper": read_secret(env, PEPPER_ENV),
     }

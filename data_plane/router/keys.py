@@ -2,24 +2,29 @@
 
 Without --require-api-key the router's static keys (LORAPLANE_API_KEYS) are all there is (none: open).
 With it, a key is either a static key (an operator's: every model, no quota) or a tenant key
-`lp_<key id>_<secret>`: its record comes from the control plane by key id (GET /v1/tenancy/keys/{id}),
-the secret is verified against its argon2 hash once (off the event loop), and the verified key is kept
-for `ttl_s`; within it, each request costs a sha256 and a constant-time compare. After the TTL the
-record is fetched again (argon2 runs again only if the hash changed), so a revoked key stops within
-`ttl_s` even when the control plane's Redis message is lost; with the message (`RevocationListener`),
-at once. A control plane that cannot be reached keeps verified keys working (retried every second);
-unknown ones are 503 until it answers.
+`lp_<key id>_<secret>`: its record comes from the control plane by key id (GET /v1/tenancy/keys/{id})
+and the secret is verified against the record's hash (shared/key_secrets.py: an HMAC under
+LORAPLANE_KEY_PEPPER, a microsecond; a legacy argon2 hash off the event loop, after which the control
+plane is asked to rewrite it as HMAC: POST /v1/tenancy/keys/{id}/rehash). The record and the verified
+secret are kept for `ttl_s`; within it, the key's holder costs a sha256 and a constant-time compare,
+and any other secret offered for that id is refused without a hash (a key id has one secret). After
+the TTL the record is fetched again (the secret verified again only if the hash changed), so a revoked
+key stops within `ttl_s` even when the control plane's Redis message is lost; with the message
+(`RevocationListener`), at once. A control plane that cannot be reached keeps verified keys working
+(retried every second); unknown ones are 503 until it answers.
 
-Refusals are remembered too (`Misses`, at most MAX_MISSES for `miss_ttl_s`, 1 s): a key id the control
-plane does not know and a revoked key by key id, a wrong secret by the digest of the whole key; within
-the TTL the same offer is refused without a control-plane call or an argon2 hash. A key whose id was
-refused (created after a client tried it) works at most `miss_ttl_s` after it exists. A malformed key
-never reaches the control plane (split_key refuses it first).
+Failed attempts (an unknown key id, a wrong secret) are limited per client address and per key id
+(shared/key_checks.py): past the limits, 429 before any control-plane call or hash, except for the
+secret already verified. A key id the control plane does not know and a revoked key are remembered
+(`Misses`, at most MAX_MISSES for `miss_ttl_s`, 1 s): within it the same key id is refused without a
+control-plane call, so a key created after a client tried its id works at most `miss_ttl_s` after it
+exists. A malformed key never reaches the control plane (split_key refuses it first).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -33,7 +38,19 @@ from redis.exceptions import RedisError
 from data_plane.router.request import check_client_key
 from shared import key_secrets
 from shared.errors import AuthenticationError, OverloadedError, PermissionDeniedError
-from shared.tenants import INFERENCE, KEY_PREFIX, KEYS_PATH, KeyRecord, Limits, revocation_channel, split_key
+from shared.key_checks import InvalidKeyError, KeyChecks
+from shared.key_secrets import KeyHasher
+from shared.tenants import (
+    INFERENCE,
+    KEY_PREFIX,
+    KEYS_PATH,
+    REHASH_SUFFIX,
+    KeyRecord,
+    Limits,
+    RehashRequest,
+    revocation_channel,
+    split_key,
+)
 
 logger = logging.getLogger(__name__)
 _MAX_CACHED = 100_000
@@ -59,37 +76,47 @@ OPERATOR = Caller()
 
 
 @dataclass
-class _Verified:
-    digest: bytes
-    secret_hash: str
+class _Entry:
+    record: KeyRecord
     caller: Caller
-    expires_at: float | None
-    checked_at: float  # time.monotonic() of the last record fetched
+    checked_at: float  # time.monotonic() of the record's fetch
+    verified: bytes | None = None  # digest of the secret verified against record.secret_hash
+
+
+def _entry(record: KeyRecord, verified: bytes | None, checked_at: float) -> _Entry:
+    caller = Caller(tenant=record.tenant, key_id=record.key_id, limits=record.limits,
+                    tenant_limits=record.tenant_limits)
+    return _Entry(record, caller, checked_at, verified)
 
 
 class Misses:
-    """Refusals kept for `ttl_s`, at most `size` (the oldest go first): what a miss answered, by key."""
+    """Refusals kept for `ttl_s`, at most `size` (the oldest go first): the error a key id got."""
 
     def __init__(self, size: int, ttl_s: float) -> None:
         self.size = size
         self.ttl_s = ttl_s
-        self._until: dict[bytes, tuple[float, str]] = {}  # insertion order = age
+        self._until: dict[str, tuple[float, str, bool]] = {}  # insertion order = age
 
-    def get(self, key: bytes) -> AuthenticationError | None:
-        found = self._until.get(key)
+    def get(self, key_id: str) -> AuthenticationError | None:
+        found = self._until.get(key_id)
         if found is None:
             return None
         if found[0] <= time.monotonic():
-            del self._until[key]
+            del self._until[key_id]
             return None
-        return AuthenticationError(found[1], code="invalid_api_key")  # a new one: a raised error keeps its frames
+        return self._error(found[1], found[2])  # a new one: a raised error keeps its frames
 
-    def put(self, key: bytes, message: str) -> AuthenticationError:
-        self._until.pop(key, None)
+    def put(self, key_id: str, message: str, *, unknown: bool) -> AuthenticationError:
+        self._until.pop(key_id, None)
         while len(self._until) >= self.size:
             del self._until[next(iter(self._until))]
-        self._until[key] = (time.monotonic() + self.ttl_s, message)
-        return AuthenticationError(message, code="invalid_api_key")
+        self._until[key_id] = (time.monotonic() + self.ttl_s, message, unknown)
+        return self._error(message, unknown)
+
+    @staticmethod
+    def _error(message: str, unknown: bool) -> AuthenticationError:
+        """An unknown key id is a failed attempt (InvalidKeyError); a revoked key is not a guess."""
+        return InvalidKeyError(message) if unknown else AuthenticationError(message, code="invalid_api_key")
 
     def __len__(self) -> int:
         return len(self._until)
@@ -97,17 +124,21 @@ class Misses:
 
 class KeyVerifier:
     def __init__(self, control_plane: httpx.AsyncClient, static_keys: frozenset[str], *, required: bool,
-                 ttl_s: float, miss_ttl_s: float = MISS_TTL_S) -> None:
+                 ttl_s: float, hasher: KeyHasher, checks: KeyChecks, miss_ttl_s: float = MISS_TTL_S) -> None:
         self.control_plane = control_plane
         self.static_keys = static_keys
         self.required = required
         self.ttl_s = ttl_s
+        self.hasher = hasher
+        self.checks = checks
         self.misses = Misses(MAX_MISSES, miss_ttl_s)
-        self._cache: dict[str, _Verified] = {}
+        self._cache: dict[str, _Entry] = {}
         self._pending: dict[str, asyncio.Future[KeyRecord | None]] = {}  # one fetch per key id at a time
+        self._rehashing: dict[str, asyncio.Task[None]] = {}  # one upgrade of a legacy hash per key id
 
-    async def caller(self, authorization: str | None) -> Caller:
-        """The request's caller; AuthenticationError (401) or PermissionDeniedError (403) otherwise."""
+    async def caller(self, authorization: str | None, client: str = "") -> Caller:
+        """The request's caller (`client`: its address); AuthenticationError (401), PermissionDeniedError
+        (403) or RateLimitError (429) otherwise."""
         if not self.required:
             check_client_key(authorization, self.static_keys)
             return OPERATOR
@@ -120,42 +151,88 @@ class KeyVerifier:
             check_client_key(authorization, self.static_keys)
             return OPERATOR
         key_id, secret = parts
+        digest = key_secrets.digest(secret)
         entry = self._cache.get(key_id)
-        if entry is None or time.monotonic() - entry.checked_at >= self.ttl_s:
-            miss = self.misses.get(key_id.encode()) or self.misses.get(key_secrets.digest(offered))
-            if miss is not None:
-                raise miss
-            entry = await self._refresh(key_id, secret, entry)
-        if not key_secrets.same_secret(entry.digest, secret):
-            raise AuthenticationError(_INVALID, code="invalid_api_key")
-        if entry.expires_at is not None and entry.expires_at <= time.time():
+        holder = entry is not None and entry.verified is not None and hmac.compare_digest(entry.verified, digest)
+        if entry is None or not holder or time.monotonic() - entry.checked_at >= self.ttl_s:
+            with self.checks.attempt(key_id, client, holder=holder):
+                entry = await self._check(key_id, secret, digest, entry, holder, client)
+        if INFERENCE not in entry.record.scopes:
+            raise PermissionDeniedError("This API key has no `inference` scope.", code="insufficient_scope")
+        if entry.record.expires_at is not None and entry.record.expires_at <= time.time():
             raise AuthenticationError("This API key has expired.", code="invalid_api_key")
         return entry.caller
 
-    async def _refresh(self, key_id: str, secret: str, entry: _Verified | None) -> _Verified:
+    async def _check(self, key_id: str, secret: str, digest: bytes, entry: _Entry | None, holder: bool,
+                     client: str) -> _Entry:
+        """The entry whose verified secret is `secret`; InvalidKeyError for an unknown id or another secret."""
+        if entry is not None and entry.verified is not None and not holder:
+            raise InvalidKeyError(_INVALID)  # the key's one secret is known here: no fetch, no hash
+        if entry is None or time.monotonic() - entry.checked_at >= self.ttl_s:
+            entry = await self._refresh(key_id, entry)
+        if entry.verified is not None:
+            if not hmac.compare_digest(entry.verified, digest):
+                raise InvalidKeyError(_INVALID)
+            return entry
+        stored = entry.record.secret_hash
+        if not await self.checks.check(self.hasher, key_id, secret, stored, client):
+            raise InvalidKeyError(_INVALID)
+        if key_secrets.is_legacy(stored):
+            self._upgrade(key_id, secret)
+        if self._cache.get(key_id) is entry:
+            entry.verified = digest
+        return entry
+
+    async def _refresh(self, key_id: str, entry: _Entry | None) -> _Entry:
+        miss = self.misses.get(key_id)
+        if miss is not None:
+            raise miss
         try:
             record = await self._fetch(key_id)
         except OverloadedError:
-            if entry is None:
+            if entry is None or entry.verified is None:
                 raise
             entry.checked_at = time.monotonic() - self.ttl_s + _RETRY_S  # keep it; ask again soon
             return entry
         if record is None or record.revoked:
             self._cache.pop(key_id, None)
-            raise self.misses.put(key_id.encode(), _INVALID if record is None else "This API key has been revoked.")
-        if INFERENCE not in record.scopes:
-            raise PermissionDeniedError("This API key has no `inference` scope.", code="insufficient_scope")
-        same = entry is not None and entry.secret_hash == record.secret_hash and key_secrets.same_secret(
-            entry.digest, secret)
-        if not same and not await asyncio.to_thread(key_secrets.verify, record.secret_hash, secret):
-            raise self.misses.put(key_secrets.digest(f"{KEY_PREFIX}{key_id}_{secret}"), _INVALID)
-        caller = Caller(tenant=record.tenant, key_id=key_id, limits=record.limits, tenant_limits=record.tenant_limits)
+            raise self.misses.put(key_id, _INVALID if record is None else "This API key has been revoked.",
+                                  unknown=record is None)
+        same = entry is not None and entry.record.secret_hash == record.secret_hash
         if len(self._cache) >= _MAX_CACHED:
             self._cache.clear()
-        verified = _Verified(key_secrets.digest(secret), record.secret_hash, caller, record.expires_at,
-                             time.monotonic())
-        self._cache[key_id] = verified
-        return verified
+        fresh = self._cache[key_id] = _entry(record, entry.verified if same and entry else None, time.monotonic())
+        return fresh
+
+    def _upgrade(self, key_id: str, secret: str) -> None:
+        """Ask the control plane, in a task of its own, to rewrite the key's legacy hash as HMAC (it checks
+        the key against the stored hash itself). Not without a pepper: this router could not verify the
+        new hash."""
+        if not self.hasher.ready or key_id in self._rehashing:
+            return
+        task = asyncio.create_task(self._rehash(key_id, f"{KEY_PREFIX}{key_id}_{secret}"))
+        self._rehashing[key_id] = task
+        task.add_done_callback(lambda _: self._rehashing.pop(key_id, None))
+
+    async def _rehash(self, key_id: str, key: str) -> None:
+        try:
+            response = await self.control_plane.post(f"{KEYS_PATH}/{quote(key_id, safe='')}{REHASH_SUFFIX}",
+                                                     content=msgspec.json.encode(RehashRequest(key=key)),
+                                                     headers={"Content-Type": "application/json"})
+        except httpx.HTTPError as exc:
+            logger.warning("cannot have key %s's hash upgraded by the control plane: %s", key_id, type(exc).__name__)
+            return
+        if response.status_code != 200:
+            logger.warning("the control plane answered %d to key %s's hash upgrade", response.status_code, key_id)
+            return
+        record = _record.decode(response.content)
+        entry = self._cache.get(key_id)
+        if entry is not None and entry.verified is not None and not record.revoked:  # the same secret: verified against the new hash too
+            self._cache[key_id] = _entry(record, entry.verified, entry.checked_at)
+
+    async def aclose(self) -> None:
+        """Wait for the hash upgrades under way."""
+        await asyncio.gather(*self._rehashing.values(), return_exceptions=True)
 
     async def _fetch(self, key_id: str) -> KeyRecord | None:
         """The key's record (None: no such key); concurrent requests of one key share one fetch."""

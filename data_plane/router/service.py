@@ -95,7 +95,7 @@ class RouterService:
         model = ""
         try:
             authorization, length = _headers(scope)
-            caller = await self.tenancy.caller(authorization)
+            caller = await self.tenancy.caller(authorization, (scope.get("client") or ("",))[0])
             body = await _body(receive, length, self.config.max_request_body_bytes)
             head = parse_head(body)
             model = head.model

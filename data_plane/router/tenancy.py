@@ -1,6 +1,7 @@
 """Tenants at the router (--require-api-key): one object for the service to ask, per request,
 
-    caller(authorization)            who it is (keys.py): an operator's static key, or a tenant key
+    caller(authorization, client)    who it is (keys.py): an operator's static key, or a tenant key;
+                                     429 past the failed attempts allowed (shared/key_checks.py)
     admit(caller, model, is_base, body, stream, context) → Ticket
                                      404 unless the key may use `model` (access.py); 400 past the
                                      router's --max-request-tokens (usage.py); 429 past a quota,
@@ -42,6 +43,8 @@ from data_plane.router.quotas import Admission, QuotaStore, QuotaUnavailable, Ra
 from data_plane.router.tenant_metrics import TenantMetrics
 from data_plane.router.usage import Usage, UsageTap, ask_for_usage, check_ceiling, reservation
 from shared.errors import InvalidRequestError
+from shared.key_checks import KeyChecks
+from shared.key_secrets import KeyHasher
 
 logger = logging.getLogger(__name__)
 CHARGE_EVERY_S = 0.1  # a running stream's tokens reach Redis at most this often …
@@ -93,8 +96,9 @@ class Tenancy:
         self.required = config.require_api_key
         self.max_request_tokens = config.max_request_tokens
         self.metrics = metrics
+        checks = KeyChecks(config.key_failures_per_address, config.key_failures_per_key, config.key_failure_window_s)
         self.keys = KeyVerifier(control_plane, config.api_keys, required=config.require_api_key,
-                                ttl_s=config.key_cache_ttl_s)
+                                ttl_s=config.key_cache_ttl_s, hasher=KeyHasher(config.key_pepper), checks=checks)
         self.access = AdapterAccessTable(control_plane, config.refresh_interval_s)
         self.quotas = QuotaStore(config.redis_url if config.require_api_key else None, config.redis_prefix,
                                  failure=config.quota_failure, lease_s=config.concurrency_lease_s)
@@ -112,10 +116,11 @@ class Tenancy:
 
     async def stop(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.keys.aclose()
         await self.quotas.aclose()
 
-    async def caller(self, authorization: str | None) -> Caller:
-        return await self.keys.caller(authorization)
+    async def caller(self, authorization: str | None, client: str = "") -> Caller:
+        return await self.keys.caller(authorization, client)
 
     def may_use(self, caller: Caller, model: str, is_base: bool) -> bool:
         return caller.tenant is None or self.access.may_use(caller.tenant, model, is_base)

@@ -25,6 +25,7 @@ from control_plane.app import create_app
 from control_plane.settings import ControlPlaneSettings
 
 ADMIN = "admin-token-for-tests"
+KEY_PEPPER = "key-pepper-for-tests-" + "p" * 32
 READ = "read-token-for-tests"
 PG_URL = os.environ.get("LORAPLANE_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 TABLES = ("routers", "stats_samples", "audit_events", "placements", "version_files", "artifact_blobs", "adapter_versions", "adapters", "engines")
@@ -117,7 +118,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def settings(db_url: str, demo: dict[str, Path], tmp_path: Path) -> ControlPlaneSettings:
     return ControlPlaneSettings(database_url=db_url, admin_tokens=(ADMIN,), read_tokens=(READ,),
-                                adapter_roots=(str(demo["root"]),), artifact_store=(tmp_path / "artifacts").as_uri())
+                                adapter_roots=(str(demo["root"]),), artifact_store=(tmp_path / "artifacts").as_uri(),
+                                key_pepper=KEY_PEPPER)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ openai = pytest.importorskip("openai")
 ADMIN, READ, ENGINE_TOKEN = "e2e-admin-token", "e2e-read-token", "e2e-engine-token"
 # each engine's own token at the control plane (LORAPLANE_CONTROL_PLANE_TOKEN on the engine)
 CP_TOKENS = {"e1": "e2e-e1-cp-token", "e2": "e2e-e2-cp-token", "e3": "e2e-e3-cp-token"}
+KEY_PEPPER = "e2e-key-pepper-" + "p" * 32  # tenant keys' hashes (LORAPLANE_KEY_PEPPER), the routers' too
 PROMPT = "The quick brown fox"
 
 
@@ -49,7 +50,8 @@ def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.
     credentials = ",".join(f"{name}={token}" for name, token in CP_TOKENS.items())
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
            "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
-           "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", **extra_env}
+           "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", "LORAPLANE_KEY_PEPPER": KEY_PEPPER,
+           **extra_env}
     cmd = [*launcher, "control", "--port", str(port), "--lora-roots", str(adapter_root),
            "--database-url", f"sqlite+aiosqlite:///{tmp / 'control.db'}", "--log-level", "warning", *flags]
     with started(cmd, tmp / "control.log", env, lambda: httpx.get(url + "/health", timeout=2).status_code == 200,

@@ -17,7 +17,8 @@ A stream whose prompt was underestimated is charged while it runs (seen in Redis
 held, and by another replica's 429), and what a tenant is charged in the end is the engine's own count
 (the openai client's usage, or the engine's token ids), whatever the prompt's estimate at admission
 was. A refused
-key is remembered briefly (no control-plane call per request, counted on the router's own client). A
+key is remembered briefly (no control-plane call per request, counted on the router's own client;
+tests/e2e/test_key_guessing.py has what guessing costs). A
 concurrency slot is free again at once when the client leaves, or the engine refuses the request.
 
 Every test uses its own Redis key prefix and deletes its keys.
@@ -31,6 +32,7 @@ import json
 import os
 import secrets
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -51,6 +53,7 @@ from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
     ENGINE_TOKEN,
+    KEY_PEPPER,
     _free_port,
     control_plane,
     started,
@@ -211,25 +214,38 @@ def test_a_revoked_key_stops_within_the_bound(fleet: Fleet) -> None:
 
 
 @contextlib.contextmanager
-def router_process(fleet: Fleet, log: Path, **env: str) -> Iterator[str]:
-    """`loraplane router --require-api-key` as a process of its own, with further LORAPLANE_* `env`."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
-           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL, **env}
+def router_process(cp: str, prefix: str, log: Path, *flags: str, engines: int = 0, **env: str
+                   ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`loraplane router --require-api-key` as a process of its own (router token, Redis and the key pepper
+    from its environment, nothing on its command line; further LORAPLANE_* `env`), once its table lists `engines`
+    engines."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    fleet.logs.append(log)
-    with started([sys.executable, "-m", "shared.cli", "router", "--control-plane", fleet.cp, "--port", str(port),
-                  "--require-api-key", "--redis-prefix", fleet.prefix, "--log-level", "debug"], log, env,
-                 lambda: httpx.get(url + "/health", timeout=2).json()["routing_table"]["engines"] == 1,
-                 f"router at {url}"):
-        yield url
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
+           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL, "LORAPLANE_KEY_PEPPER": KEY_PEPPER,
+           **env}
+
+    def ready() -> bool:
+        r = httpx.get(url + "/health", timeout=2)
+        return r.status_code == 200 and r.json()["routing_table"]["engines"] >= engines
+
+    cmd = [sys.executable, "-m", "shared.cli", "router", "--control-plane", cp, "--port", str(port),
+           "--require-api-key", "--redis-prefix", prefix, *flags]
+    with started(cmd, log, env, ready, f"router {url}") as process:
+        yield url, process
 
 
 def test_two_router_processes_share_one_quota(fleet: Fleet, tmp_path: Path) -> None:
     quota = 6
     key = fleet.make_tenant("team-q", requests_per_minute=quota)
+    routers = []
     with contextlib.ExitStack() as stack:
-        routers = [stack.enter_context(router_process(fleet, tmp_path / f"router-{i}.log")) for i in range(2)]
+        for i in range(2):
+            log = tmp_path / f"router-{i}.log"
+            fleet.logs.append(log)
+            url, _ = stack.enter_context(router_process(fleet.cp, fleet.prefix, log, "--log-level", "debug",
+                                                        engines=1))
+            routers.append(url)
 
         def send(i: int) -> httpx.Response:
             return httpx.post(routers[i % 2] + "/v1/completions", json={"model": "demo-short", **ONE_TOKEN},
@@ -410,8 +426,10 @@ def test_a_request_larger_than_the_quota_is_refused_before_any_engine_work(fleet
 def test_a_request_past_the_ceiling_is_refused(fleet: Fleet, tmp_path: Path) -> None:
     ceiling = 1000
     many = {"model": "demo", "prompt": [[1]] * 8, "n": 4, "max_tokens": 40}  # 8 + 8 × 4 × 40 tokens
-    with router_process(fleet, tmp_path / "router.log", LORAPLANE_MAX_REQUEST_TOKENS=str(ceiling),
-                        LORAPLANE_API_KEYS="operator-static-key") as router:
+    log = tmp_path / "router.log"
+    fleet.logs.append(log)
+    with router_process(fleet.cp, fleet.prefix, log, engines=1, LORAPLANE_MAX_REQUEST_TOKENS=str(ceiling),
+                        LORAPLANE_API_KEYS="operator-static-key") as (router, _):
         for key in (fleet.keys["team-a"], "operator-static-key"):  # a tenant's key (no quota), an operator's
             r = _post(router, key, "/completions", many)
             assert r.status_code == 400 and "x-loraplane-engine" not in r.headers, r.text
@@ -518,10 +536,10 @@ def test_a_refused_key_is_remembered_briefly(fleet: Fleet) -> None:
         for offered in (f"lp_{unknown_id}_{'y' * 43}", f"lp_{unknown_id}_{'z' * 43}", wrong_secret,
                         "lp_nothex_short"):
             assert [status(offered) for _ in range(4)] == [401] * 4
-        # one control-plane call for the unknown id (any secret), one (and one argon2 hash) for the wrong secret,
-        # none for a malformed key
+        # one control-plane call for the unknown id (any secret), one for the wrong secret's key id (its record is
+        # kept for the key cache TTL: each later guess costs an HMAC), none for a malformed key
         assert asked == [unknown_id, key_id]
-        assert status(key) == 200 and asked == [unknown_id, key_id, key_id]  # the right secret is not refused
+        assert status(key) == 200 and asked == [unknown_id, key_id]  # the right secret: checked against that record
         # past the TTL the control plane is asked again: a key made with that id would work by then
         misses.ttl_s = 0.2
         later = f"lp_{secrets.token_hex(6)}_{'y' * 43}"
@@ -620,13 +638,13 @@ def test_a_keys_own_limits_apply_on_top_of_its_tenants_and_changes_reach_the_rou
 
 
 def test_no_secret_in_logs_answers_or_the_audit_trail(fleet: Fleet) -> None:
-    """Runs last in this module: it reads every log the other tests left."""
+    """Runs last in this module: it reads every log the other tests left. Nor is the key pepper anywhere."""
     assert fleet.secrets
     keys = fleet.admin.get(f"{fleet.cp}/v1/tenants/team-a/keys").text
     audit = fleet.admin.get(f"{fleet.cp}/v1/audit", params={"limit": 500}).text
+    record = fleet.admin.get(f"{fleet.cp}/v1/tenancy/keys/{fleet.keys['team-a'].split('_')[1]}").text
     logs = "".join(path.read_text() for path in fleet.logs if path.exists())
-    assert "create_api_key" in audit and len(logs) > 0
-    for key in fleet.secrets:
-        secret = key.split("_", 2)[2]
-        for where, text in (("key listing", keys), ("audit trail", audit), ("logs", logs)):
+    assert "create_api_key" in audit and len(logs) > 0 and "secret_hash" in record
+    for secret in [key.split("_", 2)[2] for key in fleet.secrets] + [KEY_PEPPER]:
+        for where, text in (("key listing", keys), ("audit trail", audit), ("key record", record), ("logs", logs)):
             assert secret not in text, where

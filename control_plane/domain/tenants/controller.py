@@ -28,7 +28,16 @@ from control_plane.domain.tenants import schemas
 from control_plane.domain.tenants.service import TenantService
 from control_plane.uow import Mutation
 from shared.openapi import decode_body, options_response, route_doc
-from shared.tenants import ACCESS_PATH, KEYS_PATH, AccessTable, AdapterAccess, KeyRecord, TenantName
+from shared.tenants import (
+    ACCESS_PATH,
+    KEYS_PATH,
+    REHASH_SUFFIX,
+    AccessTable,
+    AdapterAccess,
+    KeyRecord,
+    RehashRequest,
+    TenantName,
+)
 
 _TENANT_ROLE = {"tenant_role": "tenant"}  # a tenant key with admin:<tenant> may call it for its own tenant
 _TENANT = {"tenant": TenantName}
@@ -36,7 +45,8 @@ KeyId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{12}$")]
 
 
 async def provide_tenant_service(db_session: AsyncSession, state: State) -> TenantService:
-    return TenantService(db_session, Mutation(db_session, state.write_gate, state.metrics), state.revocations)
+    return TenantService(db_session, Mutation(db_session, state.write_gate, state.metrics), state.revocations,
+                         state.tenant_auth)
 
 
 class TenantController(Controller):
@@ -95,8 +105,9 @@ class TenantController(Controller):
     async def create_key(self, service: TenantService, principal: Principal, tenant: str,
                          request: Request) -> Response[schemas.ApiKeyCreated]:
         """Create a key for the tenant: `key` (`lp_<key id>_<secret>`) is in this answer and nowhere else,
-        ever (only its argon2 hash is kept). Scopes: `inference` (the router) and/or `admin:<tenant>`
-        (this control plane, on the tenant's own adapters and keys)."""
+        ever (only its HMAC under the server's pepper is kept; 503 without LORAPLANE_KEY_PEPPER). Scopes:
+        `inference` (the router) and/or `admin:<tenant>` (this control plane, on the tenant's own adapters
+        and keys)."""
         created = await service.create_key(tenant, decode_body(await request.body(), schemas.ApiKeyCreate), principal)
         return Response(created, status_code=201, headers={"Cache-Control": "no-store"})
 
@@ -132,10 +143,24 @@ class TenancyController(Controller):
          opt=route_doc(response=KeyRecord, errors=(404,), path_params={"key_id": KeyId}))
     async def key_record(self, service: TenantService, key_id: str) -> KeyRecord:
         """What a router needs to check a key: tenant, scopes, expiry, revocation, the key's and the
-        tenant's quotas and the secret's argon2 hash (a router or admin token only)."""
+        tenant's quotas and the secret's hash (HMAC, or a legacy argon2 one; a router or admin token only)."""
         return await service.key_record(key_id)
 
-    @route([KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}", ACCESS_PATH.removeprefix("/v1/tenancy"),
+    @post(KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}" + REHASH_SUFFIX, guards=[router_only_guard],
+          status_code=200, operation_id="rehashApiKey",
+          opt=route_doc(request=RehashRequest, response=KeyRecord, errors=(400, 404, 413),
+                        path_params={"key_id": KeyId}, example={"key": "lp_0123456789ab_" + "x" * 43}))
+    async def rehash(self, service: TenantService, key_id: str, request: Request) -> KeyRecord:
+        """A router verified `key` against its legacy (argon2) hash: the control plane checks it against the
+        stored hash itself and rewrites that as HMAC under its pepper (compare-and-set on the old hash;
+        idempotent), answering the key's record with the new hash. 400 when `key` is not this key's (a
+        failed attempt, counted per key id and per address like a tenant key's: 429 past the limits);
+        503 without LORAPLANE_KEY_PEPPER (a router or admin token only)."""
+        body = decode_body(await request.body(), RehashRequest)
+        return await service.rehash_key(key_id, body, request.client.host if request.client else "")
+
+    @route([KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}",
+            KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}" + REHASH_SUFFIX, ACCESS_PATH.removeprefix("/v1/tenancy"),
             ACCESS_PATH.removeprefix("/v1/tenancy") + "/{name:path}"], http_method="OPTIONS", include_in_schema=False)
     async def _options(self, request: Request) -> Response[None]:
         """The methods documented for the path (see TenantController._options)."""

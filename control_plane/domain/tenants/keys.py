@@ -1,9 +1,13 @@
 """Tenant keys at the control plane: who an `lp_…` bearer is, and what such a key may touch.
 
-`TenantAuth.principal` finds the key by its id, verifies the secret with argon2 once (off the event loop)
-and keeps the verified key for CACHE_TTL_S, comparing later offers with a constant-time digest compare;
-a revoked or expired key stops within that TTL on every replica (at once on this one). The principal is
-kind "tenant", named in the audit trail as `key:<key id>`.
+`TenantAuth.principal` finds the key by its id, verifies the secret against its hash once
+(shared/key_secrets.py: HMAC under the pepper; a legacy argon2 hash off the event loop, then rewritten as
+HMAC, compare-and-set on the old hash) and keeps the verified key for CACHE_TTL_S, comparing later offers
+with a constant-time digest compare (another secret for a cached key id is refused without a lookup or
+hash); a revoked or expired key stops within that TTL on every replica (at once on this one). Failed
+attempts are limited per client address and per key id (shared/key_checks.py: 429 past the limits). The
+principal is kind "tenant", named in the audit trail as `key:<key id>`. `TenantAuth.rehash` is the same
+check and rewrite for a key a router verified against a legacy hash (POST /v1/tenancy/keys/{id}/rehash).
 
 `TenantAuth.gate` is what the guards (control_plane.auth) ask on routes marked `opt={"tenant_role": …}`:
 a key with `admin:<tenant>` may manage its own tenant ("tenant": the `{tenant}` path parameter) and its
@@ -14,21 +18,27 @@ else is refused by the guards (403).
 
 from __future__ import annotations
 
-import asyncio
+import hmac
+import logging
 import re
 import time
 from dataclasses import dataclass
 
 import msgspec
 from litestar.connection import ASGIConnection
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.auth import Principal
 from control_plane.db.models import Adapter, ApiKey, Tenant
+from control_plane.db.session import WriteGate
+from control_plane.db.transaction import transact
 from shared import key_secrets
 from shared.errors import AuthenticationError, NotFoundError
+from shared.key_checks import InvalidKeyError, KeyChecks
+from shared.key_secrets import KeyHasher, NoPepperError
 
+logger = logging.getLogger(__name__)
 CACHE_TTL_S = 5.0
 _MAX_CACHED = 10_000
 _SUFFIX = re.compile(r"/(activate|versions(/\d+)?)$")
@@ -49,35 +59,79 @@ class _Verified:
 
 
 class TenantAuth:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], gate: WriteGate, hasher: KeyHasher,
+                 checks: KeyChecks) -> None:
         self.sessions = sessions
+        self.write_gate = gate
+        self.hasher = hasher
+        self.checks = checks
         self._cache: dict[str, _Verified] = {}
 
-    async def principal(self, key_id: str, secret: str) -> Principal:
+    async def principal(self, key_id: str, secret: str, client: str) -> Principal:
+        digest = key_secrets.digest(secret)
         cached = self._cache.get(key_id)
         now = time.monotonic()
-        if cached is not None and now - cached.checked_at < CACHE_TTL_S:
-            if not key_secrets.same_secret(cached.digest, secret):
-                raise AuthenticationError(_INVALID, code="invalid_api_key")
+        holder = cached is not None and hmac.compare_digest(cached.digest, digest)
+        if cached is not None and holder and now - cached.checked_at < CACHE_TTL_S:
             if cached.expires_at is not None and cached.expires_at <= time.time():
                 raise AuthenticationError(_INVALID, code="invalid_api_key")
             return cached.principal
-        async with self.sessions() as session:
-            found = (await session.execute(select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
-                                           .where(ApiKey.key_id == key_id))).first()
-        if found is None:
-            raise AuthenticationError(_INVALID, code="invalid_api_key")
-        key, tenant = found
-        expires_at = key.expires_at.timestamp() if key.expires_at else None
-        usable = key.revoked_at is None and (expires_at is None or expires_at > time.time())
-        if not usable or not await asyncio.to_thread(key_secrets.verify, key.secret_hash, secret):
-            self._cache.pop(key_id, None)
-            raise AuthenticationError(_INVALID, code="invalid_api_key")
+        with self.checks.attempt(key_id, client, holder=holder):
+            if cached is not None and not holder:
+                raise InvalidKeyError(_INVALID)  # the key's one secret is known here: no lookup, no hash
+            found = await self._find(key_id)
+            if found is None:
+                raise InvalidKeyError(_INVALID)
+            key, tenant = found
+            expires_at = key.expires_at.timestamp() if key.expires_at else None
+            if key.revoked_at is not None or (expires_at is not None and expires_at <= time.time()):
+                self._cache.pop(key_id, None)
+                raise AuthenticationError(_INVALID, code="invalid_api_key")
+            if not await self._verify(key, secret, client):
+                raise InvalidKeyError(_INVALID)
         principal = Principal(kind="tenant", token_id=f"key:{key_id}", tenant=tenant, scopes=frozenset(key.scopes))
         if len(self._cache) >= _MAX_CACHED:
             self._cache.clear()
-        self._cache[key_id] = _Verified(key_secrets.digest(secret), principal, expires_at, now)
+        self._cache[key_id] = _Verified(digest, principal, expires_at, now)
         return principal
+
+    async def rehash(self, key_id: str, secret: str, client: str) -> None:
+        """Check `secret` against the key's stored hash (rewriting a legacy one as HMAC), counted like a
+        tenant key's attempt: NotFoundError, InvalidKeyError (another secret), NoPepperError, RateLimitError."""
+        if not self.hasher.ready:
+            raise NoPepperError
+        with self.checks.attempt(key_id, client):
+            found = await self._find(key_id)
+            if found is None:
+                raise NotFoundError(f"no key {key_id!r}", param="key_id")
+            if not await self._verify(found[0], secret, client):
+                raise InvalidKeyError(f"`key` is not key {key_id!r}'s.")
+
+    async def _find(self, key_id: str) -> tuple[ApiKey, str] | None:
+        async with self.sessions() as session:
+            found = (await session.execute(select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id)
+                                           .where(ApiKey.key_id == key_id))).first()
+        return None if found is None else (found[0], found[1])
+
+    async def _verify(self, key: ApiKey, secret: str, client: str) -> bool:
+        """Whether `secret` is the key's; a legacy hash that it matches is rewritten as HMAC (compare-and-set
+        on the old hash: a concurrent rewrite wins, with the same result), when there is a pepper."""
+        stored = key.secret_hash
+        if not await self.checks.check(self.hasher, key.key_id, secret, stored, client):
+            return False
+        if key_secrets.is_legacy(stored) and self.hasher.ready:
+            new = self.hasher.hash(key.key_id, secret)
+
+            async def work(session: AsyncSession) -> None:
+                await session.execute(update(ApiKey).where(ApiKey.key_id == key.key_id, ApiKey.secret_hash == stored)
+                                      .values(secret_hash=new))
+
+            try:
+                async with self.sessions() as session:
+                    await transact(session, self.write_gate, work, what=f"rehash key {key.key_id!r}", idempotent=True)
+            except Exception as exc:  # the key is verified all the same; its next success tries again
+                logger.warning("cannot rewrite key %s's legacy hash: %s", key.key_id, type(exc).__name__)
+        return True
 
     def forget(self, event: str) -> None:
         """A revocation (`key:<id>`) or a tenant's change (`tenant:<name>`) made on this replica takes

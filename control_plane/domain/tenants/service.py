@@ -1,8 +1,10 @@
 """TenantService: the tenants' rules. Every change goes through control_plane.uow.Mutation (one
 transaction with its audit row); audit targets name tenants and key ids, never a secret.
 
-- a key's secret is made and hashed before the transaction (argon2 is slow) and leaves only in the
-  creation's answer; a revocation is published to the routers after the commit;
+- a key's secret is made and hashed (HMAC under the pepper: no pepper, no key, 503) and leaves only in
+  the creation's answer; a revocation is published to the routers after the commit;
+- a router's `rehash_key` (a key it verified against a legacy argon2 hash) is checked again here before
+  the hash is rewritten (TenantAuth.rehash);
 - `admin:<tenant>` scopes may name only the key's own tenant;
 - `sources` (where the tenant's admin keys may load from) are stored as compared (sources.normalise);
 - moving an adapter to a tenant (and a tenant key's first load of a new adapter, `claim_new`) is
@@ -11,7 +13,6 @@ transaction with its audit row); audit targets name tenants and key ids, never a
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from typing import Any
 
@@ -23,11 +24,21 @@ from control_plane.db.models import Adapter, ApiKey, Tenant
 from control_plane.db.transaction import read, transact
 from control_plane.domain.tenants import schemas
 from control_plane.domain.tenants import sources as tenant_sources
+from control_plane.domain.tenants.keys import TenantAuth
 from control_plane.domain.tenants.revocations import RevocationPublisher
 from control_plane.uow import Mutation
 from shared import key_secrets
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
-from shared.tenants import ADMIN_SCOPE_PREFIX, AccessTable, AdapterAccess, KeyRecord, Limits
+from shared.key_checks import InvalidKeyError
+from shared.tenants import (
+    ADMIN_SCOPE_PREFIX,
+    AccessTable,
+    AdapterAccess,
+    KeyRecord,
+    Limits,
+    RehashRequest,
+    split_key,
+)
 
 _LAST_USED_EVERY = dt.timedelta(seconds=30)  # last_used_at is written at most this often per key
 
@@ -86,10 +97,12 @@ async def claim_new(session: AsyncSession, adapter: Adapter, actor: Principal) -
 
 
 class TenantService:
-    def __init__(self, session: AsyncSession, mutation: Mutation, revocations: RevocationPublisher) -> None:
+    def __init__(self, session: AsyncSession, mutation: Mutation, revocations: RevocationPublisher,
+                 auth: TenantAuth) -> None:
         self.session = session
         self.mutation = mutation
         self.revocations = revocations
+        self.auth = auth
 
     async def create(self, req: schemas.TenantCreate, actor: Principal) -> schemas.Tenant:
         sources = tenant_sources.normalise(req.sources)
@@ -150,7 +163,7 @@ class TenantService:
             raise InvalidRequestError("expires_at needs a UTC offset", param="expires_at")
         if req.expires_at is not None and req.expires_at <= dt.datetime.now(dt.UTC):
             raise InvalidRequestError("expires_at is in the past", param="expires_at")
-        key_id, key, secret_hash = await asyncio.to_thread(key_secrets.new_key)  # argon2: off the loop
+        key_id, key, secret_hash = key_secrets.new_key(self.auth.hasher)
 
         async def work(session: AsyncSession, _: Any) -> schemas.ApiKey:
             tenant = await require_tenant(session, tenant_name)
@@ -237,6 +250,18 @@ class TenantService:
 
         # bookkeeping like a heartbeat, not an audited change; idempotent, so retried even past a cut COMMIT
         return await transact(self.session, self.mutation.gate, lookup, what=f"key record {key_id!r}", idempotent=True)
+
+    async def rehash_key(self, key_id: str, req: RehashRequest, client: str) -> KeyRecord:
+        """The key's record once `req.key` is checked against its stored hash, a legacy hash rewritten as
+        HMAC; 400 when it is another key or not the key's (counted as a failed attempt), 404 no such key."""
+        parts = split_key(req.key)
+        if parts is None or parts[0] != key_id:
+            raise InvalidRequestError(f"`key` is not a key with the id {key_id!r}.", param="key")
+        try:
+            await self.auth.rehash(key_id, parts[1], client)
+        except InvalidKeyError as exc:
+            raise InvalidRequestError(exc.message, param="key") from None
+        return await self.key_record(key_id)
 
 
 def record_of(key: ApiKey, tenant: Tenant) -> KeyRecord:

@@ -23,7 +23,7 @@ from data_plane.router.config import RouterConfig
 from data_plane.router.service import RouterService
 from shared.routes import DemandAnswer, DemandReport, Holder, ModelRoute, RouteEngine, RoutesTable
 from tests.control_plane.engines import serve_app
-from tests.e2e.test_control_plane_engines import _free_port
+from tests.e2e.test_control_plane_engines import KEY_PEPPER, _free_port
 
 ROUTER_TOKEN = "router-token-for-tests"
 
@@ -98,7 +98,7 @@ class RouterUnderTest:
 @contextlib.contextmanager
 def serve_router(control_plane: str, **config: object) -> Iterator[RouterUnderTest]:
     """The router app on a free loopback port, in a thread of its own, until the block ends."""
-    settings: dict[str, object] = {"router_token": ROUTER_TOKEN, **config}
+    settings: dict[str, object] = {"router_token": ROUTER_TOKEN, "key_pepper": KEY_PEPPER, **config}
     app = create_app(RouterConfig(control_plane_url=control_plane, **settings))  # type: ignore[arg-type]
     with serve_app(app, _free_port()) as url:
         yield RouterUnderTest(url, app.state.router)

@@ -26,7 +26,7 @@ def test_secrets_from_the_environment_or_files(tmp_path: Path) -> None:
     keys.write_text("k1, k2,\n")
     env = {"LORAPLANE_ROUTER_TOKEN": "rt", "LORAPLANE_API_KEYS_FILE": str(keys)}
     assert secrets_from_env(env) == {"router_token": "rt", "engine_api_key": None, "api_keys": frozenset({"k1", "k2"}),
-                                     "redis_url": None}
+                                     "redis_url": None, "key_pepper": None}
     assert secrets_from_env({})["api_keys"] == frozenset()  # no keys: an open router
     with pytest.raises(RouterConfigError, match="LORAPLANE_ENGINE_API_KEY_FILE"):
         secrets_from_env({"LORAPLANE_ENGINE_API_KEY_FILE": str(tmp_path / "missing")})

@@ -61,6 +61,8 @@ POLICY: dict[str, tuple[str, str, dict | None, set[str]]] = {
     "revokeApiKey": ("DELETE", "/v1/tenants/t/keys/000000000000", None, {"admin"}),
     "listTenantAdapters": ("GET", "/v1/tenants/t/adapters", None, {"admin", "read"}),
     "getApiKeyRecord": ("GET", "/v1/tenancy/keys/000000000000", None, {"admin", "router"}),  # it holds the hash
+    "rehashApiKey": ("POST", "/v1/tenancy/keys/000000000000/rehash", {"key": "lp_000000000000_" + "x" * 43},
+                     {"admin", "router"}),
     "getAdapterAccess": ("GET", "/v1/tenancy/adapters", None, {"admin", "read", "router"}),
     "setAdapterAccess": ("PUT", "/v1/tenancy/adapters/x", {"owner": None}, {"admin"}),
 }
