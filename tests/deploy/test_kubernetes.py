@@ -322,6 +322,7 @@ def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[
     assert settings.database_url.startswith("postgresql+asyncpg://loraplane:")
     assert settings.admin_tokens == ("dev-admin-token",) and settings.router_tokens == ("dev-router-token",)
     assert settings.engine_token == "dev-engine-admin-token"
+    assert settings.key_pepper == "dev-key-pepper-not-for-production-0123456789"
     assert settings.artifact_store == "file:///var/lib/loraplane/artifacts"
     engines = find(docs, "StatefulSet", "loraplane-engine")
     pods = {f"loraplane-engine-{i}" for i in range(engines["spec"]["replicas"])}
@@ -330,7 +331,8 @@ def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[
     router = find(docs, "Deployment", "loraplane-router")["spec"]["template"]["spec"]["containers"][0]
     assert secrets_from_env(resolved_env(router, secrets)) == {
         "router_token": "dev-router-token", "engine_api_key": "dev-engine-api-key",
-        "api_keys": frozenset({"dev-client-key"}), "redis_url": None}  # no tenant quotas in dev: no Redis
+        "api_keys": frozenset({"dev-client-key"}), "redis_url": None,  # no tenant quotas in dev: no Redis
+        "key_pepper": settings.key_pepper}  # the control plane's
 
     engine = engines["spec"]["template"]["spec"]["containers"][0]
     env = resolved_env(engine, secrets)

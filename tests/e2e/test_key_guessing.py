@@ -63,10 +63,10 @@ class Plane:
             db.execute("UPDATE api_keys SET secret_hash = ? WHERE key_id = ?", (PasswordHasher().hash(secret), key_id))
 
     @contextlib.contextmanager
-    def router(self, name: str, *flags: str) -> Iterator[tuple[str, int]]:
+    def router(self, name: str, *flags: str, pepper: bool = True) -> Iterator[tuple[str, int]]:
         log = self.tmp / f"{name}.log"
         self.logs.append(log)
-        with router_process(self.cp, self.prefix, log, *flags) as (url, process):
+        with router_process(self.cp, self.prefix, log, *flags, pepper=pepper) as (url, process):
             yield url, process.pid
 
 
@@ -199,6 +199,21 @@ def test_an_argon2_key_works_and_is_stored_as_hmac_after_its_first_use(plane: Pl
     r = httpx.get(f"{plane.cp}/v1/tenants/team-g/keys", headers={"Authorization": f"Bearer {admin}"}, timeout=60)
     assert r.status_code == 200 and len(r.json()["data"]) >= 2
     plane.answers.append(r.text)
+
+
+def test_a_router_without_the_pepper_verifies_argon2_keys_only(plane: Plane) -> None:
+    """The upgrade path of a fleet whose routers have no pepper yet: keys made before it keep working
+    (and keep their argon2 hash: this router could not verify the HMAC it would become); keys made since
+    are a 503 that names the missing variable, never a 401 that blames the client."""
+    legacy, new = plane.make_key("team-g", "inference"), plane.make_key("team-g", "inference")
+    plane.make_legacy(legacy)
+    with plane.router("router-no-pepper", pepper=False) as (url, _), httpx.Client(timeout=60) as client:
+        assert models(client, url, legacy).status_code == 200
+        r = models(client, url, new)
+        assert r.status_code == 503 and "LORAPLANE_KEY_PEPPER" in r.json()["error"]["message"], r.text
+        assert models(client, url, wrong(legacy)).status_code == 401
+    # the router has stopped, having finished what it had under way (a rehash it asked for included)
+    assert plane.stored_hash(legacy.split("_")[1]).startswith("$argon2id$")
 
 
 def test_the_pepper_is_in_no_log_and_no_answer(plane: Plane) -> None:

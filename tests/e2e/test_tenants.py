@@ -214,16 +214,16 @@ def test_a_revoked_key_stops_within_the_bound(fleet: Fleet) -> None:
 
 
 @contextlib.contextmanager
-def router_process(cp: str, prefix: str, log: Path, *flags: str, engines: int = 0, **env: str
-                   ) -> Iterator[tuple[str, subprocess.Popen]]:
+def router_process(cp: str, prefix: str, log: Path, *flags: str, engines: int = 0, pepper: bool = True,
+                   **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
     """`loraplane router --require-api-key` as a process of its own (router token, Redis and the key pepper
-    from its environment, nothing on its command line; further LORAPLANE_* `env`), once its table lists `engines`
-    engines."""
+    from its environment, nothing on its command line; further LORAPLANE_* variables in `env`), once its
+    table lists `engines` engines."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
-           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL, "LORAPLANE_KEY_PEPPER": KEY_PEPPER,
-           **env}
+           "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL,
+           **({"LORAPLANE_KEY_PEPPER": KEY_PEPPER} if pepper else {}), **env}
 
     def ready() -> bool:
         r = httpx.get(url + "/health", timeout=2)

@@ -124,7 +124,7 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         assert direct.status_code == 401, direct.text
 
         # every secret travels in the environment: none is on a command line (readable by all in `ps`)
-        names = ("admin-token", "engine-token", "engine-cp-token", "router-token", "engine-api-key")
+        names = ("admin-token", "engine-token", "engine-cp-token", "router-token", "engine-api-key", "key-pepper")
         secrets = dict(zip(names, ((tmp_path / ".loraplane" / f).read_text().strip() for f in names), strict=True))
         children = descendants(process.pid)
         assert len(children) >= 3
@@ -139,7 +139,10 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         # each child holds the tokens of its role only
         engine_env, router_env = environ("engine"), environ("router")
         assert secrets["admin-token"] not in engine_env and secrets["engine-cp-token"] in engine_env
-        assert secrets["router-token"] not in engine_env
+        assert secrets["router-token"] not in engine_env and secrets["key-pepper"] not in engine_env
+        # the tenant keys' pepper: made once, the control plane's and the router's
+        assert (tmp_path / ".loraplane" / "key-pepper").stat().st_mode & 0o077 == 0
+        assert secrets["key-pepper"] in environ("control") and secrets["key-pepper"] in router_env
         assert secrets["router-token"] in router_env and secrets["engine-api-key"] in router_env
         assert not any(secrets[n] in router_env for n in ("admin-token", "engine-token", "engine-cp-token"))
 
@@ -165,6 +168,8 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
     finally:
         stop_up(process)
 
+    printed = out.read_text() + err.read_text()
+    assert not [name for name, value in secrets.items() if value in printed]  # no secret in any process's log
     lines = [json.loads(line) for line in err.read_text().splitlines()]  # every line is one JSON object
     for line in lines:
         assert {"time", "level", "logger", "message"} <= set(line) <= {"time", "level", "logger", "message",

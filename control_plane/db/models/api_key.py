@@ -1,6 +1,6 @@
 """api_keys: a tenant's keys. `key_id` is the public part of `lp_<key_id>_<secret>` (found without a
-scan); only the secret's argon2 hash is kept, never the secret. Revoked keys keep their row (the audit
-trail and `last_used_at` stay readable)."""
+scan); only a keyed hash of the key is kept (shared/key_secrets.py), never the secret. Revoked keys keep
+their row (the audit trail and `last_used_at` stay readable)."""
 
 from __future__ import annotations
 
