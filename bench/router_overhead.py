@@ -104,8 +104,8 @@ def running(tmp: Path) -> Iterator[tuple[str, str, str, str]]:
                                     {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router))
         stack.enter_context(process(cli("router", "--control-plane", cp, "--port", tenant_router.rsplit(":", 1)[1],
                                         "--log-level", "warning", "--require-api-key", "--redis-prefix", prefix),
-                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token, "LORAPLANE_REDIS_URL": REDIS_URL,
-                                     "LORAPLANE_KEY_PEPPER": pepper},
+                                    {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token,
+                                     "LORAPLANE_REDIS_URL": REDIS_URL, "LORAPLANE_KEY_PEPPER": pepper},
                                     tmp / "tenant-router.log", tenant_router))
         stack.callback(forget_redis, prefix)
         for url, headers in ((router, {}), (tenant_router, {"Authorization": f"Bearer {key}"})):

@@ -141,8 +141,13 @@ class KeyChecks:
         if pending is None:
             pending = self._pending[offer] = asyncio.ensure_future(self._slow_check(hasher, key_id, secret, stored,
                                                                                     host))
-            pending.add_done_callback(lambda _: self._pending.pop(offer, None))
+            pending.add_done_callback(lambda done: self._done(offer, done))
         return await asyncio.shield(pending)
+
+    def _done(self, offer: tuple[str, str, bytes], done: asyncio.Future[bool]) -> None:
+        self._pending.pop(offer, None)
+        if not done.cancelled():
+            done.exception()  # retrieved: no "never retrieved" warning when every waiter had gone
 
     async def _slow_check(self, hasher: KeyHasher, key_id: str, secret: str, stored: str, host: str) -> bool:
         async with self._slow:

@@ -12,7 +12,7 @@ without the pepper is of no use.
 Hashes made earlier (argon2id PHC strings, `$argon2…`: `is_legacy`) still verify, slowly and off the
 event loop (`check`), and are rewritten as HMAC on their next successful use. Without a pepper a process
 verifies those alone: `KeyHasher.hash` and the HMAC check raise NoPepperError (503). Callers cache a
-verified key and compare later offers with `digest` and hmac.compare_digest.
+verified key's `digest` and compare later offers' with hmac.compare_digest.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class NoPepperError(OverloadedError):
 
     def __init__(self) -> None:
         super().__init__(f"Tenant keys cannot be made or checked here: this process has no {PEPPER_ENV} (or "
-                         f"{PEPPER_ENV}_FILE). The operator must give the control plane and every router the same one.")
+                         f"{PEPPER_ENV}_FILE). The operator must give the control plane and every router the "
+                         "same one.")
 
 
 class KeyHasher:
@@ -102,6 +103,3 @@ def digest(secret: str) -> bytes:
     """What a cache keeps of a verified secret: sha256, never the secret."""
     return hashlib.sha256(secret.encode()).digest()
 
-
-def same_secret(cached: bytes, secret: str) -> bool:
-    return hmac.compare_digest(cached, digest(secret))

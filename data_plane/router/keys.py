@@ -227,7 +227,8 @@ class KeyVerifier:
             return
         record = _record.decode(response.content)
         entry = self._cache.get(key_id)
-        if entry is not None and entry.verified is not None and not record.revoked:  # the same secret: verified against the new hash too
+        # the same secret: it verified against the new hash as well
+        if entry is not None and entry.verified is not None and not record.revoked:
             self._cache[key_id] = _entry(record, entry.verified, entry.checked_at)
 
     async def aclose(self) -> None:

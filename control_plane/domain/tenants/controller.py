@@ -160,8 +160,9 @@ class TenancyController(Controller):
         return await service.rehash_key(key_id, body, request.client.host if request.client else "")
 
     @route([KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}",
-            KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}" + REHASH_SUFFIX, ACCESS_PATH.removeprefix("/v1/tenancy"),
-            ACCESS_PATH.removeprefix("/v1/tenancy") + "/{name:path}"], http_method="OPTIONS", include_in_schema=False)
+            KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}" + REHASH_SUFFIX,
+            ACCESS_PATH.removeprefix("/v1/tenancy"), ACCESS_PATH.removeprefix("/v1/tenancy") + "/{name:path}"],
+           http_method="OPTIONS", include_in_schema=False)
     async def _options(self, request: Request) -> Response[None]:
         """The methods documented for the path (see TenantController._options)."""
         return options_response(request)
