@@ -17,7 +17,7 @@ from control_plane.db.models import Adapter, AdapterVersion, AuditEvent
 from control_plane.settings import ControlPlaneSettings
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 from tests.control_plane.artifacts.helpers import files_of, sha
-from tests.control_plane.conftest import ADMIN, READ, admin, reader
+from tests.control_plane.conftest import ADMIN, KEY_PEPPER, READ, admin, reader
 from tests.control_plane.domain.adapters.helpers import fetch_all
 from tests.control_plane.domain.tenants.helpers import bearer, make_key, make_tenant
 
@@ -38,7 +38,8 @@ def roots(tmp_path: Path, demo: dict[str, Path]) -> Path:
 @pytest.fixture
 def settings(db_url: str, roots: Path, tmp_path: Path) -> ControlPlaneSettings:
     return ControlPlaneSettings(database_url=db_url, admin_tokens=(ADMIN,), read_tokens=(READ,),
-                                adapter_roots=(str(roots),), artifact_store=(tmp_path / "artifacts").as_uri())
+                                adapter_roots=(str(roots),), artifact_store=(tmp_path / "artifacts").as_uri(),
+                                key_pepper=KEY_PEPPER)
 
 
 def load_body(name: str, lora_path: str) -> dict:
