@@ -64,14 +64,15 @@ class OutputProcessor:
                 return
 
     def take_delta(self, seq: Sequence) -> CompletionDelta | None:
-        """What the client has not seen yet; None when there is nothing new."""
+        """What the client has not seen yet; None when there is nothing new (a sequence's finish is news
+        once: its request's later outputs, for siblings that still run, do not repeat it)."""
         text_end = len(seq.output_text)
         if not seq.is_finished and seq.sampling_params.stop:
             # hold back text that may turn out to be the start of a stop string
             text_end -= max(len(s) for s in seq.sampling_params.stop) - 1
         text_end = max(text_end, seq.sent_text_offset)
         new_tokens = seq.output_token_ids[seq.sent_token_offset :]
-        if not new_tokens and text_end == seq.sent_text_offset and not seq.is_finished:
+        if not new_tokens and text_end == seq.sent_text_offset and seq.is_finished == seq.sent_finish:
             return None
         logprobs = None
         if seq.sampling_params.logprobs is not None:
@@ -86,4 +87,5 @@ class OutputProcessor:
         )
         seq.sent_text_offset = text_end
         seq.sent_token_offset = len(seq.output_token_ids)
+        seq.sent_finish = seq.is_finished
         return delta

@@ -59,6 +59,7 @@ class Sequence:
     output_text: str = ""
     sent_text_offset: int = 0  # characters of output_text already returned to the client
     sent_token_offset: int = 0  # tokens of output_token_ids already returned to the client
+    sent_finish: bool = False  # its finish was returned to the client
     detok_prefix_offset: int = 0
     detok_read_offset: int = 0
     detok_new_chars: int = 0  # characters the last token added to output_text

@@ -63,6 +63,18 @@ def test_preemption_under_tiny_kv_budget_keeps_tokens(engine_checkpoints):
     assert tight.block_manager.num_used_blocks == 0
 
 
+def test_a_finished_sample_is_reported_once_while_its_siblings_still_run(engine_checkpoints):
+    # 28 token slots for two samples of 23 (no prefix cache to resume from): the second waits for the first
+    engine = make_engine(engine_checkpoints["qwen2"], num_kv_blocks=8, enable_prefix_caching=False)
+    engine.add_request(Request("pair", [5, 6, 7], greedy(20, n=2)))
+    finishes = []
+    while engine.has_work():
+        for output in engine.step():
+            finishes += [d.index for d in output.deltas if d.finish_reason is not None]
+    assert engine.scheduler.num_preemptions > 0  # so one sample ended steps before the other
+    assert sorted(finishes) == [0, 1]
+
+
 def test_prefix_cache_hit_keeps_output(engine_checkpoints):
     engine = make_engine(engine_checkpoints["llama"])
     prompt = _prompts(engine.vocab_size, [41], seed=4)[0]
