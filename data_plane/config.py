@@ -49,8 +49,13 @@ class EngineConfig:
     # prompts longer than this are long (vLLM's flag): only they are paced by decode_stall_limit; 0 paces
     # every prompt (the running decodes' steps stay within the limit; new requests' first tokens come later)
     long_prefill_token_threshold: int = LONG_PREFILL_TOKENS
-    max_waiting_requests: int = 1024  # waiting *sequences* (n per request); past this the API answers 503
-    max_n: int | None = None  # samples per request; defaults to (and is capped by) max_num_seqs
+    # waiting *sequences* (prompts x n per request): an API request of more is refused (400), one that
+    # would overflow the queue now gets 503 (engine/admission.py)
+    max_waiting_requests: int = 1024
+    max_n: int | None = None  # samples per prompt; defaults to (and is capped by) max_num_seqs
+    # tokens one API request may ask for: its prompts x n sequences, each prompt + max_tokens; defaults to
+    # max_num_seqs * max_model_len (a full batch of full contexts, what one prompt with n = --max-n may take)
+    max_request_tokens: int | None = None
     max_stop_strings: int = 16
     max_stop_string_length: int = 256  # characters
     max_prompt_chars: int | None = None  # defaults to max_model_len * PROMPT_CHARS_PER_TOKEN
@@ -123,6 +128,8 @@ class EngineConfig:
             raise ConfigError("--max-stop-strings must be at least 0 and --max-stop-string-length at least 1")
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
             raise ConfigError("--max-prompt-chars must be at least 1")
+        if self.max_request_tokens is not None and self.max_request_tokens < 1:
+            raise ConfigError("--max-request-tokens must be at least 1")
         if self.lora_dtype not in ("auto", "bfloat16", "float16"):
             raise ConfigError(f"--lora-dtype {self.lora_dtype!r}: expected auto, bfloat16 or float16")
         if self.max_cpu_loras is None:
@@ -173,6 +180,8 @@ class EngineConfig:
             self.max_num_batched_tokens = 2048 if self.enable_chunked_prefill else max(self.max_model_len, 2048)
         if self.max_prompt_chars is None:
             self.max_prompt_chars = self.max_model_len * PROMPT_CHARS_PER_TOKEN
+        if self.max_request_tokens is None:
+            self.max_request_tokens = self.max_num_seqs * self.max_model_len
         if self.enable_chunked_prefill:
             # every running sequence decodes one token per step, within the budget
             if self.max_num_batched_tokens < self.max_num_seqs:

@@ -33,6 +33,7 @@ OUTCOMES = ("ok", "error", "abort", "rejected")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _STEP_ADAPTER_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64)  # distinct adapters in one step
+_FIRST_TOKEN_STEP_BUCKETS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # engine steps
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -78,6 +79,15 @@ class EngineMetrics:
             "From the HTTP request to the first generated token",
             ["adapter"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft_steps = Histogram(
+            "loraplane_time_to_first_token_steps",
+            "Engine steps from a request's arrival in the engine through the one that sampled its first token "
+            "(1: admitted at the next step); the scheduler's fair share bounds it for a request that arrives "
+            "beside one that fills the batch",
+            ["adapter"],
+            buckets=_FIRST_TOKEN_STEP_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
@@ -131,8 +141,11 @@ class RequestMetrics:
         self.prompt_tokens = prompt_tokens
         self._m.prompt_tokens.labels(self.label).inc(prompt_tokens)
 
-    def on_output(self, num_new_tokens: int, now: float | None = None) -> None:
-        """Called for every engine output; one output carries the tokens of one step (all choices)."""
+    def on_output(self, num_new_tokens: int, first_token_steps: int | None = None, now: float | None = None) -> None:
+        """Called for every engine output; one output carries the tokens of one step (all choices), the
+        first one with tokens the engine steps it took (RequestOutput.first_token_steps)."""
+        if first_token_steps is not None:
+            self._m.ttft_steps.labels(self.label).observe(first_token_steps)
         if num_new_tokens <= 0:
             return
         now = time.monotonic() if now is None else now

@@ -1,39 +1,38 @@
 """One engine request in flight, as the serving layer sees it.
 
-`start_generation` submits a Request and waits for its first output, so that what the engine
-refuses on admission (400 prompt too long, 503 overloaded, engine dead) becomes an HTTP error
-before any byte of a response — streamed or not — has been sent. `Generation` then yields the
-remaining outputs, records the request's metrics, and is always closed: closing it closes the
-engine's generator, which aborts the request and frees its KV blocks if it had not finished, and
-releases the request's adapter lease — exactly once, however the request ended.
+`start_all` submits the engine Requests of one API request (a completion's prompts) together: the
+engine admits them whole or refuses them whole (400 can never fit, 503 not now, engine dead) before
+any of them reaches its core, and the core adds them whole. It then waits for the first output of
+the first, so that a refusal becomes an HTTP error before any byte of a response (streamed or not)
+has been sent. `Generation` then yields the outputs, records the request's metrics, and is always
+closed: closing it closes the engine's stream, which aborts the request and frees its KV blocks if
+it had not finished, and releases the request's adapter lease, exactly once, however it ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
 
 import anyio
 
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import FinishReason, Request
+from data_plane.engine.streams import RequestStream
 from data_plane.lora.entry import Lease
 from data_plane.metrics import RequestMetrics
 from shared.errors import EngineDeadError, LoraplaneError, OverloadedError
 
 logger = logging.getLogger(__name__)
 
-EngineStream = AsyncGenerator[RequestOutput, None]
-
 
 class Generation:
     def __init__(
         self,
         request_id: str,
-        stream: EngineStream,
-        first: RequestOutput,
+        stream: RequestStream,
+        first: RequestOutput | None,
         metrics: RequestMetrics,
         lease: Lease | None = None,
     ) -> None:
@@ -63,7 +62,7 @@ class Generation:
         except Exception:
             self._done, self._outcome = True, "error"
             raise
-        self._metrics.on_output(sum(len(d.token_ids) for d in output.deltas))
+        self._metrics.on_output(sum(len(d.token_ids) for d in output.deltas), output.first_token_steps)
         if self._lease is not None and (error := _unloaded_error(output, self._lease)) is not None:
             self._done, self._outcome = True, "abort"  # its adapter was unloaded: say so, not "finished"
             raise error
@@ -105,26 +104,50 @@ def _unloaded_error(output: RequestOutput, lease: Lease) -> LoraplaneError | Non
 async def start_generation(
     engine: EngineProtocol, request: Request, metrics: RequestMetrics, lease: Lease | None = None
 ) -> Generation:
-    """Submit `request` and wait for its first output; engine refusals raise here. The Generation
-    owns `lease` from here on; if the request is refused, the lease is released before raising."""
-    stream = engine.generate(request)
+    """`start_all` of one request."""
+    [generation] = await start_all(engine, [(request, metrics, lease)])
+    return generation
+
+
+async def start_all(
+    engine: EngineProtocol, requests: list[tuple[Request, RequestMetrics, Lease | None]]
+) -> list[Generation]:
+    """Submit the engine requests of one API request and wait for the first output of the first; engine
+    refusals raise here. The Generations own the leases from here on; if the requests are refused, the
+    leases are released before raising."""
     try:
-        if lease is not None:
-            # no await between this check and the submission (the generator's first step): an unload
-            # that aborted the adapter's requests cannot slip a new one past it
-            lease.check_admissible()
-        first = await anext(stream)
+        for _, _, lease in requests:
+            if lease is not None:
+                # no await between this check and the submission: an unload that aborted the adapter's
+                # requests cannot slip a new one past it
+                lease.check_admissible()
+        streams = engine.submit([request for request, _, _ in requests])
+    except BaseException as exc:
+        _refused(requests, exc)
+        raise
+    try:
+        # the engine's core adds the group whole or refuses it whole: the first stream's first item says which
+        first = await anext(streams[0])
     except BaseException as exc:
         with anyio.CancelScope(shield=True):
-            await stream.aclose()
-        metrics.finish(_outcome_of(exc))
-        if lease is not None:
-            lease.release()
+            for stream in streams:
+                await stream.aclose()
+        _refused(requests, exc)
         if isinstance(exc, StopAsyncIteration):
             raise EngineDeadError("The engine ended the request without any output.") from None
         raise
-    metrics.admitted(len(request.prompt_token_ids))
-    return Generation(request.request_id, stream, first, metrics, lease)
+    generations = []
+    for index, ((request, metrics, lease), stream) in enumerate(zip(requests, streams, strict=True)):
+        metrics.admitted(len(request.prompt_token_ids))
+        generations.append(Generation(request.request_id, stream, first if index == 0 else None, metrics, lease))
+    return generations
+
+
+def _refused(requests: list[tuple[Request, RequestMetrics, Lease | None]], exc: BaseException) -> None:
+    for _, metrics, lease in requests:
+        metrics.finish(_outcome_of(exc))
+        if lease is not None:
+            lease.release()
 
 
 def _outcome_of(exc: BaseException) -> str:
@@ -133,22 +156,6 @@ def _outcome_of(exc: BaseException) -> str:
     if isinstance(exc, OverloadedError) or (isinstance(exc, LoraplaneError) and exc.status_code < 500):
         return "rejected"  # refused on admission: the request never ran
     return "error"
-
-
-async def start_all(
-    engine: EngineProtocol, requests: list[tuple[Request, RequestMetrics, Lease | None]]
-) -> list[Generation]:
-    """Start several requests concurrently (a batched prompt); if one is refused, close the others."""
-    results = await asyncio.gather(
-        *(start_generation(engine, r, m, lease) for r, m, lease in requests), return_exceptions=True
-    )
-    errors = [r for r in results if isinstance(r, BaseException)]
-    if errors:
-        for r in results:
-            if isinstance(r, Generation):
-                await r.aclose()
-        raise errors[0]
-    return list(results)  # type: ignore[arg-type]
 
 
 class MergedGenerations:

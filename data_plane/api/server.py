@@ -76,9 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-waiting-requests", type=int, default=1024,
-        help="waiting sequences (a request counts n times) past which requests get 503",
+        help="waiting sequences (a request counts prompts x n): a request of more gets 400, one that would "
+        "overflow the queue now gets 503",
     )
-    p.add_argument("--max-n", type=int, help="samples per request (default and upper bound: --max-num-seqs)")
+    p.add_argument("--max-n", type=int, help="samples per prompt (default and upper bound: --max-num-seqs)")
+    p.add_argument(
+        "--max-request-tokens", type=int, metavar="TOKENS",
+        help="tokens one request may ask for: its prompts x n sequences of prompt + max_tokens each; more gets "
+        "400 (default: --max-num-seqs x --max-model-len)",
+    )
     p.add_argument("--max-stop-strings", type=int, default=16, help="stop strings per request")
     p.add_argument("--max-stop-string-length", type=int, default=256, help="characters per stop string")
     p.add_argument(
@@ -223,6 +229,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_waiting_requests=args.max_waiting_requests,
         max_n=args.max_n,
+        max_request_tokens=args.max_request_tokens,
         max_stop_strings=args.max_stop_strings,
         max_stop_string_length=args.max_stop_string_length,
         max_prompt_chars=args.max_prompt_chars,

@@ -1,4 +1,5 @@
-"""POST /v1/completions: one engine Request per prompt (n samples each), answered as a
+"""POST /v1/completions: one engine Request per prompt (n samples each), admitted together as one group
+(the engine checks prompts x n against its limits and shares its batch fairly per group), answered as a
 text_completion object or a stream of text_completion chunks. Choice i*n + j is sample j of prompt i."""
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class CompletionService:
                     adapter_id=lease.adapter_id,
                     prefix_hash_seed=lease.cache_namespace,
                     lora=lease.weights,
+                    group_id=response_id if len(prompts) > 1 else "",
                 )
             )
             lease.bind(request_id)

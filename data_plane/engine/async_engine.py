@@ -1,8 +1,9 @@
 """AsyncLLMEngine: runs the LLMEngine on its own thread so HTTP handlers never wait on a forward pass.
 
-Handlers put requests and aborts in an inbox; the engine thread drains it between steps and hands
-each step's outputs back to the event loop in one `call_soon_threadsafe`. A consumer that stops
-iterating (the client went away) aborts its request, which frees its KV blocks.
+Handlers put request groups (admission.py: one API request's, checked whole) and aborts in an inbox;
+the engine thread drains it between steps and hands each step's outputs back to the event loop in one
+`call_soon_threadsafe`. A stream closed before its end (the client went away) aborts its request,
+which frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -11,44 +12,20 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncGenerator, Callable, Container
+from collections.abc import Callable
 from typing import TypeVar
 
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import EngineStats, LLMEngine
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
+from data_plane.engine.streams import RequestStream, Streams, SubmittingEngine
 from data_plane.lora.weights import LoRAAdapterWeights
-from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError, OverloadedError
+from shared.errors import EngineDeadError, LoraplaneError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _LOOP_DIED = "the engine loop stopped unexpectedly; the engine's log has the cause"
-
-
-def check_admission(request: Request, waiting_seqs: int, config: EngineConfig, in_flight: Container[str]) -> None:
-    """What the API side refuses before queueing: a full waiting queue (503) and a request id in use."""
-    n = request.sampling_params.n
-    limit = config.max_waiting_requests
-    # sequences, not requests: one request with a large n weighs as much as n small ones
-    if waiting_seqs + n > limit:
-        raise OverloadedError(
-            f"The server is overloaded: the queue holds at most {limit} waiting sequences "
-            f"(n per request) and cannot take {n} more. Retry later."
-        )
-    if request.request_id in in_flight:
-        raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
-
-
-async def until_finished(queue: asyncio.Queue[RequestOutput | Exception]) -> AsyncGenerator[RequestOutput, None]:
-    """A request's outputs as its queue gets them, up to the finished one; an exception put there is raised."""
-    while True:
-        item = await queue.get()
-        if isinstance(item, Exception):
-            raise item
-        yield item
-        if item.finished:
-            return
 
 
 def settle(future: asyncio.Future, result: object, exc: BaseException | None) -> None:
@@ -60,7 +37,7 @@ def settle(future: asyncio.Future, result: object, exc: BaseException | None) ->
         future.set_result(result)
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(SubmittingEngine):
     """The engine the API serves from; implements data_plane.engine.protocol.EngineProtocol."""
 
     def __init__(self, engine: LLMEngine) -> None:
@@ -72,14 +49,11 @@ class AsyncLLMEngine:
         self.dead_reason: str | None = None
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._streams = Streams(self.config, self._stream_closed)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._stats = engine.stats()
-        # sequences of requests posted to the inbox and not yet counted in the stats' num_waiting
-        self._queued_seqs = 0
-        self._queued_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncLLMEngine:
@@ -99,26 +73,18 @@ class AsyncLLMEngine:
         await asyncio.to_thread(self.engine.shutdown)
 
     # ---- API side ------------------------------------------------------------------------------
-    async def generate(self, request: Request) -> AsyncGenerator[RequestOutput, None]:
+    def submit(self, requests: list[Request]) -> list[RequestStream]:
         if not self.healthy:
             raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
-        self.engine.validate(request)
-        n = request.sampling_params.n
-        check_admission(request, self._stats.num_waiting + self._queued_seqs, self.config, self._streams)
-        stream: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
-        self._streams[request.request_id] = stream
-        with self._queued_lock:
-            self._queued_seqs += n
-        self._post("add", request)
-        finished = False
-        try:
-            async for item in until_finished(stream):
-                finished = item.finished
-                yield item
-        finally:
-            self._streams.pop(request.request_id, None)
-            if not finished:
-                self.abort(request.request_id)
+        for request in requests:
+            self.engine.validate(request)
+        streams = self._streams.admit(requests, self._stats.num_waiting)
+        self._post("add", requests)
+        return streams
+
+    def _stream_closed(self, stream: RequestStream) -> None:
+        if not stream.finished:
+            self.abort(stream.request.request_id)
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
@@ -127,7 +93,7 @@ class AsyncLLMEngine:
         return self._stats
 
     def num_requests(self) -> int:
-        return len(self._streams)
+        return len(self._streams.open)
 
     # ---- adapters: run on the engine thread between steps --------------------------------------
     async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
@@ -163,8 +129,7 @@ class AsyncLLMEngine:
                     self._wake.wait(timeout=1.0)
                     self._wake.clear()
                 self._stats = self.engine.stats()
-                with self._queued_lock:  # those sequences now count in the stats' num_waiting instead
-                    self._queued_seqs -= drained_seqs
+                self._streams.arrived(drained_seqs)  # those sequences count in the stats' num_waiting now
                 if outputs:
                     self._loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as exc:  # the loop itself broke: say so loudly and fail everyone
@@ -173,7 +138,7 @@ class AsyncLLMEngine:
             # generic reason, the log above has the detail
             self.dead_reason = exc.message if isinstance(exc, EngineDeadError) else _LOOP_DIED
             self.healthy = False
-            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(f"The engine died: {self.dead_reason}"))
+            self._loop.call_soon_threadsafe(self._streams.fail_all, EngineDeadError(f"The engine died: {self.dead_reason}"))
 
     def _step(self) -> list[RequestOutput]:
         """One engine step. A batch's failure is handled inside step(); anything that escapes it
@@ -187,7 +152,7 @@ class AsyncLLMEngine:
             return self.engine.fail_all(exc)
 
     def _drain_inbox(self) -> tuple[list[RequestOutput], int]:
-        """Outputs of the aborts, and how many sequences of added requests left the inbox."""
+        """Outputs of the aborts, and how many sequences of added request groups left the inbox."""
         outputs: list[RequestOutput] = []
         drained_seqs = 0
         while True:
@@ -196,14 +161,15 @@ class AsyncLLMEngine:
             except queue.Empty:
                 return outputs, drained_seqs
             if kind == "add":
-                drained_seqs += payload.sampling_params.n
+                drained_seqs += sum(r.sampling_params.n for r in payload)
                 try:
-                    self.engine.add_request(payload)  # all or nothing: a refusal leaves nothing queued
+                    self.engine.add_requests(payload)  # all or nothing: a refusal leaves nothing queued
                 except Exception as exc:  # validated on the API side already; still never kill the loop
                     if not isinstance(exc, LoraplaneError):
-                        logger.exception("admitting request %s failed", payload.request_id)
+                        logger.exception("admitting request %s failed", payload[0].request_id)
                         exc = LoraplaneError("The engine failed to admit the request.")
-                    self._loop.call_soon_threadsafe(self._deliver_error, payload.request_id, exc)
+                    for request in payload:
+                        self._loop.call_soon_threadsafe(self._streams.put, request.request_id, exc)
             elif kind == "call":
                 fn, args, future = payload
                 result, error = None, None
@@ -221,15 +187,4 @@ class AsyncLLMEngine:
     # ---- back on the event loop ----------------------------------------------------------------
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
-            stream = self._streams.get(output.request_id)
-            if stream is not None:
-                stream.put_nowait(output)
-
-    def _deliver_error(self, request_id: str, exc: Exception) -> None:
-        stream = self._streams.get(request_id)
-        if stream is not None:
-            stream.put_nowait(exc)
-
-    def _fail_all(self, exc: Exception) -> None:
-        for stream in self._streams.values():
-            stream.put_nowait(exc)
+            self._streams.put(output.request_id, output)

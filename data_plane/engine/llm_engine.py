@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from data_plane.config import EngineConfig
+from data_plane.engine.admission import validate_request
 from data_plane.engine.batch_builder import BatchBuilder, sampling_rows
 from data_plane.engine.block_manager import BlockManager
 from data_plane.engine.model_runner import ModelRunner
 from data_plane.engine.output_processor import OutputProcessor
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.prefill_pacer import PrefillPacer
-from data_plane.engine.sampling_params import SamplingParams, sample_seed
+from data_plane.engine.sampling_params import sample_seed
 from data_plane.engine.scheduler import Scheduler, SchedulerOutput
 from data_plane.engine.sequence import FinishReason, Request, Sequence
 from data_plane.engine.worker import build_runner
@@ -50,26 +51,12 @@ class EngineStats:
 class _RequestState:
     request: Request
     seqs: list[Sequence]
+    arrival_step: int  # steps the engine had run when the request arrived
+    first_token_steps: int | None = None  # steps from its arrival to its first token, that one's included
 
     @property
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
-
-
-def check_limits(params: SamplingParams, config: EngineConfig) -> None:
-    """The engine's per-request limits (--max-n, --max-stop-strings, --max-stop-string-length):
-    one request may not take every slot of a step or make every step scan thousands of strings."""
-    if params.n > config.max_n:
-        raise InvalidRequestError(f"n must be at most {config.max_n} on this engine (--max-n).", param="n")
-    if len(params.stop) > config.max_stop_strings:
-        raise InvalidRequestError(
-            f"At most {config.max_stop_strings} stop strings are allowed (--max-stop-strings).", param="stop"
-        )
-    if any(len(s) > config.max_stop_string_length for s in params.stop):
-        raise InvalidRequestError(
-            f"Stop strings must be at most {config.max_stop_string_length} characters (--max-stop-string-length).",
-            param="stop",
-        )
 
 
 class LLMEngine:
@@ -100,6 +87,7 @@ class LLMEngine:
         self.requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
         self.step_adapters: dict[int, int] = {}  # see EngineStats.step_adapters
+        self.num_steps = 0  # batches run
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -111,21 +99,8 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
         """Reject what can never be served, before it is queued (→ HTTP 400)."""
+        validate_request(request, self.config, self.vocab_size)
         prompt_len = len(request.prompt_token_ids)
-        max_len = self.config.max_model_len
-        if prompt_len == 0:
-            raise InvalidRequestError("The prompt is empty.", param="prompt")
-        check_limits(request.sampling_params, self.config)
-        if prompt_len + request.sampling_params.max_tokens > max_len:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{prompt_len + request.sampling_params.max_tokens} tokens ({prompt_len} in the prompt, "
-                f"{request.sampling_params.max_tokens} in the completion). Please reduce the prompt or max_tokens.",
-                param="max_tokens" if prompt_len < max_len else "prompt",
-                code="context_length_exceeded",
-            )
-        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= self.vocab_size:
-            raise InvalidRequestError(f"Prompt token ids must be in [0, {self.vocab_size}).", param="prompt")
         if request.adapter_id != 0:
             if self.lora_slots is None:
                 raise InvalidRequestError("LoRA is not enabled on this engine; start it with --enable-lora.")
@@ -140,11 +115,26 @@ class LLMEngine:
             )
 
     def add_request(self, request: Request) -> None:
-        """All or nothing: every sequence is built first, and only then does any reach the scheduler,
-        so a request refused here leaves no sequence behind that a later step would trip over."""
-        self.validate(request)
-        if request.request_id in self.requests:
-            raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+        self.add_requests([request])
+
+    def add_requests(self, requests: list[Request]) -> None:
+        """The requests of one API request, all or nothing: every one is checked and every sequence built
+        first, and only then does any reach the scheduler, so a group refused here leaves no sequence behind
+        that a later step would trip over."""
+        seen: set[str] = set()
+        for request in requests:
+            self.validate(request)
+            if request.request_id in self.requests or request.request_id in seen:
+                raise InvalidRequestError(f"Request id {request.request_id!r} is already in use.")
+            seen.add(request.request_id)
+        states = [self._state(request) for request in requests]
+        for state in states:
+            self.requests[state.request.request_id] = state
+            for seq in state.seqs:
+                self.scheduler.add(seq)
+
+    def _state(self, request: Request) -> _RequestState:
+        """The request's sequences, built; its adapter's slot image on its way."""
         if request.lora is not None and self.lora_slots is not None and not self.lora_slots.is_resident(request.adapter_id):
             # the slot image (padded, cast, scale folded in) is made outside any step, so the step that admits
             # the request copies one row into the slot pool instead of building it: now when nothing runs,
@@ -161,9 +151,7 @@ class LLMEngine:
             if params.seed is not None:
                 seq.generator = torch.Generator(self.runner.device).manual_seed(sample_seed(params.seed, index))
             seqs.append(seq)
-        self.requests[request.request_id] = _RequestState(request, seqs)
-        for seq in seqs:
-            self.scheduler.add(seq)
+        return _RequestState(request, seqs, self.num_steps)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         state = self.requests.get(request_id)
@@ -192,6 +180,7 @@ class LLMEngine:
             step_input, seqs = self.builder.build(sched)  # seqs: those sampled, in logits-row order
             used = len({a for a in step_input.adapter_ids if a})
             self.step_adapters[used] = self.step_adapters.get(used, 0) + 1
+            self.num_steps += 1
             logits = self.runner.forward(step_input)  # [S, vocab]
             sampled = self.sampler(logits, sampling_rows(seqs)) if seqs else None
         except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
@@ -236,12 +225,16 @@ class LLMEngine:
         finished = state.finished
         if finished:
             del self.requests[state.request.request_id]
+        first_token_steps = None
+        if state.first_token_steps is None and any(d.token_ids for d in deltas):
+            first_token_steps = state.first_token_steps = self.num_steps - state.arrival_step
         return RequestOutput(
             request_id=state.request.request_id,
             prompt_token_ids=state.request.prompt_token_ids,
             deltas=deltas,
             finished=finished,
             num_cached_tokens=max(s.num_cached_tokens for s in state.seqs),
+            first_token_steps=first_token_steps,
         )
 
     def _fail(self, state: _RequestState, reason: FinishReason, error: str | None) -> RequestOutput:

@@ -28,3 +28,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None  # set when the engine failed the request (internal detail: logged, not sent)
     client_error: LoraplaneError | None = None  # set when the client should read why (sent as is)
+    # on the output that carries the request's first token: the engine steps from its arrival in the
+    # engine through the one that sampled that token (1: admitted and sampled at the next step)
+    first_token_steps: int | None = None

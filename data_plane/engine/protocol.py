@@ -22,6 +22,7 @@ from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import EngineStats
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
+from data_plane.engine.streams import RequestStream
 from data_plane.lora.registry import LoRAEngine
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.tokenizer import Tokenizer
@@ -51,10 +52,17 @@ class EngineProtocol(EngineHealth, LoRAEngine, Protocol):
 
     async def shutdown(self) -> None: ...
 
+    def submit(self, requests: list[Request]) -> list[RequestStream]:
+        """Admit the engine requests of one API request together, all or none (admission.py): a refusal
+        (400 it can never fit, 503 not now, engine dead) raises here, before any of them reaches the
+        engine's core, which then adds them whole or refuses them whole (each stream raises). Each
+        stream yields its request's outputs, one per step, the last one `finished`; close every stream,
+        iterated or not: closing one before its end aborts its request."""
+        ...
+
     def generate(self, request: Request) -> AsyncGenerator[RequestOutput, None]:
-        """The request's outputs, one per step, the last one `finished`. Refusals on admission
-        (invalid, overloaded, engine dead) raise at the first `anext`; closing the generator before
-        the end aborts the request."""
+        """`submit` of one request as a generator: refusals raise at the first `anext`; closing the
+        generator before the end aborts the request."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -2,16 +2,29 @@
 
 Admission stays within the free KV blocks, the token budget (`max_num_batched_tokens`) and the
 sequence cap (`max_num_seqs`). When a running sequence needs a KV block and none is free, the most
-recently admitted running sequence is preempted: its blocks are freed and it goes back to the front
-of the waiting queue, to be recomputed (its prefix blocks are often still cached).
+recently admitted running sequence (of the group furthest over its fair share, if one is) is preempted:
+its blocks are freed and it goes back to the front of the waiting queue, to be recomputed (its prefix
+blocks are often still cached).
+
+Fair share (fair_share.py): one API request (a group: a completion's prompts x n) may not hold the batch
+while others wait. Its share is max_num_seqs seats and num_blocks KV blocks over the groups with
+sequences running or waiting (at least 1). Waiting sequences within their group's share are admitted
+first, in arrival order; the others after them, the group with the fewest ahead first. When a waiting
+sequence within its share finds every seat taken (or the first of them too few KV blocks), the newest
+running sequence of the group furthest over its share is preempted for it, after the decodes took the KV
+blocks they need (what it frees is left for the sequence it was preempted for). So a request that
+arrives while another fills the batch is admitted at the next step; if its prompt fits what that step's
+token budget leaves, its first token comes in that step.
 
 Chunked prefill (`enable_chunked_prefill`, vLLM's): a prompt longer than what is left of the step's
 token budget is computed a chunk per step, beside the running decodes, instead of waiting for a step
 of its own that would stall them. Each step spends the budget in this order:
 
     1. one token for every decoding sequence (len(seq) - num_computed_tokens == 1)
-    2. the next chunk of every running sequence still in its prefill, oldest first
-    3. waiting sequences (the admission passes below); the last one admitted may get a partial chunk
+    2. the next chunk of every running prefill within its group's share, oldest first
+    3. waiting sequences (the admission passes below), in the fair order; the last one admitted may get
+       a partial chunk. While prefills beyond their share still run, only those within their share
+    4. the next chunk of every running prefill beyond its group's share, oldest first
 
 While sequences decode, prompts longer than `long_prefill_tokens` (LONG_PREFILL_TOKENS unless
 --long-prefill-token-threshold says otherwise; 0: every prompt) share a part of the budget that
@@ -24,9 +37,10 @@ Without chunking a prompt is admitted only when all its new tokens fit the budge
 
 With LoRA, an adapter's sequence can run only while the adapter holds one of the few device slots.
 So that one load serves every waiting request of an adapter, admission goes in two passes over the
-waiting queue, each in arrival order:
+waiting queue, each in the fair order:
 
-    pass 1: sequences of the base model and of adapters in a slot now
+    pass 1: sequences of the base model and of adapters in a slot now; it stops at the first sequence
+            beyond its share once it passed one within its share whose adapter a slot can take now
     pass 2: the others, up to where pass 1 stopped; the first of an adapter loads it into a free slot
             or one whose adapter is not busy (the coldest: slots.py), and its later arrivals join it
 
@@ -34,8 +48,8 @@ An adapter with a sequence admitted this step is busy, so pass 2 never evicts an
 just gave work. A sequence refused room (blocks, budget, cap) ends its pass and pass 2 stops where pass
 1 did: no sequence takes room that one before it was refused in the step.
 
-Bounded waiting: in pass 1 later sequences pass a head of the queue whose adapter has no slot. Once the
-head has waited `max_slot_wait_steps` steps it is admitted first, before both passes. Refused room, it
+Bounded waiting: in pass 1 later sequences pass a head of the fair order whose adapter has no slot. Once
+the head has waited `max_slot_wait_steps` steps it is admitted first, before both passes. Refused room, it
 stops all admission (first come, first served, as without LoRA). Refused a slot (every one is pinned
 or busy), the busy unpinned adapter with the fewest running sequences is drained, and of those the
 one whose slot frees soonest (its running sequences have the fewest tokens left to generate: a stop
@@ -54,6 +68,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from data_plane.engine.block_manager import BlockManager
+from data_plane.engine.fair_share import FairShare
 from data_plane.engine.prefill_pacer import LONG_PREFILL_TOKENS, PrefillPacer
 from data_plane.engine.sequence import Sequence, SequenceStatus
 from data_plane.lora.slots import LoRASlotManager
@@ -172,13 +187,50 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self._schedule_decodes(out)
+        self._schedule_decodes(out, self._fair_share())
+        self._make_room(out, self._fair_share())  # after the decodes took the blocks they need
+        fair = self._fair_share()  # after the step's preemptions
         long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes), self.long_prefill_tokens)
-        token_budget = self._continue_prefills(out, self.max_num_batched_tokens - len(out.decodes), long_share)
-        self._admit_waiting(out, token_budget, long_share)
+        prefills = [seq for seq in self.running if is_prefilling(seq)]
+        beyond = [seq for seq in prefills if not fair.within(seq)]
+        token_budget = self.max_num_batched_tokens - len(out.decodes)
+        token_budget = self._continue_prefills(out, [s for s in prefills if fair.within(s)], token_budget, long_share)
+        token_budget = self._admit_waiting(out, token_budget, long_share, fair, within_only=bool(beyond))
+        self._continue_prefills(out, beyond, token_budget, long_share)
         return out
 
-    def _schedule_decodes(self, out: SchedulerOutput) -> None:
+    def _fair_share(self) -> FairShare:
+        return FairShare.of(self.running, self.waiting, self.max_num_seqs, self.block_manager.num_blocks)
+
+    def _make_room(self, out: SchedulerOutput, fair: FairShare) -> None:
+        """Preempt sequences of groups over their share (a decode scheduled this step included) for the
+        waiting ones within theirs that find every seat taken (or, the first of them, too few free KV
+        blocks), so that no request waits for room another holds beyond its share. Only for those this
+        step can admit as far as their adapter goes."""
+        if not self.waiting:
+            return
+        busy = {seq.adapter_id for seq in self.running}
+        entitled = [seq for seq in fair.order(self.waiting) if fair.within(seq) and self._admissible(seq, busy)]
+        seats = self.max_num_seqs - len(self.running)
+        for index, seq in enumerate(entitled):
+            while seats <= 0 or (index == 0 and self.block_manager.plan_allocation(seq) is None):
+                victim = fair.victim(self.running)
+                if victim is None:
+                    return
+                self.running.remove(victim)
+                out.decodes = [seq for seq in out.decodes if seq is not victim]
+                fair.preempted(victim)
+                self._preempt(victim)
+                seats += 1
+            seats -= 1
+
+    def _admissible(self, seq: Sequence, busy: set[int]) -> bool:
+        """Whether its adapter lets this step admit it: none, one in a slot, or one a slot can take now."""
+        if seq.adapter_id == 0 or self.lora_slots.is_resident(seq.adapter_id):
+            return True
+        return self.lora_slots.can_load(busy) and not (self.running and self.lora_slots.image_pending(seq.request.lora))
+
+    def _schedule_decodes(self, out: SchedulerOutput, fair: FairShare) -> None:
         running: list[Sequence] = []
         queue = list(self.running)
         while queue:
@@ -187,7 +239,11 @@ class Scheduler:
                 running.append(seq)
                 continue
             while not self.block_manager.can_append_slot(seq):
-                victim = queue.pop() if queue else seq
+                # the newest of the group furthest over its share, else the newest
+                victim = fair.victim([seq, *queue]) or (queue[-1] if queue else seq)
+                if victim is not seq:
+                    queue.remove(victim)
+                fair.preempted(victim)
                 self._preempt(victim)
                 if victim is seq:
                     break
@@ -197,46 +253,56 @@ class Scheduler:
                 out.decodes.append(seq)
         self.running = running
 
-    def _continue_prefills(self, out: SchedulerOutput, token_budget: int, long_share: _LongPrefillShare) -> int:
-        """The next chunk of each running prefill, oldest first, within the budget and the long
+    def _continue_prefills(self, out: SchedulerOutput, seqs: list[Sequence], token_budget: int,
+                           long_share: _LongPrefillShare) -> int:
+        """The next chunk of each of these running prefills, oldest first, within the budget and the long
         prompts' share; answers what is left of the budget."""
-        for seq in self.running:
+        for seq in seqs:
             if token_budget <= 0:
                 break
-            if is_prefilling(seq):
-                chunk = long_share.cap(seq, min(len(seq) - seq.num_computed_tokens, token_budget))
-                if chunk <= 0:
-                    continue  # the long prompts' share is spent; shorter prefills behind may still run
-                out.prefills.append(ScheduledPrefill(seq, chunk))
-                long_share.spend(seq, chunk)
-                token_budget -= chunk
+            chunk = long_share.cap(seq, min(len(seq) - seq.num_computed_tokens, token_budget))
+            if chunk <= 0:
+                continue  # the long prompts' share is spent; shorter prefills behind may still run
+            out.prefills.append(ScheduledPrefill(seq, chunk))
+            long_share.spend(seq, chunk)
+            token_budget -= chunk
         return token_budget
 
-    def _admit_waiting(self, out: SchedulerOutput, token_budget: int, long_share: _LongPrefillShare) -> None:
-        if not self.waiting:
-            return
+    def _admit_waiting(self, out: SchedulerOutput, token_budget: int, long_share: _LongPrefillShare,
+                       fair: FairShare, within_only: bool) -> int:
+        """Admit waiting sequences in the fair order (fair_share.py), only those within their group's share
+        while prefills beyond theirs still run; answers what is left of the budget."""
+        queue = [seq for seq in fair.order(self.waiting) if fair.within(seq) or not within_only]
+        if not queue:
+            return token_budget
         step = _Admission(token_budget, long_share, {s.adapter_id for s in self.running})
-        head = self.waiting[0]
+        head = queue[0]
         load = True
         if self._waited.get(head.seq_id, 0) >= self.max_slot_wait_steps:
             verdict = self._admit(out, step, head, load=True, forced=True)
             if verdict is _Verdict.NO_ROOM:
-                return
+                return step.token_budget
             if verdict is _Verdict.NO_SLOT:
                 step.held_back = self._held_back(head)
                 load = False  # no slot frees within the step: a later load would find none either
-        queue = [s for s in self.waiting if s.seq_id not in step.admitted]
-        stop = self._admission_pass(out, step, queue, load=False)
+        queue = [s for s in queue if s.seq_id not in step.admitted]
+        stop = self._admission_pass(out, step, queue, load=False, fair=fair)
         if load:
-            self._admission_pass(out, step, queue[:stop], load=True)
+            self._admission_pass(out, step, queue[:stop], load=True, fair=fair)
         if step.admitted:
             self.waiting = deque(s for s in self.waiting if s.seq_id not in step.admitted)
-        if self.waiting and self.waiting[0] is head:
+        if head.seq_id not in step.admitted:
             self._waited[head.seq_id] = self._waited.get(head.seq_id, 0) + 1
+        return step.token_budget
 
-    def _admission_pass(self, out: SchedulerOutput, step: _Admission, queue: list[Sequence], load: bool) -> int:
-        """Admit what this pass may of `queue`; answers where a sequence refused room stopped it."""
+    def _admission_pass(self, out: SchedulerOutput, step: _Admission, queue: list[Sequence], load: bool,
+                        fair: FairShare) -> int:
+        """Admit what this pass may of `queue`; answers where it stopped: at a sequence refused room, or at
+        the first beyond its share after one within its share passed over for a slot that pass 2 can load."""
+        passed = False
         for index, seq in enumerate(queue):
+            if passed and not fair.within(seq):
+                return index
             if seq.seq_id in step.admitted or seq.adapter_id == step.held_back:
                 continue
             verdict = self._admit(out, step, seq, load)
@@ -244,6 +310,8 @@ class Scheduler:
                 return index
             if verdict is _Verdict.NO_SLOT:
                 load = False  # every slot is pinned or busy until the step ends
+            if verdict is _Verdict.NOT_RESIDENT and fair.within(seq) and self._admissible(seq, step.busy):
+                passed = True
         return len(queue)
 
     def _admit(self, out: SchedulerOutput, step: _Admission, seq: Sequence, load: bool, forced: bool = False) -> _Verdict:

@@ -37,6 +37,13 @@ class Request:
     # the adapter's validated host weights; the engine copies them into a device slot when it schedules
     # the request (holding the reference keeps them alive even if the host cache drops them meanwhile)
     lora: LoRAAdapterWeights | None = None
+    # the API request it belongs to when that one made several (a completion's prompts): the scheduler's
+    # fair share is per group (scheduler.py); "" makes the request a group of its own
+    group_id: str = ""
+
+    @property
+    def group(self) -> str:
+        return self.group_id or self.request_id
 
 
 @dataclass

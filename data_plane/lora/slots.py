@@ -101,6 +101,10 @@ class LoRASlotManager:
     def is_pinned(self, adapter_id: int) -> bool:
         return adapter_id in self.pinned
 
+    def can_load(self, busy: set[int]) -> bool:
+        """Whether a load now would find a slot: a free one, or one whose adapter is neither pinned nor busy."""
+        return None in self.slot_owner or any(a not in self.pinned and a not in busy for a in self.slot_of)
+
     def ensure_resident(self, adapter_id: int, weights: LoRAAdapterWeights, busy: set[int]) -> bool:
         """Make the adapter resident; False when every slot holds a pinned or busy adapter (wait)."""
         if adapter_id in self.slot_of:

@@ -9,6 +9,10 @@ router processes share one requests-per-minute quota (their admissions add up to
 Redis unreachable (a closed port) fails closed or open as configured and /health says so; no secret is
 in any process's log, in an answer but its creation's, or in the audit trail.
 
+One tenant's completion of many prompts, which fills the engine's batch, delays another tenant's request
+beside it by one engine step (the engine's fair share per API request), counted by the engine's own
+steps-to-first-token histogram.
+
 Token quotas: the reservation counts every prompt and every sample (n, best_of) of the max_tokens or
 the context left (the engines' max_model_len, carried by the routing table); a request that can never
 fit a tokens-per-minute limit is refused before any engine work, and one past --max-request-tokens too;
@@ -16,10 +20,9 @@ two concurrent requests cannot overrun the quota together; a debt stays in Redis
 A stream whose prompt was underestimated is charged while it runs (seen in Redis while its lease is
 held, and by another replica's 429), and what a tenant is charged in the end is the engine's own count
 (the openai client's usage, or the engine's token ids), whatever the prompt's estimate at admission
-was. A refused
-key is remembered briefly (no control-plane call per request, counted on the router's own client;
-tests/e2e/test_key_guessing.py has what guessing costs). A
-concurrency slot is free again at once when the client leaves, or the engine refuses the request.
+was. A refused key is remembered briefly (no control-plane call per request, counted on the router's own
+client; tests/e2e/test_key_guessing.py has what guessing costs). A concurrency slot is free again at
+once when the client leaves, or the engine refuses the request.
 
 Every test uses its own Redis key prefix and deletes its keys.
 """
@@ -47,7 +50,7 @@ import redis
 
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.demo_adapters import write_demo_adapters
-from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine
+from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine, scrape_metric
 from tests.data_plane.router.support import serve_router, wait_until
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
@@ -72,6 +75,7 @@ DIGITS = "7" * 200
 @dataclass
 class Fleet:
     cp: str
+    engine: str  # the engine's URL
     prefix: str
     admin: httpx.Client
     logs: list[Path]
@@ -113,13 +117,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                                                LORAPLANE_REDIS_URL=REDIS_URL, LORAPLANE_REDIS_PREFIX=prefix,
                                                LORAPLANE_LOG_LEVEL="info"))
         engine_log = tmp / "e1.log"
-        stack.enter_context(run_engine(base, engine_log, "--enable-lora", "--lora-roots", str(root), "--admin-token",
-                                       ENGINE_TOKEN, "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS,
-                                       "--heartbeat-interval-s", "0.5",
-                                       env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
+        engine = stack.enter_context(run_engine(
+            base, engine_log, "--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN,
+            "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS, "--heartbeat-interval-s", "0.5",
+            env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
         wait_until(lambda: any(e["state"] == "healthy" for e in admin.get(cp + "/v1/engines").json()["data"]),
                    "the engine to register")
-        fleet = Fleet(cp, prefix, admin, [tmp / "control.log", engine_log], {}, [])
+        fleet = Fleet(cp, engine.url, prefix, admin, [tmp / "control.log", engine_log], {}, [])
         for tenant in ("team-a", "team-b"):
             fleet.keys[tenant] = fleet.make_tenant(tenant)
         owners = {"demo-pirate": "team-a", "demo-poet": "team-b", "demo-short": None}
@@ -186,6 +190,30 @@ def test_each_key_sees_and_uses_exactly_what_it_may(fleet: Fleet) -> None:
             return body["tenancy"]["quotas"]["redis"] == "ok" and body["status"] == "ok"
 
         wait_until(healthy, "the router's health to say Redis is reachable", timeout_s=10.0)
+
+
+def test_one_tenants_many_prompts_delay_anothers_first_token_by_one_engine_step(fleet: Fleet) -> None:
+    def first_token_steps() -> tuple[float, float]:  # (count, sum) of demo-poet's requests on the engine
+        return tuple(scrape_metric(fleet.engine, f"loraplane_time_to_first_token_steps_{part}", 'adapter="demo-poet"')
+                     for part in ("count", "sum"))
+
+    with tenant_router(fleet) as router:
+        wait_until(lambda: len(router.service.tenancy.access.adapters) == 3, "the access table")
+        a, b = client_of(router.url, fleet.keys["team-a"]), client_of(router.url, fleet.keys["team-b"])
+        b.completions.create(model="demo-poet", prompt="Hello", max_tokens=1)  # its adapter is in a slot now
+        count, total = first_token_steps()
+        # 8 prompts x n=16: 128 sequences of 30 tokens, more than the engine's KV cache holds at once
+        big = iter(a.completions.create(model="demo-pirate", prompt=["Tell me about the sea"] * 8, n=16,
+                                        max_tokens=24, stream=True, temperature=0, extra_body={"ignore_eos": True}))
+        next(big)
+        small = b.completions.create(model="demo-poet", prompt="Hello", max_tokens=4, temperature=0,
+                                     extra_body={"ignore_eos": True})
+        assert small.usage.completion_tokens == 4
+        assert scrape_metric(fleet.engine, "loraplane_running_sequences") > 0  # team-a's request still runs
+        after_count, after_total = first_token_steps()
+        assert after_count - count == 1 and after_total - total <= 1  # its first token at the next step
+        ended = [c.index for chunk in big for c in chunk.choices if c.finish_reason == "length"]
+        assert sorted(ended) == list(range(128))
 
 
 def test_a_revoked_key_stops_within_the_bound(fleet: Fleet) -> None:

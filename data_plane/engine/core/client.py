@@ -2,9 +2,11 @@
 
 `from_config` starts the core process (threads.py decides its threads, CPUs and OpenMP policy), sends
 it the config and waits for Ready: the finalized config, the vocabulary size, the first stats. Then
-the API code uses it exactly as it used AsyncLLMEngine: `generate` yields one RequestOutput per step
-that touched the request, `abort`, `stats` (as of the core's last message: never blocks), and the
-LoRA admin calls, answered in order after the core ran them between two steps.
+the API code uses it exactly as it used AsyncLLMEngine: `submit` checks one API request's engine
+requests whole (admission.py) and sends them as one AddGroup, which the core adds whole (`generate`: a
+group of one); each request's stream gets one RequestOutput per step that touched it; `abort`, `stats`
+(as of the core's last message: never blocks), and the LoRA admin calls, answered in order after the
+core ran them between two steps.
 
 One receive task on the event loop takes the core's messages (one per step, carrying every request's
 new output), so the loop wakes once per step, and each request's waiter once per step. A core that
@@ -20,32 +22,27 @@ import itertools
 import logging
 import subprocess
 import threading
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import zmq
 import zmq.asyncio
 
 from data_plane.config import EngineConfig
-from data_plane.engine.async_engine import check_admission, settle, until_finished
+from data_plane.engine.admission import validate_request
+from data_plane.engine.async_engine import settle
 from data_plane.engine.core import messages as m
 from data_plane.engine.core.host_copies import HostCopies
 from data_plane.engine.core.process import SECRETS, CoreProcess
 from data_plane.engine.llm_engine import EngineStats
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
+from data_plane.engine.streams import RequestStream, Streams, SubmittingEngine
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.tokenizer import Tokenizer
 from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError
 
 logger = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 30.0  # then the core is killed
-
-
-@dataclass
-class _Stream:
-    queue: asyncio.Queue[RequestOutput | Exception]
-    prompt_token_ids: list[int]  # sent to the core once; every output carries them again from here
 
 
 def _wait_ready(core: CoreProcess) -> m.Ready:
@@ -64,7 +61,7 @@ def _wait_ready(core: CoreProcess) -> m.Ready:
                                   "its log above has the cause")
 
 
-class EngineCoreClient:
+class EngineCoreClient(SubmittingEngine):
     def __init__(self, config: EngineConfig, core: CoreProcess, ready: m.Ready) -> None:
         self.config = config
         self.tokenizer = Tokenizer.from_pretrained(config.tokenizer)
@@ -74,10 +71,9 @@ class EngineCoreClient:
         self.core = core
         self.pid = core.process.pid
         self._stats: EngineStats = ready.stats
-        self._streams: dict[str, _Stream] = {}
+        self._streams = Streams(config, self._stream_closed)
         self._calls: dict[int, asyncio.Future[None]] = {}
         self._call_ids = itertools.count()
-        self._queued_seqs = 0  # sent and not yet taken from the core's inbox (not in stats.num_waiting)
         self._host_copies = HostCopies(config.max_cpu_loras or 1, self._send)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._receiver: asyncio.Task[None] | None = None
@@ -126,29 +122,34 @@ class EngineCoreClient:
         self.core.close()
 
     # ---- API side ------------------------------------------------------------------------------
-    async def generate(self, request: Request) -> AsyncGenerator[RequestOutput, None]:
+    def submit(self, requests: list[Request]) -> list[RequestStream]:
         if not self.healthy:
             raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
-        check_admission(request, self._stats.num_waiting + self._queued_seqs, self.config, self._streams)
-        stream = _Stream(asyncio.Queue(), request.prompt_token_ids)
-        self._streams[request.request_id] = stream
-        adapter_id = request.adapter_id
-        finished = False
-        try:
-            if adapter_id:
-                self._host_copies.acquire(adapter_id, request.lora)  # no await before the send (see generation.py)
-            self._queued_seqs += request.sampling_params.n
-            self._send(m.AddRequest(request.request_id, request.prompt_token_ids, request.sampling_params,
-                                    adapter_id, request.prefix_hash_seed))
-            async for item in until_finished(stream.queue):
-                finished = item.finished
-                yield item
-        finally:
-            self._streams.pop(request.request_id, None)
-            if adapter_id:
+        for request in requests:
+            validate_request(request, self.config, self.vocab_size)
+        group = self._encode(m.AddGroup([
+            m.AddRequest(r.request_id, r.prompt_token_ids, r.sampling_params, r.adapter_id, r.prefix_hash_seed,
+                         r.group_id) for r in requests]))
+        streams = self._streams.admit(requests, self._stats.num_waiting)
+        acquired: list[int] = []
+        try:  # no await from the admission to the send (see generation.py)
+            for request in requests:  # their weights go first, on the same socket: the core has them in time
+                if request.adapter_id:
+                    self._host_copies.acquire(request.adapter_id, request.lora)
+                    acquired.append(request.adapter_id)
+        except BaseException:
+            self._streams.withdraw(streams)
+            for adapter_id in acquired:
                 self._host_copies.release(adapter_id)
-            if not finished:
-                self.abort(request.request_id)
+            raise
+        self._send_encoded(group, "AddGroup")
+        return streams
+
+    def _stream_closed(self, stream: RequestStream) -> None:
+        if stream.request.adapter_id:
+            self._host_copies.release(stream.request.adapter_id)
+        if not stream.finished:
+            self.abort(stream.request.request_id)
 
     def abort(self, request_id: str) -> None:
         if self.healthy and not self._closed:
@@ -158,7 +159,7 @@ class EngineCoreClient:
         return self._stats
 
     def num_requests(self) -> int:
-        return len(self._streams)
+        return len(self._streams.open)
 
     async def pin_lora(self, adapter_id: int, weights: LoRAAdapterWeights) -> None:
         """Copy the adapter into a device slot now and keep it there until unpinned or removed."""
@@ -186,15 +187,21 @@ class EngineCoreClient:
             self._calls.pop(call_id, None)
 
     def _send(self, msg: object) -> None:
+        self._send_encoded(self._encode(msg), type(msg).__name__)
+
+    @staticmethod
+    def _encode(msg: object) -> bytes:
         try:
-            encoded = m.encoder.encode(msg)
+            return m.encoder.encode(msg)
         except OverflowError:  # msgpack holds 64-bit integers; the API's schemas leave some unbounded
             raise InvalidRequestError("A number in the request is out of range (integers must fit in 64 bits, "
                                       "e.g. stop_token_ids, seed, max_tokens).") from None
+
+    def _send_encoded(self, encoded: bytes, what: str) -> None:
         try:
             self.core.to_core.send(encoded, zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # closed, or the core's side is gone: its exit is noticed on its own
-            logger.warning("could not send %s to the engine core: %s", type(msg).__name__, exc)
+            logger.warning("could not send %s to the engine core: %s", what, exc)
 
     # ---- the core's messages, on the event loop ------------------------------------------------
     async def _receive(self, sock: zmq.asyncio.Socket) -> None:
@@ -208,18 +215,16 @@ class EngineCoreClient:
     def _handle(self, msg: m.ToClient) -> None:
         if isinstance(msg, m.StepOutputs):
             self._stats = msg.stats
-            self._queued_seqs -= msg.admitted_seqs
+            self._streams.arrived(msg.admitted_seqs)
             for out in msg.outputs:
-                stream = self._streams.get(out.request_id)
+                stream = self._streams.open.get(out.request_id)
                 if stream is not None:
                     client_error = out.client_error.to_exception() if out.client_error is not None else None
                     stream.queue.put_nowait(RequestOutput(
-                        out.request_id, stream.prompt_token_ids, out.deltas, out.finished,
-                        out.num_cached_tokens, out.error, client_error))
+                        out.request_id, stream.request.prompt_token_ids, out.deltas, out.finished,
+                        out.num_cached_tokens, out.error, client_error, out.first_token_steps))
         elif isinstance(msg, m.AdmissionFailed):
-            stream = self._streams.get(msg.request_id)
-            if stream is not None:
-                stream.queue.put_nowait(msg.error.to_exception())
+            self._streams.put(msg.request_id, msg.error.to_exception())
         elif isinstance(msg, m.CallResult):
             self._stats = msg.stats
             future = self._calls.get(msg.call_id)
@@ -247,7 +252,6 @@ class EngineCoreClient:
         self._fail_all(EngineDeadError(f"The engine died: {reason}"))
 
     def _fail_all(self, exc: LoraplaneError) -> None:
-        for stream in self._streams.values():
-            stream.queue.put_nowait(exc)
+        self._streams.fail_all(exc)
         for future in self._calls.values():
             settle(future, None, exc)

@@ -30,7 +30,7 @@ _LOOP_DIED = "the engine loop stopped unexpectedly; the engine's log has the cau
 def _wire(output: RequestOutput) -> m.Output:
     client_error = m.WireError.of(output.client_error) if output.client_error is not None else None
     return m.Output(output.request_id, output.deltas, output.finished, output.num_cached_tokens,
-                    output.error, client_error)
+                    output.error, client_error, output.first_token_steps)
 
 
 def _wire_error(exc: Exception, what: str) -> m.WireError:
@@ -81,7 +81,7 @@ class EngineCore:
             return self.engine.fail_all(exc)
 
     def _drain(self, outputs: list[m.Output]) -> int:
-        """Handle every message waiting; returns how many sequences of added requests it took."""
+        """Handle every message waiting; returns how many sequences of added request groups it took."""
         admitted = 0
         while True:
             try:
@@ -89,8 +89,8 @@ class EngineCore:
             except zmq.Again:
                 return admitted
             msg = m.core_decoder.decode(frame.buffer)
-            if isinstance(msg, m.AddRequest):
-                admitted += msg.sampling_params.n
+            if isinstance(msg, m.AddGroup):
+                admitted += sum(r.sampling_params.n for r in msg.requests)
                 self._add(msg)
             elif isinstance(msg, m.Abort):
                 aborted = self.engine.abort_request(msg.request_id)
@@ -126,13 +126,16 @@ class EngineCore:
                                  "adapter and load it again.")
         return self.adapters.get(adapter_id)
 
-    def _add(self, msg: m.AddRequest) -> None:
+    def _add(self, msg: m.AddGroup) -> None:
         try:
-            request = Request(msg.request_id, msg.prompt_token_ids, msg.sampling_params, msg.adapter_id,
-                              msg.prefix_hash_seed, self._weights(msg.adapter_id) if msg.adapter_id else None)
-            self.engine.add_request(request)  # all or nothing: a refusal leaves nothing queued
+            requests = [Request(r.request_id, r.prompt_token_ids, r.sampling_params, r.adapter_id, r.prefix_hash_seed,
+                                self._weights(r.adapter_id) if r.adapter_id else None, r.group_id)
+                        for r in msg.requests]
+            self.engine.add_requests(requests)  # all or nothing: a refusal leaves nothing of the group queued
         except Exception as exc:
-            self._send(m.AdmissionFailed(msg.request_id, _wire_error(exc, "admit the request")))
+            error = _wire_error(exc, "admit the request")
+            for r in msg.requests:
+                self._send(m.AdmissionFailed(r.request_id, error))
 
     def _call(self, msg: m.Call, outputs: list[m.Output]) -> None:
         error = None

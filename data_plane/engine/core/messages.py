@@ -2,11 +2,11 @@
 
 One socket each way (ZeroMQ PUSH/PULL, so messages arrive in the order sent):
 
-    client → core:  (config, log level) once (process.py), then AddRequest, Abort, ShipAdapter, ForgetAdapter, Call, Shutdown
+    client → core:  (config, log level) once (process.py), then AddGroup, Abort, ShipAdapter, ForgetAdapter, Call, Shutdown
     core → client:  Ready | StartFailed (once), StepOutputs (one per step: every request's new
                     tokens, the stats after it), AdmissionFailed, CallResult, Dead
 
-Prompt token ids go to the core once (AddRequest) and never come back: the client keeps them and
+Prompt token ids go to the core once (AddGroup) and never come back: the client keeps them and
 rebuilds each RequestOutput. Errors cross as WireError and are raised again as the same
 LoraplaneError class on the other side; anything else is logged where it happened and crosses as a
 generic LoraplaneError, so internals never reach a client.
@@ -52,12 +52,19 @@ def _error_classes() -> dict[str, type[LoraplaneError]]:
 
 
 # ---- client → core ----------------------------------------------------------------------------------
-class AddRequest(msgspec.Struct, tag=True, array_like=True):
+class AddRequest(msgspec.Struct, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     adapter_id: int
     prefix_hash_seed: int
+    group_id: str = ""  # Request.group_id
+
+
+class AddGroup(msgspec.Struct, tag=True, array_like=True):
+    """The engine requests of one API request: the core adds all of them or none."""
+
+    requests: list[AddRequest]
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):
@@ -111,7 +118,7 @@ class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
-ToCore = AddRequest | Abort | ShipAdapter | ForgetAdapter | Call | Shutdown
+ToCore = AddGroup | Abort | ShipAdapter | ForgetAdapter | Call | Shutdown
 
 
 # ---- core → client ----------------------------------------------------------------------------------
@@ -132,12 +139,13 @@ class Output(msgspec.Struct, array_like=True):
     num_cached_tokens: int
     error: str | None = None
     client_error: WireError | None = None
+    first_token_steps: int | None = None
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True):
     outputs: list[Output]
     stats: EngineStats
-    admitted_seqs: int  # sequences of AddRequests taken from the inbox since the last message
+    admitted_seqs: int  # sequences of AddGroups taken from the inbox since the last message
 
 
 class AdmissionFailed(msgspec.Struct, tag=True, array_like=True):

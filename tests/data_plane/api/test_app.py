@@ -4,7 +4,9 @@ error mapping. Failures are injected into that engine (tests/data_plane/api/engi
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -278,19 +280,26 @@ def test_unknown_route_404_and_wrong_method_405(client):
     ok(client)
 
 
-def test_overloaded_is_503(demo_model_dir, monkeypatch):
-    """Slow steps and room for one waiting sequence: the second prompt of a batch is refused while the
-    first is still queued, and so the whole batch (all or none), streamed or not. (The refusal is
-    answered once the first prompt's first output has come, so the steps are slow, not stopped.)"""
-    engine = make_engine(demo_model_dir, max_waiting_requests=1, max_n=1)
+def test_overloaded_is_503_and_a_batch_that_never_fits_is_400(demo_model_dir, monkeypatch):
+    """Slow steps and room for two waiting sequences, one taken: a batch of two prompts would fit, but not
+    now, so it is refused whole with 503, streamed or not; a batch of three never fits (400)."""
+    engine = make_engine(demo_model_dir, max_waiting_requests=2, max_n=1)
     with TestClient(create_app(engine, engine.config), raise_server_exceptions=False) as client:
         batch = {"model": SERVED, "prompt": ["x", "y"], "max_tokens": 2}
-        with stalled(engine, monkeypatch, step_s=0.2):
-            assert_openai_error(client.post(COMPLETIONS, json=batch), 503, "service_unavailable")
+        with stalled(engine, monkeypatch, step_s=0.2), ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.post, COMPLETIONS, json={"model": SERVED, "prompt": "z", "max_tokens": 2})
+            deadline = time.monotonic() + 30
+            while engine.num_requests() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            error = assert_openai_error(client.post(COMPLETIONS, json=batch), 503, "service_unavailable")
+            assert "2 prompts × n=1 = 2 sequences" in error["message"]
             assert_openai_error(client.post(COMPLETIONS, json={**batch, "stream": True}), 503)
+            error = assert_openai_error(client.post(COMPLETIONS, json={**batch, "prompt": ["x", "y", "z"]}), 400)
+            assert "(--max-waiting-requests)" in error["message"] and error["param"] == "prompt"
+            assert first.result().status_code == 200
         ok(client)
         metrics = client.get("/metrics").text
-        assert f'loraplane_requests_total{{adapter="{SERVED}",outcome="rejected"}} 2.0' in metrics
+        assert f'loraplane_requests_total{{adapter="{SERVED}",outcome="rejected"}} 7.0' in metrics
 
 
 def test_unexpected_exception_is_500_without_internals(client, engine, monkeypatch):

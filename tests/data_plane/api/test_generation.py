@@ -133,12 +133,13 @@ async def test_merged_generations_interleave_and_close_all(demo_model_dir):
         await engine.shutdown()
 
 
-async def test_start_all_closes_the_started_ones_when_one_is_refused(engine):
+async def test_start_all_refuses_the_group_whole_before_any_of_it_reaches_the_engine(engine):
     metrics = EngineMetrics()
     with pytest.raises(InvalidRequestError):
         await start_all(
             engine,
             [(request("ok", 50), metrics.start_request(), None), (request("bad", 1000), metrics.start_request(), None)],
         )
-    assert await gone(engine, "ok")
-    assert outcomes(metrics)["rejected"] == 1 and outcomes(metrics)["abort"] == 1
+    assert engine.num_requests() == 0
+    assert engine.engine.num_steps == 0 and not engine.engine.has_work()
+    assert outcomes(metrics) == {"ok": 0, "error": 0, "abort": 0, "rejected": 2}

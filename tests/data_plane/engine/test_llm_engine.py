@@ -63,6 +63,34 @@ def test_preemption_under_tiny_kv_budget_keeps_tokens(engine_checkpoints):
     assert tight.block_manager.num_used_blocks == 0
 
 
+def test_fair_share_preemptions_keep_tokens_and_a_request_beside_a_full_batch_starts_at_the_next_step(
+        engine_checkpoints):
+    path = engine_checkpoints["qwen2"]
+    prompts = _prompts(512, [6, 9, 7, 11, 8, 10, 5], seed=6)
+    alone = [run(make_engine(path), [p], greedy(16))[0] for p in prompts]
+    engine = make_engine(path, max_num_seqs=4)
+    tokens: dict[str, list[int]] = {}
+    first_token_steps: dict[str, int] = {}
+
+    def step() -> None:
+        for output in engine.step():
+            tokens.setdefault(output.request_id, []).extend(t for d in output.deltas for t in d.token_ids)
+            if output.first_token_steps is not None:
+                first_token_steps[output.request_id] = output.first_token_steps
+
+    # one API request of six prompts fills the batch; a request of its own arrives three steps later
+    engine.add_requests([Request(f"big{i}", p, greedy(16), group_id="big") for i, p in enumerate(prompts[:6])])
+    for _ in range(3):
+        step()
+    engine.add_request(Request("small", prompts[6], greedy(16)))
+    step()
+    assert first_token_steps["small"] == 1 and engine.scheduler.num_preemptions == 1  # a seat of big's newest
+    while engine.has_work():
+        step()
+    assert [tokens[f"big{i}"] for i in range(6)] + [tokens["small"]] == alone
+    assert engine.block_manager.num_used_blocks == 0
+
+
 def test_a_finished_sample_is_reported_once_while_its_siblings_still_run(engine_checkpoints):
     # 28 token slots for two samples of 23 (no prefix cache to resume from): the second waits for the first
     engine = make_engine(engine_checkpoints["qwen2"], num_kv_blocks=8, enable_prefix_caching=False)

@@ -26,7 +26,7 @@ def test_the_async_engine_implements_the_protocol(demo_model_dir: Path):
 def test_the_protocol_names_what_the_api_calls():
     members = set(protocol_members(EngineProtocol))
     assert members == {
-        "config", "tokenizer", "vocab_size", "healthy", "dead_reason", "start", "shutdown", "generate", "abort",
+        "config", "tokenizer", "vocab_size", "healthy", "dead_reason", "start", "shutdown", "submit", "generate", "abort",
         "stats", "num_requests", "pin_lora", "unpin_lora", "remove_lora",
     }
     assert set(protocol_members(EngineHealth)) <= members and set(protocol_members(LoRAEngine)) <= members

@@ -1,5 +1,7 @@
 """The scheduler with LoRA slots: one load serves every waiting request of an adapter, an adapter with work
 keeps its slot, the head of the queue is admitted within the bound, nothing passes a sequence refused room.
+The fair share: a request that fills the batch gives a seat up to one that arrives beside it at the next step,
+sequences beyond their request's share wait behind other requests' when seats or the token budget bind.
 
 The scheduler runs on a real BlockManager and a real LoRASlotManager without layers (slot writes copy
 nothing), driven as the engine drives it: schedule a step, grow or finish its sequences, repeat.
@@ -25,17 +27,20 @@ def _weights(adapter_id: int) -> LoRAAdapterWeights:
 class Drive:
     """A scheduler, its sequences by name, and a check of every step it schedules."""
 
-    def __init__(self, *, max_loras: int = 2, num_blocks: int = 256, max_num_seqs: int = 64, wait: int = 4) -> None:
+    def __init__(self, *, max_loras: int = 2, num_blocks: int = 256, max_num_seqs: int = 64, wait: int = 4,
+                 budget: int = 2048) -> None:
         self.slots = LoRASlotManager([], max_loras)
         self.blocks = BlockManager(num_blocks, block_size=4)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, 2048, self.slots, max_slot_wait_steps=wait)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, budget, self.slots, max_slot_wait_steps=wait)
         self.seqs: dict[str, Sequence] = {}
         self.steps_left: dict[str, int] = {}  # sequences that finish after running this many more steps
 
-    def add(self, name: str, adapter_id: int, prompt_len: int = 4, steps: int | None = None) -> Sequence:
-        """Queue a sequence; with `steps`, it finishes after running that many steps."""
+    def add(self, name: str, adapter_id: int, prompt_len: int = 4, steps: int | None = None, group: str = "") -> Sequence:
+        """Queue a sequence; with `steps`, it finishes after running that many steps; `group`: the API
+        request it is a prompt of (none: a request of its own)."""
         request = Request(name, list(range(1, prompt_len + 1)), PARAMS, adapter_id=adapter_id,
-                          prefix_hash_seed=adapter_id, lora=_weights(adapter_id) if adapter_id else None)
+                          prefix_hash_seed=adapter_id, lora=_weights(adapter_id) if adapter_id else None,
+                          group_id=group)
         seq = self.seqs[name] = Sequence(len(self.seqs), request, 0)
         if steps is not None:
             self.steps_left[name] = steps
@@ -192,3 +197,80 @@ def test_an_overdue_head_drains_of_the_least_busy_adapters_the_one_whose_slot_fr
     d.finish("c0")
     assert d.step() == ["b"]  # into adapter 3's slot; c1 waits for one
     assert d.slots.is_resident(1) and d.slots.is_resident(4) and d.slots.stats[3].evictions == 1
+
+
+def test_a_request_that_fills_the_batch_gives_a_seat_to_one_arriving_beside_it_at_the_next_step():
+    d = Drive(max_num_seqs=8)
+    for i in range(12):  # one API request of 12 prompts: more than the batch holds
+        d.add(f"big{i}", 0, group="big")
+    assert d.step() == [f"big{i}" for i in range(8)]
+    for _ in range(3):
+        assert d.step() == []  # the batch is full; big8 and later wait
+    d.add("small", 0)
+    assert d.step() == ["small"]  # its share is 8 // 2 = 4: the newest of big's 8 gave its seat up
+    assert d.scheduler.num_preemptions == 1 and list(d.scheduler.waiting)[0] is d.seqs["big7"]
+    assert d.step() == []  # big7 is beyond its share: it does not take the seat back
+    d.finish("small")
+    assert d.step() == ["big7"]  # alone again, big has the whole batch as its share
+
+
+def test_sequences_beyond_their_share_wait_behind_other_requests():
+    d = Drive(max_num_seqs=6)
+    for i in range(8):
+        d.add(f"big{i}", 0, group="big")
+    d.add("a", 0)
+    d.add("b", 0)
+    # three requests share 6 seats, 2 each: big's third and later come after a and b
+    assert d.step() == ["big0", "big1", "a", "b", "big2", "big3"]
+
+
+def test_when_the_token_budget_binds_a_new_request_goes_before_prompts_beyond_a_share():
+    d = Drive(max_num_seqs=4, budget=16)
+    for i in range(6):
+        d.add(f"big{i}", 0, prompt_len=8, group="big")
+    assert d.step() == ["big0", "big1"]  # 16 tokens: the budget
+    d.add("small", 0, prompt_len=4)
+    # 2 decodes leave 14 tokens; small (within its share of 2) before big2 (beyond big's), and big3 does not fit
+    assert d.step() == ["small", "big2"]
+    assert d.scheduler.num_preemptions == 0  # a seat was free: nothing was preempted
+
+
+def test_a_request_within_its_share_that_needs_a_slot_is_not_passed_by_sequences_beyond_theirs():
+    d = Drive(max_loras=2, max_num_seqs=4)
+    for i in range(6):
+        d.add(f"a{i}", 1, group="a")
+    assert d.step() == ["a0", "a1", "a2", "a3"]
+    d.add("b", 2)  # its adapter has no slot yet, but a free one can take it
+    assert d.step() == ["b"]  # a3 gave its seat up, and a3, a4, a5 (beyond a's share of 2) did not take it
+    assert d.slots.is_resident(2) and d.scheduler.num_preemptions == 1
+    assert d.step() == [] and d.scheduler.num_preemptions == 1  # and nobody is preempted again
+
+
+def test_a_request_that_holds_the_kv_cache_gives_blocks_up_to_one_arriving_beside_it():
+    d = Drive(num_blocks=13)  # 12 usable (one is the watermark)
+    for i in range(8):
+        d.add(f"big{i}", 0, prompt_len=6, group="big")  # 2 blocks each
+    assert d.step() == [f"big{i}" for i in range(6)]  # every usable block
+    d.add("small", 0)  # 1 block, and none is free
+    assert d.step() == ["small"]  # big held 12 blocks, over its share of 13 // 2: its newest gave its 2 up
+    assert d.scheduler.num_preemptions == 1 and list(d.scheduler.waiting)[0] is d.seqs["big5"]
+
+
+def test_a_request_over_its_share_keeps_one_sequence_running():
+    d = Drive(num_blocks=9)  # 8 usable
+    d.add("long", 0, prompt_len=32, group="long")  # every usable block
+    assert d.step() == ["long"]
+    d.add("small", 0)
+    assert d.step() == [] and d.scheduler.num_preemptions == 0  # over its share of blocks, but its only one
+
+
+def test_the_blocks_a_request_over_its_share_gives_up_are_left_to_the_one_it_gave_them_up_for():
+    d = Drive(num_blocks=13)  # 12 usable
+    for i in range(6):
+        d.add(f"big{i}", 0, prompt_len=8, group="big")  # 2 full blocks each
+    assert d.step() == [f"big{i}" for i in range(6)]
+    for i in range(6):
+        d.seqs[f"big{i}"].output_token_ids.append(7)  # each decode now needs a third block
+    d.add("small", 0)
+    assert d.step() == ["small"]  # the decodes' preemptions came first; what was freed for small stayed free
+    assert "small" in [seq.request.request_id for seq in d.scheduler.running]

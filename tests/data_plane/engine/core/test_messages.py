@@ -11,9 +11,10 @@ from shared.errors import InvalidRequestError, LoraplaneError, OverloadedError
 from tests.data_plane.api.engines import engine_stats
 
 
-def test_a_request_and_its_sampling_parameters_cross_unchanged():
+def test_a_group_of_requests_and_their_sampling_parameters_cross_unchanged():
     params = SamplingParams(n=2, max_tokens=7, temperature=0.5, top_k=3, seed=-5, stop=["\n"], logprobs=2)
-    msg = m.AddRequest("r1", [1, 2, 3], params, adapter_id=4, prefix_hash_seed=2**63 + 1)
+    msg = m.AddGroup([m.AddRequest("r1", [1, 2, 3], params, adapter_id=4, prefix_hash_seed=2**63 + 1, group_id="g"),
+                      m.AddRequest("r2", [4], params, adapter_id=0, prefix_hash_seed=0, group_id="g")])
     assert m.core_decoder.decode(m.encoder.encode(msg)) == msg
 
 
@@ -22,7 +23,7 @@ def test_a_step_carries_deltas_logprobs_and_the_stats():
     stats = engine_stats(lora, num_running=2, num_waiting=1)
     stats.step_adapters = {0: 3, 1: 9}
     delta = CompletionDelta(0, "hé", [5, 6], [{5: -0.25, 9: -1.5}, {6: -0.5}], "stop", stop_reason=7)
-    msg = m.StepOutputs([m.Output("r1", [delta], True, 16)], stats, admitted_seqs=2)
+    msg = m.StepOutputs([m.Output("r1", [delta], True, 16, first_token_steps=3)], stats, admitted_seqs=2)
     back = m.client_decoder.decode(m.encoder.encode(msg))
     assert back == msg and back.outputs[0].deltas[0].logprobs[0] == {5: -0.25, 9: -1.5}
     assert back.stats.lora.adapters[3].pinned and back.stats.step_adapters == {0: 3, 1: 9}
