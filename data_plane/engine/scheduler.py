@@ -187,11 +187,14 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self._schedule_decodes(out, self._fair_share())
-        self._make_room(out, self._fair_share())  # after the decodes took the blocks they need
+        self._schedule_decodes(out)
+        if self.waiting:
+            self._make_room(out, self._fair_share())  # after the decodes took the blocks they need
+        prefills = [seq for seq in self.running if is_prefilling(seq)]
+        if not prefills and not self.waiting:
+            return out
         fair = self._fair_share()  # after the step's preemptions
         long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes), self.long_prefill_tokens)
-        prefills = [seq for seq in self.running if is_prefilling(seq)]
         beyond = [seq for seq in prefills if not fair.within(seq)]
         token_budget = self.max_num_batched_tokens - len(out.decodes)
         token_budget = self._continue_prefills(out, [s for s in prefills if fair.within(s)], token_budget, long_share)
@@ -207,8 +210,6 @@ class Scheduler:
         waiting ones within theirs that find every seat taken (or, the first of them, too few free KV
         blocks), so that no request waits for room another holds beyond its share. Only for those this
         step can admit as far as their adapter goes."""
-        if not self.waiting:
-            return
         busy = {seq.adapter_id for seq in self.running}
         entitled = [seq for seq in fair.order(self.waiting) if fair.within(seq) and self._admissible(seq, busy)]
         seats = self.max_num_seqs - len(self.running)
@@ -218,7 +219,7 @@ class Scheduler:
                 if victim is None:
                     return
                 self.running.remove(victim)
-                out.decodes = [seq for seq in out.decodes if seq is not victim]
+                out.decodes = [s for s in out.decodes if s is not victim]
                 fair.preempted(victim)
                 self._preempt(victim)
                 seats += 1
@@ -230,19 +231,21 @@ class Scheduler:
             return True
         return self.lora_slots.can_load(busy) and not (self.running and self.lora_slots.image_pending(seq.request.lora))
 
-    def _schedule_decodes(self, out: SchedulerOutput, fair: FairShare) -> None:
+    def _schedule_decodes(self, out: SchedulerOutput) -> None:
         running: list[Sequence] = []
         queue = list(self.running)
+        fair: FairShare | None = None  # made when a decode first finds no KV block
         while queue:
             seq = queue.pop(0)
             if is_prefilling(seq):  # it holds blocks for its whole prompt: nothing to append
                 running.append(seq)
                 continue
             while not self.block_manager.can_append_slot(seq):
+                fair = fair or self._fair_share()
                 # the newest of the group furthest over its share, else the newest
                 victim = fair.victim([seq, *queue]) or (queue[-1] if queue else seq)
                 if victim is not seq:
-                    queue.remove(victim)
+                    queue = [s for s in queue if s is not victim]
                 fair.preempted(victim)
                 self._preempt(victim)
                 if victim is seq:
