@@ -7,7 +7,7 @@ The rules mirrored (peft/tuners/tuners_utils.py `check_target_module_exists`, pe
   module whose name equals it or ends with "." + it; then layers_to_transform filters by layer index;
 - rank_pattern / alpha_pattern keys are regexes matched as `(.*\\.)?(key)$`, the first matching key wins.
 The engine checks the config against its base model (data_plane.lora.peft_targets.resolve_targets); the
-control plane checks what it can without one (control_plane.domain.adapters.inspect).
+control plane checks what it can without one (control_plane.artifacts.inspect).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ from urllib.parse import SplitResult, quote, unquote, urlsplit
 import obstore
 from obstore.store import from_url
 
+from control_plane.artifacts.inspect import InspectedAdapter, inspect_adapter
 from control_plane.artifacts.spool import VERSION_FILES, Spool
-from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
 from shared.errors import ConflictError, InvalidRequestError
 from shared.peft import resolve_under_roots
 

@@ -2,7 +2,7 @@
 
 Every way in (a folder under the adapter roots, an object-store prefix, an upload) copies the PEFT files
 into a fresh temporary folder first, counting bytes against `--max-artifact-bytes` and hashing each file
-as it lands. Validation (control_plane/domain/adapters/inspect.py) and the store's copy then read that
+as it lands. Validation (control_plane/artifacts/inspect.py) and the store's copy then read that
 private copy, so what is recorded is exactly what was checked, even if the source changes meanwhile,
 and nothing ever holds a whole upload in memory. The folder is removed when the spool closes.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from control_plane.domain.adapters.inspect import InspectedAdapter, inspect_adapter
+from control_plane.artifacts.inspect import InspectedAdapter, inspect_adapter
 from shared.artifacts import is_file_name
 from shared.errors import InvalidRequestError, PayloadTooLargeError
 from shared.manifest import ManifestEntry, manifest_digest

@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.artifacts import blobs, upload
+from control_plane.artifacts.inspect import InspectedAdapter
 from control_plane.artifacts.sources import is_object_store_url, spool_source
 from control_plane.artifacts.spool import Spool
 from control_plane.artifacts.store import ArtifactStore
@@ -23,7 +24,6 @@ from control_plane.auth import Principal
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine
 from control_plane.db.transaction import read, transact
 from control_plane.domain.adapters import pinning, queries, removal, schemas
-from control_plane.domain.adapters.inspect import InspectedAdapter
 from control_plane.domain.placements.planner import (
     PlacementPlanner,
     PushOrder,

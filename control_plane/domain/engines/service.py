@@ -3,7 +3,7 @@
 Registration, draining and removal are audited mutations (control_plane.uow.Mutation). Heartbeats arrive
 every few seconds from every engine, so they are a plain update under the write gate, not an audit row
 each. An engine token acts only for its own name (`require_engine`); engine URLs are checked before
-anything is recorded (control_plane.domain.engines.urls).
+anything is recorded (control_plane.engine_urls).
 
 A heartbeat says how the engine is: `healthy` false (its step loop died) makes it unhealthy at once,
 `draining` (it is shutting down) makes it draining; either way it gets no new placements and the
@@ -24,9 +24,9 @@ from control_plane.db.session import WriteGate
 from control_plane.db.transaction import read, transact
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.health import effective_state, now
-from control_plane.domain.engines.urls import check_engine_url
 from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.engine_client import safe_url, sanitize
+from control_plane.engine_urls import check_engine_url
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError

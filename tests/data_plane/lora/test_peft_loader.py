@@ -244,7 +244,7 @@ def test_sha256_is_content_identity(tiny_checkpoints, peft_adapters, tmp_path) -
 
 
 def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoints, peft_adapters) -> None:
-    from control_plane.domain.adapters.inspect import inspect_adapter
+    from control_plane.artifacts.inspect import inspect_adapter
     from shared.manifest import files_digest
 
     src = peft_adapters("llama", "attention")
