@@ -19,9 +19,9 @@ from typing import Annotated
 import msgspec
 
 from shared.artifacts import ArtifactRef
-from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
+from shared.names import AdapterName
 
-Name = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
+Name = AdapterName  # engine names follow the adapter name rule
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Slots = Annotated[int, msgspec.Meta(ge=0, le=1 << 20)]
 # A byte count the control plane stores in a 64-bit column (a larger one was a 500).

@@ -7,12 +7,16 @@ bidi controls are outside the alphabet.
 
 `ADAPTER_NAME_PATTERN` says the same for schemas (msgspec validation and the OpenAPI documents); it is
 written so that Python's `re.search` and ECMAScript read it alike: `$` alone would let a trailing
-newline through in Python, so newlines are refused by a lookahead first.
+newline through in Python, so newlines are refused by a lookahead first. `AdapterName` is a `str`
+annotated with it, for msgspec structs and path parameters.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Annotated
+
+import msgspec
 
 MAX_NAME_LENGTH = 128
 _ALPHABET = "A-Za-z0-9._/:-"
@@ -25,6 +29,7 @@ ADAPTER_NAME_PATTERN = (
     rf"[{_FIRST}][{_ALPHABET}]{{0,{MAX_NAME_LENGTH - 1}}}$"
 )
 ADAPTER_NAME_DESCRIPTION = "1–128 of letters, digits and `._/:-`; no leading `.` or `/`; no empty, `.` or `..` segment"
+AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
 
 _FULL = re.compile(rf"[{_FIRST}][{_ALPHABET}]{{0,{MAX_NAME_LENGTH - 1}}}")
 

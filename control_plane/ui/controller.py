@@ -32,6 +32,7 @@ from control_plane.domain.audit.controller import provide_audit_service
 from control_plane.domain.audit.service import AuditQuery, AuditService
 from control_plane.domain.engines.controller import provide_engine_service
 from control_plane.domain.engines.service import EngineService
+from control_plane.domain.placements.push import EngineOutcome
 from control_plane.domain.routers.service import list_routers
 from control_plane.settings import ControlPlaneSettings
 from control_plane.ui import pages
@@ -222,7 +223,7 @@ async def _run(service: AdapterService, session: ConsoleSession, action: str, na
     return f"{name} is {'pinned' if action == 'pin' else 'unpinned'}{_outcomes(updated.engines)}"
 
 
-def _outcomes(engines: list[schemas.EngineOutcome]) -> str:
+def _outcomes(engines: list[EngineOutcome]) -> str:
     if not engines:
         return "."
     return ": " + ", ".join(f"{e.engine} {e.outcome}" + (f" ({e.error})" if e.error else "") for e in engines) + "."

@@ -4,7 +4,7 @@ They share advanced-alchemy's metadata (`advanced_alchemy.base.orm_registry.meta
 Alembic's env.py and the migration test compare against.
 """
 
-from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN, Adapter
+from control_plane.db.models.adapter import Adapter
 from control_plane.db.models.adapter_version import AdapterVersion
 from control_plane.db.models.api_key import ApiKey
 from control_plane.db.models.artifact_blob import ArtifactBlob
@@ -18,6 +18,6 @@ from control_plane.db.models.tenant import Tenant
 from control_plane.db.models.version_file import VersionFile
 
 __all__ = [
-    "ADAPTER_NAME_PATTERN", "HOLDING", "Adapter", "AdapterVersion", "ApiKey", "ArtifactBlob", "AuditEvent", "DemandReport", "DesiredState",
+    "HOLDING", "Adapter", "AdapterVersion", "ApiKey", "ArtifactBlob", "AuditEvent", "DemandReport", "DesiredState",
     "Engine", "EngineState", "ObservedState", "Placement", "RouterInstance", "StatsSample", "Tenant", "VersionFile",
 ]

@@ -9,11 +9,6 @@ from advanced_alchemy.types import JsonB
 from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, Text, false
 from sqlalchemy.orm import Mapped, mapped_column
 
-# The one name rule (shared.names), re-exported here for the schemas that import it from the model.
-from shared.names import ADAPTER_NAME_PATTERN
-
-__all__ = ["ADAPTER_NAME_PATTERN", "Adapter"]
-
 
 class Adapter(IdentityAuditBase):
     __tablename__ = "adapters"

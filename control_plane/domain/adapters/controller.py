@@ -17,6 +17,7 @@ from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.auth import Principal, admin_guard, provide_principal, read_guard, require_engine
+from control_plane.db.paging import MAX_OFFSET
 from control_plane.domain.adapters import schemas
 from control_plane.domain.adapters.queries import MAX_PAGE, AdapterQuery
 from control_plane.domain.adapters.service import AdapterService
@@ -24,7 +25,7 @@ from control_plane.domain.placements.planner import PlacementPlanner
 from control_plane.domain.placements.push import Pusher
 from control_plane.uow import Mutation
 from shared.errors import InvalidRequestError, NotFoundError
-from shared.names import name_problem
+from shared.names import AdapterName, name_problem
 from shared.openapi import (
     decode_body,
     method_not_allowed,
@@ -58,7 +59,7 @@ _UPLOAD_CONTENT = {
 # those (control_plane.app); here each route lists what its own handler and service raise.
 _PUSH = (207, 502)  # a push answers the success body with these when some / all engines failed
 _MUTATION_ERRORS = (400, 404, 409, 413)
-_NAME = {"name": schemas.AdapterName}
+_NAME = {"name": AdapterName}
 _TENANT_ROLE = {"tenant_role": "adapter"}  # a tenant key with admin:<tenant> may call it on its tenant's adapters
 
 
@@ -115,7 +116,7 @@ class AdapterController(Controller):
     async def list_adapters(
         self, service: AdapterService,
         limit: Annotated[int, Parameter(ge=1, le=MAX_PAGE)] = 100,
-        offset: Annotated[int, Parameter(ge=0, le=schemas.MAX_OFFSET)] = 0,
+        offset: Annotated[int, Parameter(ge=0, le=MAX_OFFSET)] = 0,
         # not Optional: Litestar documents `X | None` as a oneOf whose constraints sit beside it
         base_model: Annotated[str, Parameter(max_length=256, description="empty: any")] = "",
         name_prefix: Annotated[str, Parameter(max_length=128)] = "",

@@ -11,11 +11,10 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from control_plane.db.models.adapter import ADAPTER_NAME_PATTERN
+from control_plane.domain.placements.push import EngineOutcome
 from shared.artifacts import ArtifactRef
-from shared.names import ADAPTER_NAME_DESCRIPTION
+from shared.names import AdapterName
 
-AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
 # Labels are bounded in number and size (the schema says so, and msgspec enforces it before any work):
 # unbounded, 20,000 labels were once accepted into one row.
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 64, 63, 256
@@ -24,8 +23,6 @@ LabelValue = Annotated[str, msgspec.Meta(max_length=MAX_LABEL_VALUE)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=MAX_LABELS)]
 LABELS_RULE = msgspec.Meta(description=f"at most {MAX_LABELS} labels; keys 1–{MAX_LABEL_KEY} characters, "
                                        f"values at most {MAX_LABEL_VALUE}")
-# A page offset beyond any real registry: an unbounded one overflowed the database's integer (a 500).
-MAX_OFFSET = 1 << 31
 MAX_VERSION = (1 << 31) - 1  # a version number the database's integer column holds (larger was a 500)
 # A listing's label filter: `key` (present) or `key=value` (equal).
 # no NUL: SQLite's JSON path cannot hold one (a filter with one was a 500)
@@ -83,16 +80,6 @@ class AdapterActivate(msgspec.Struct, kw_only=True):
     """POST /v1/lora_adapters/{name}/activate: which existing version becomes the pin."""
 
     version: Annotated[int, msgspec.Meta(ge=1, le=MAX_VERSION)]
-
-
-class EngineOutcome(msgspec.Struct, kw_only=True):
-    """What one engine was asked to hold (`desired`) and how the push went: `loaded` / `unloaded`, or
-    `failed` with the engine's (or the connection's) `error`; the reconciler retries failed ones."""
-
-    engine: str
-    desired: str
-    outcome: Literal["loaded", "unloaded", "failed"]
-    error: str | None = None
 
 
 def push_status(engines: list[EngineOutcome]) -> int:

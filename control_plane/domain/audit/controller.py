@@ -10,7 +10,7 @@ from litestar.params import Parameter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.auth import read_guard
-from control_plane.domain.adapters.schemas import MAX_OFFSET
+from control_plane.db.paging import MAX_OFFSET
 from control_plane.domain.audit import schemas
 from control_plane.domain.audit.service import MAX_PAGE, AuditQuery, AuditService, as_utc, parse_time
 from shared.openapi import route_doc

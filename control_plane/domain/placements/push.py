@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Literal
 
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import DesiredState, ObservedState
 from control_plane.db.session import WriteGate
 from control_plane.db.transaction import transact
-from control_plane.domain.adapters.schemas import EngineOutcome
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from control_plane.domain.placements.loads import VersionLoader
 from control_plane.domain.placements.planner import PushOrder
@@ -25,6 +26,18 @@ from control_plane.engine_client import EngineCallError
 from control_plane.metrics import ControlPlaneMetrics
 
 logger = logging.getLogger(__name__)
+
+
+class EngineOutcome(msgspec.Struct, kw_only=True):
+    """What one engine was asked to hold (`desired`) and how the push went: `loaded` / `unloaded`, or
+    `failed` with the engine's (or the connection's) `error`; the reconciler retries failed ones."""
+
+    engine: str
+    desired: str
+    outcome: Literal["loaded", "unloaded", "failed"]
+    error: str | None = None
+
+
 _OBSERVED = {"loaded": ObservedState.LOADED, "unloaded": ObservedState.ABSENT, "failed": ObservedState.FAILED}
 
 

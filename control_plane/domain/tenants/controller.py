@@ -23,10 +23,10 @@ from control_plane.auth import (
     router_guard,
     router_only_guard,
 )
-from control_plane.domain.adapters.schemas import AdapterName
 from control_plane.domain.tenants import schemas
 from control_plane.domain.tenants.service import TenantService
 from control_plane.uow import Mutation
+from shared.names import AdapterName
 from shared.openapi import decode_body, options_response, route_doc
 from shared.tenants import (
     ACCESS_PATH,
