@@ -25,6 +25,7 @@ from control_plane.db.transaction import database_error_handlers
 from control_plane.domain.adapters.controller import AdapterController
 from control_plane.domain.audit.controller import AuditController
 from control_plane.domain.engines.controller import EngineController
+from control_plane.domain.engines.service import ReconcilerHooks
 from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.domain.routers.controller import RouterController
 from control_plane.domain.routes.cache import RoutesCache
@@ -114,6 +115,8 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "version_loader": reconciler.loader,  # how pushes and reconciles tell an engine to load a version
         "artifact_store": artifact_store,  # every version's bytes (control_plane/artifacts)
         "reconciler": reconciler,
+        # how the engines registry (below placements) asks for reconciles
+        "reconciler_hooks": ReconcilerHooks(kick=reconciler.kick, reconcile_all=reconciler.reconcile_all),
         "routes_cache": RoutesCache(),  # the encoded routing table while its rows are unchanged
         "stats_cache": stats_cache,  # each engine's last figures for GET /v1/lora_stats
         "audit_sessions": sessions,

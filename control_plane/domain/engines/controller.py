@@ -35,7 +35,7 @@ _DRAIN_DOC = route_doc(response=schemas.Engine, errors=(400, 404, 409), path="/v
 
 async def provide_engine_service(db_session: AsyncSession, state: State) -> EngineService:
     mutation = Mutation(db_session, state.write_gate, state.metrics)
-    return EngineService(db_session, state.settings, mutation, state.write_gate, state.reconciler)
+    return EngineService(db_session, state.settings, mutation, state.write_gate, state.reconciler_hooks)
 
 
 class EngineController(Controller):

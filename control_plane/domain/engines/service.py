@@ -8,12 +8,17 @@ anything is recorded (control_plane.engine_urls).
 A heartbeat says how the engine is: `healthy` false (its step loop died) makes it unhealthy at once,
 `draining` (it is shutting down) makes it draining; either way it gets no new placements and the
 reconciler leaves it alone. Draining lasts until the engine registers again (a restart).
+
+The reconciler (domain/placements) sits above the engines registry, so the service reaches it only
+through `ReconcilerHooks`, which control_plane.app wires to it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -24,7 +29,6 @@ from control_plane.db.session import WriteGate
 from control_plane.db.transaction import read, transact
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.health import effective_state, now
-from control_plane.domain.placements.reconcile import Reconciler
 from control_plane.engine_client import safe_url, sanitize
 from control_plane.engine_urls import check_engine_url
 from control_plane.settings import ControlPlaneSettings
@@ -34,9 +38,27 @@ from shared.errors import InvalidRequestError, NotFoundError
 logger = logging.getLogger(__name__)
 
 
+class EngineRoundReport(Protocol):
+    """What one engine's reconcile did (domain/placements/reconcile.py's EngineRound)."""
+
+    engine: str
+    loaded: list[str]
+    unloaded: list[str]
+    failed: list[str]
+    skipped: bool
+
+
+@dataclass(frozen=True)
+class ReconcilerHooks:
+    """The reconciler as the engines registry calls it (wired in control_plane.app)."""
+
+    kick: Callable[[str], None]  # this engine (re-)registered: reconcile it soon
+    reconcile_all: Callable[[], Awaitable[Sequence[EngineRoundReport]]]  # every healthy engine, now
+
+
 class EngineService:
     def __init__(self, session: AsyncSession, settings: ControlPlaneSettings, mutation: Mutation,
-                 gate: WriteGate, reconciler: Reconciler) -> None:
+                 gate: WriteGate, reconciler: ReconcilerHooks) -> None:
         self.session = session
         self.reconciler = reconciler
         self.settings = settings
