@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
@@ -50,14 +50,6 @@ class Principal:
     @property
     def tenant_admin(self) -> bool:
         return self.tenant is not None and ADMIN_SCOPE_PREFIX + self.tenant in self.scopes
-
-
-class TenantKeys(Protocol):
-    """What the guards need of tenant keys (control_plane/domain/tenants/keys.py, in the app's state)."""
-
-    async def principal(self, key_id: str, secret: str, client: str) -> Principal: ...
-
-    async def gate(self, connection: ASGIConnection, role: str, principal: Principal) -> None: ...
 
 
 def token_id(token: str) -> str:

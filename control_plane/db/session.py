@@ -8,6 +8,7 @@ PostgreSQL needs no such gate: unique constraints and row locks order concurrent
 PostgreSQL connections can die under a call (a restart, a failover, `pg_terminate_backend`): the pool
 pings each connection as it is checked out (`pool_pre_ping`), a connection that failed mid-query is
 invalidated, and `failure_kind` tells callers (control_plane.db.transaction) which errors are worth another attempt.
+`has_sqlstate` looks down the same chain of wrapped errors for one PostgreSQL error code.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -39,20 +40,30 @@ _CONFLICT_SQLSTATES = ("40P01", "40001")
 FailureKind = Literal["lost", "conflict"]
 
 
-def failure_kind(exc: BaseException) -> FailureKind | None:
-    """`lost`: the database connection broke (the call may be retried on a new one); `conflict`: a deadlock
-    or serialization failure that rolled the transaction back; None: any other error (a bug, a constraint).
-
-    SQLAlchemy wraps the driver's error (`.orig`, whose `__cause__` is asyncpg's own): look down the chain."""
-    if not isinstance(exc, DBAPIError | ConnectionError) and not type(exc).__module__.startswith("asyncpg"):
-        return None  # not the database's (a timeout of our own, a bug)
+def error_chain(exc: BaseException) -> Iterator[tuple[BaseException, str]]:
+    """`exc` and the errors under it, each with its SQLSTATE ("" for none), outermost first: SQLAlchemy
+    wraps the driver's error (`.orig`), whose `__cause__` is asyncpg's own. At most 8, each once."""
     seen: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and len(seen) < 8 and current not in seen:
         seen.append(current)
+        yield current, str(getattr(current, "sqlstate", None) or "")
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+
+
+def has_sqlstate(exc: BaseException, sqlstate: str) -> bool:
+    """Some error in `exc`'s chain carries this SQLSTATE."""
+    return any(state == sqlstate for _, state in error_chain(exc))
+
+
+def failure_kind(exc: BaseException) -> FailureKind | None:
+    """`lost`: the database connection broke (the call may be retried on a new one); `conflict`: a deadlock
+    or serialization failure that rolled the transaction back; None: any other error (a bug, a constraint)."""
+    if not isinstance(exc, DBAPIError | ConnectionError) and not type(exc).__module__.startswith("asyncpg"):
+        return None  # not the database's (a timeout of our own, a bug)
+    for current, state in error_chain(exc):
         if getattr(current, "connection_invalidated", False) or isinstance(current, ConnectionError):
             return "lost"
-        state = str(getattr(current, "sqlstate", None) or "")
         if state.startswith("08") or state in _LOST_SQLSTATES:
             return "lost"
         if state in _CONFLICT_SQLSTATES:
@@ -60,7 +71,6 @@ def failure_kind(exc: BaseException) -> FailureKind | None:
         if type(current).__name__ in ("InternalClientError", "ConnectionDoesNotExistError") or \
                 "connection is closed" in str(current):
             return "lost"  # asyncpg's own words for a connection that is gone (or left in a broken state)
-        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
     return None
 
 

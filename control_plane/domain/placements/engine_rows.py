@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine, ObservedState, Placement
+from control_plane.db.session import has_sqlstate
 from control_plane.domain.placements.answers import EngineAnswer, values_of
 from control_plane.domain.placements.loads import RecordedVersion
 from control_plane.domain.placements.planner import in_store
@@ -64,23 +65,12 @@ async def take_engine(session: AsyncSession, name: str, is_sqlite: bool) -> Engi
     try:
         engine = await session.scalar(stmt)
     except DBAPIError as exc:
-        if not _lock_not_available(exc):
+        if not has_sqlstate(exc, LOCK_NOT_AVAILABLE):
             raise
         await session.rollback()
         return None
     await session.execute(text("SET LOCAL lock_timeout TO DEFAULT"))  # the recording waits as any writer does
     return engine
-
-
-def _lock_not_available(exc: BaseException) -> bool:
-    current: BaseException | None = exc
-    for _ in range(8):  # SQLAlchemy's error wraps the driver's, which wraps asyncpg's own
-        if current is None:
-            return False
-        if str(getattr(current, "sqlstate", None) or "") == LOCK_NOT_AVAILABLE:
-            return True
-        current = getattr(current, "orig", None) or current.__cause__
-    return False
 
 
 _GONE = {"observed": ObservedState.ABSENT.value, "last_error": None, "residency": None}
