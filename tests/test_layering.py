@@ -1,5 +1,6 @@
 """The import layering holds (shared/DESIGN.md § Layers): the import-linter contracts of pyproject.toml,
-and no import cycle among the subpackages and modules of any package of data_plane."""
+and no import cycle among the subpackages and modules of any package of data_plane, control_plane or
+shared."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,9 +72,16 @@ def test_sibling_cycles_finds_a_loop() -> None:
     assert sibling_cycles(graph, "pkg") == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
-def test_no_import_cycles_inside_data_plane() -> None:
-    graph = grimp.build_graph("data_plane", cache_dir=None)
+@pytest.mark.parametrize(("root", "nested"), [
+    ("data_plane", "data_plane.engine"),
+    ("control_plane", "control_plane.domain.placements"),
+    ("shared", "shared"),  # modules only
+])
+def test_no_import_cycles_inside(root: str, nested: str) -> None:
+    """Every package under `root` (`nested` among them: the graph is the real one) has no cycle among
+    its children."""
+    graph = grimp.build_graph(root, cache_dir=None)
     packages = sorted(m for m in graph.modules if graph.find_children(m))
-    assert "data_plane.engine" in packages
+    assert nested in packages
     cycles = {p: c for p in packages if (c := sibling_cycles(graph, p))}
     assert cycles == {}
