@@ -6,19 +6,21 @@ The rules mirrored (peft/tuners/tuners_utils.py `check_target_module_exists`, pe
 - target_modules as a string is a regex that must fullmatch the module name; as a list, an entry matches a
   module whose name equals it or ends with "." + it; then layers_to_transform filters by layer index;
 - rank_pattern / alpha_pattern keys are regexes matched as `(.*\\.)?(key)$`, the first matching key wins.
+Every regex, the config's and those built around its values, runs on RE2 (shared.regex): what Python's `re`
+means by it, matched in linear time; one RE2 cannot run is refused (AdapterFilesError naming the field).
 The engine checks the config against its base model (data_plane.lora.peft_targets.resolve_targets); the
 control plane checks what it can without one (control_plane.artifacts.inspect).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shared.errors import InvalidRequestError
+from shared.regex import LinearRegex, RegexError, compile_regex
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -58,6 +60,8 @@ _UNSUPPORTED_FIELDS = {
 }
 # These initialisations rewrite the base weights: the adapter only works on the base saved with it.
 _BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
+_FIRST_INDEX = compile_regex(r".*?\.[^.]*\.(?P<idx>\d+)\.")  # peft's layer index without layers_pattern
+_SHOWN_CHARS = 200  # of a refused regex, in the error
 
 
 def resolve_under_roots(path: str | Path, roots: Iterable[str]) -> Path | None:
@@ -75,6 +79,13 @@ def resolve_under_roots(path: str | Path, roots: Iterable[str]) -> Path | None:
         except (RuntimeError, OSError, ValueError):
             continue
     return None
+
+
+def layer_index(digits: str) -> int | None:
+    """The layer index a module name spells with `digits`; None for one no model has (past 18 digits, where
+    int() would also refuse a long enough run of them)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else None
 
 
 def module_name(layer: int, short: str) -> str:
@@ -95,6 +106,8 @@ class TargetSpec:
     rank_pattern: dict[str, int]
     alpha_pattern: dict[str, int | float]
     use_rslora: bool
+    # each regex compiled once for this config (matching visits every module name)
+    _regexes: dict[str, LinearRegex] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_peft_config(cls, config: dict[str, Any]) -> TargetSpec:
@@ -135,15 +148,16 @@ class TargetSpec:
         )
 
     def matches(self, key: str) -> bool:
-        """peft's check_target_module_exists for one module name (modules_to_save is refused earlier)."""
+        """peft's check_target_module_exists for one module name (modules_to_save is refused earlier).
+        `key`: a module name (ASCII, as transformers names modules); blocking: call it off the event loop."""
         excluded = self.exclude_modules
         if isinstance(excluded, str):
-            if re.fullmatch(excluded, key):
+            if self._regex(excluded, "exclude_modules").fullmatch(key):
                 return False
         elif excluded and (key in excluded or any(key.endswith(f".{e}") for e in excluded)):
             return False
         if isinstance(self.target_modules, str):
-            return re.fullmatch(self.target_modules, key) is not None
+            return self._regex(self.target_modules, "target_modules").fullmatch(key)
         if key in self.target_modules:
             return True  # an exact full name is taken as it is, without the layer filter
         if not any(key.endswith(f".{t}") for t in self.target_modules):
@@ -151,21 +165,35 @@ class TargetSpec:
         if self.layers_to_transform is None:
             return True
         if self.layers_pattern is None:
-            m = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)  # the first numbered segment
+            m = _FIRST_INDEX.match(key)  # the first numbered segment
         else:
-            m = next(filter(None, (re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", key)
+            m = next(filter(None, (self._regex(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", "layers_pattern", p).match(key)
                                    for p in self.layers_pattern)), None)
-        return m is not None and int(m["idx"]) in self.layers_to_transform
+        return m is not None and layer_index(m["idx"]) in self.layers_to_transform
 
     def rank_and_alpha(self, key: str) -> tuple[int, int | float]:
-        return _pattern_value(self.rank_pattern, key, self.r), _pattern_value(self.alpha_pattern, key, self.lora_alpha)
+        """peft's rank and alpha of module `key` (as `matches`, ASCII; off the event loop)."""
+        rank = self._pattern_value("rank_pattern", key, self.r)
+        return rank, self._pattern_value("alpha_pattern", key, self.lora_alpha)
 
+    def _pattern_value(self, name: str, key: str, default: Any) -> Any:
+        for pattern_key, value in getattr(self, name).items():
+            if self._regex(rf"(.*\.)?({pattern_key})$", name, pattern_key).match(key) is not None:
+                return value
+        return default
 
-def _pattern_value(pattern: dict[str, Any], key: str, default: Any) -> Any:
-    for pattern_key, value in pattern.items():
-        if re.match(rf"(.*\.)?({pattern_key})$", key):
-            return value
-    return default
+    def _regex(self, pattern: str, name: str, shown: str | None = None) -> LinearRegex:
+        """`pattern`, built from the config's field `name` (its value there: `shown`), compiled for RE2."""
+        compiled = self._regexes.get(pattern)
+        if compiled is None:
+            try:
+                compiled = self._regexes[pattern] = compile_regex(pattern)
+            except RegexError as exc:
+                text = pattern if shown is None else shown
+                text = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+                raise AdapterFilesError(f"the regex {text!r} in {name} of {CONFIG_NAME} {exc}; rewrite it, or "
+                                        "list the module names instead") from None
+        return compiled
 
 
 def _is_int(value: Any) -> bool:

@@ -24,11 +24,13 @@ from shared.peft import (
     WEIGHTS_NAME,
     AdapterFilesError,
     TargetSpec,
+    layer_index,
     resolve_under_roots,
 )
 
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.[^.]+)?\.weight$")
-_MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$")
+# ASCII only, as transformers names modules (and as shared.peft matches them)
+_MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$", re.ASCII)
 _PARENT = {s: ("self_attn" if s.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp") for s in TARGET_MODULES}
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _MAX_HEADER = 100 << 20  # safetensors' own limit
@@ -143,7 +145,11 @@ def _check_header(header: dict[str, Any], spec: TargetSpec) -> dict[tuple[int, s
                                     f"({'/'.join(TARGET_MODULES)})", param="lora_path")
         if not spec.matches(m["module"]):
             raise AdapterFilesError(f"tensor {key} is for a module {CONFIG_NAME} does not target", param="lora_path")
-        shapes[(int(mod["layer"]), mod["short"], m["ab"])] = list(info.get("shape", []))
+        layer = layer_index(mod["layer"])
+        if layer is None:
+            raise AdapterFilesError(f"tensor {key[:200]}… names a layer index of {len(mod['layer'])} digits; no "
+                                    "model has that many layers", param="lora_path")
+        shapes[(layer, mod["short"], m["ab"])] = list(info.get("shape", []))
     ranks: dict[tuple[int, str], int] = {}
     for layer, short, _ in shapes:
         a, b = shapes.get((layer, short, "lora_A")), shapes.get((layer, short, "lora_B"))

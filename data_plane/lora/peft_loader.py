@@ -28,7 +28,7 @@ from data_plane.lora.verified_files import VerifiedFiles
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
 from shared.manifest import ManifestEntry, entries_of, manifest_digest
-from shared.peft import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME, resolve_under_roots
+from shared.peft import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME, layer_index, resolve_under_roots
 
 # peft saves `base_model.model.<module>.lora_A.weight`; in-memory state dicts also carry the adapter name.
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.(?P<name>[^.]+))?\.weight$")
@@ -270,10 +270,11 @@ def _check_names_and_shapes(
                 f"tensor {key} is for module {module}, which loraplane cannot adapt; only the "
                 f"{'/'.join(_PARENT)} projections of the decoder layers are supported"
             )
-        layer, short = int(m["layer"]), m["short"]
-        if layer >= cfg.num_hidden_layers:
+        layer, short = layer_index(m["layer"]), m["short"]
+        if layer is None or layer >= cfg.num_hidden_layers:
             raise LoRAAdapterError(
-                f"tensor {key} is for layer {layer}, but the base model has {cfg.num_hidden_layers} layers "
+                f"tensor {key} is for layer {m['layer'] if layer is None else layer}, but the base model has "
+                f"{cfg.num_hidden_layers} layers "
                 f"(0-{cfg.num_hidden_layers - 1}); the adapter was made for another base model"
             )
         if (layer, short) not in targets:

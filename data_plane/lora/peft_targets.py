@@ -6,8 +6,6 @@ them too; here they are applied to every module name of the engine's base model.
 
 from __future__ import annotations
 
-import re
-
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.model.config import ModelConfig
 from shared.peft import TARGET_MODULES, TargetSpec, module_name
@@ -15,7 +13,8 @@ from shared.peft import TARGET_MODULES, TargetSpec, module_name
 __all__ = ["TargetSpec", "module_name", "resolve_targets"]
 
 def resolve_targets(spec: TargetSpec, cfg: ModelConfig) -> dict[tuple[int, str], tuple[int, int | float]]:
-    """(layer, short name) -> (rank, alpha) of every adapted projection; refuses other matched modules."""
+    """(layer, short name) -> (rank, alpha) of every adapted projection; refuses other matched modules.
+    Blocking (every module name is matched): the engine runs it on a reader thread or process."""
     for index in spec.layers_to_transform or []:
         if not 0 <= index < cfg.num_hidden_layers:
             raise LoRAAdapterError(
@@ -24,16 +23,12 @@ def resolve_targets(spec: TargetSpec, cfg: ModelConfig) -> dict[tuple[int, str],
             )
     targets: dict[tuple[int, str], tuple[int, int | float]] = {}
     for key in _module_names(cfg):
-        try:
-            if not spec.matches(key):
-                continue
-            parts = key.split(".")
-            if len(parts) == 5 and parts[4] in TARGET_MODULES:
-                targets[(int(parts[2]), parts[4])] = spec.rank_and_alpha(key)
-                continue
-        except re.error as exc:
-            raise LoRAAdapterError(f"a regex in target_modules, exclude_modules, layers_pattern, rank_pattern "
-                                   f"or alpha_pattern is invalid ({exc}); fix adapter_config.json") from None
+        if not spec.matches(key):  # a regex RE2 cannot run is refused here (shared.peft)
+            continue
+        parts = key.split(".")
+        if len(parts) == 5 and parts[4] in TARGET_MODULES:
+            targets[(int(parts[2]), parts[4])] = spec.rank_and_alpha(key)
+            continue
         if parts[-1] in ("embed_tokens", "lm_head"):
             raise LoRAAdapterError(f"LoRA on {parts[-1]} is not supported (target_modules matches {key}); "
                                    f"retrain targeting only {', '.join(TARGET_MODULES)}")

@@ -62,7 +62,8 @@ def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.
 @contextlib.contextmanager
 def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[[], bool], what: str
             ) -> Iterator[subprocess.Popen]:
-    """`cmd` running (output in `log`) once `ready()` holds (an HTTPError counts as not yet); terminated on exit."""
+    """`cmd` running (output in `log`) once `ready()` holds (an HTTPError counts as not yet); terminated on exit
+    (killed if it does not end within 30 s)."""
     with log.open("w") as out:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -77,7 +78,11 @@ def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[
         yield process
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def wait_for(predicate, what: str, timeout_s: float = 30) -> None:  # noqa: ANN001

@@ -99,14 +99,26 @@ MATCH_CASES = [
     dict(target_modules=["q_proj", "gate_proj", "down_proj"], exclude_modules=["model.layers.0.mlp.down_proj"]),
     dict(target_modules=["q_proj", "up_proj"], exclude_modules=r".*\.1\..*"),
     dict(target_modules=["embed_tokens", "lm_head", "q_norm", "input_layernorm"]),
+    # regexes run on RE2 (shared.regex) in Python's meaning, also where RE2's own syntax reads them otherwise
+    dict(target_modules=r"model\.layers\.0{,1}1{,1}\.self_attn\.[qv]_proj"),
+    dict(target_modules=r"(?i).*\.(Q|K)_PROJ"),
+    dict(target_modules=r"(?x) .* \. (?: up | down ) _proj  # the MLP's in and out"),
+    dict(target_modules=r".*\.o_pro[[:j]"),
+    dict(target_modules=r".*\bmlp\b.*?_proj\Z"),
+    dict(target_modules=["q_proj", "v_proj"], exclude_modules=r"(?i).*LAYERS\.1\..*"),
+    dict(target_modules=["k_proj", "up_proj"], layers_to_transform=[1], layers_pattern=["lay(?:er|ers)"]),
+    dict(target_modules=["q_proj", "down_proj"], layers_to_transform=[0], layers_pattern=r"[a-z]+"),
+    dict(target_modules=["q_proj", "k_proj", "up_proj", "down_proj"],
+         rank_pattern={r"(?i:Q_PROJ)": 4, r"layers\.\d{,1}\.mlp\.(up|down)_proj": 12},
+         alpha_pattern={r"self_attn\.[kv]_proj": 32, r"(?x: \d \. mlp \. .*)": 3}),
 ]
+PATTERNS = {"rank_pattern": {"q_proj": 4, r"layers\.1\.mlp\.down_proj": 12, "model.layers.0.self_attn.k_proj": 2},
+            "alpha_pattern": {"v_proj": 32, r".*\.0\.mlp\..*": 3}}
 
 
 @pytest.mark.parametrize("case", MATCH_CASES)
 def test_target_matching_equals_peft(case, tiny_checkpoints, tmp_path) -> None:
-    patterns = {"rank_pattern": {"q_proj": 4, r"layers\.1\.mlp\.down_proj": 12, "model.layers.0.self_attn.k_proj": 2},
-                "alpha_pattern": {"v_proj": 32, r".*\.0\.mlp\..*": 3}}
-    config = LoraConfig(r=8, lora_alpha=16, **case, **patterns)
+    config = LoraConfig(r=8, lora_alpha=16, **{**PATTERNS, **case})
     config.save_pretrained(tmp_path)  # the file as peft writes it, parsed as the loader parses it
     spec = TargetSpec.from_peft_config(json.loads((tmp_path / "adapter_config.json").read_text()))
     for family in ("llama", "qwen3"):
@@ -151,6 +163,12 @@ REFUSALS = {  # mutation of a copy of the llama "attention" adapter (r=4, q/k/v/
     "bias": (lambda a: edit_config(a, bias="all"), "bias 'all' is not supported"),
     "pissa": (lambda a: edit_config(a, init_lora_weights="pissa_niter_4"), "changes the base weights"),
     "bad regex": (lambda a: edit_config(a, target_modules="(q_proj"), "regex .* is invalid"),
+    "backreference": (lambda a: edit_config(a, target_modules=r"(model)\.layers\.\d\.self_attn\.[qkvo]_proj\1"),
+                      r"in target_modules of adapter_config.json uses a backreference, which .*RE2, cannot run"),
+    "lookahead": (lambda a: edit_config(a, layers_to_transform=[0, 1], layers_pattern="lay(?=e)ers"),
+                  r"regex 'lay\(\?=e\)ers' in layers_pattern .* uses a lookahead"),
+    "lookbehind": (lambda a: edit_config(a, rank_pattern={r"(?<!x)q_proj": 4}),
+                   r"regex '\(\?<!x\)q_proj' in rank_pattern .* uses a negative lookahead or lookbehind"),
     "no match": (lambda a: edit_config(a, target_modules=["c_attn"]), "matches no module"),
     "norm target": (lambda a: edit_config(a, target_modules=["q_proj", "input_layernorm"]), "not a linear projection"),
     "untargeted tensor": (lambda a: edit_config(a, target_modules=["q_proj"]), "does not target"),
@@ -164,6 +182,8 @@ REFUSALS = {  # mutation of a copy of the llama "attention" adapter (r=4, q/k/v/
                        "module lm_head, which loraplane cannot adapt"),
     "layer out of range": (_tensors(lambda t: t.update({PREFIX + "model.layers.7.self_attn.q_proj.lora_A.weight":
                                                         torch.zeros(4, 64)})), "layer 7, but the base model has 2"),
+    "layer of 5000 digits": (_tensors(lambda t: t.update({PREFIX + f"model.layers.{'1' * 5000}.self_attn.q_proj.lora_A"
+                                                          ".weight": torch.zeros(4, 64)})), "1, but the base model has 2"),
     "dora tensor": (_tensors(lambda t: t.update({Q0 + ".lora_magnitude_vector": torch.ones(64)})), "DoRA"),
     "nan": (_tensors(lambda t: t[Q0 + ".lora_B.weight"].fill_(float("nan"))), "NaN"),
     "inf in the last layer": (_tensors(lambda t: t[PREFIX + "model.layers.1.self_attn.o_proj.lora_A.weight"][0, 1]
