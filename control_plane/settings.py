@@ -1,7 +1,8 @@
 """ControlPlaneSettings: the one config object of the control-plane process, validated on construction.
 
-Flags and `LORAPLANE_*` environment variables are read only in `from_env_and_args` (the edge); everything
-else receives a finished ControlPlaneSettings. Tokens and database passwords never appear in repr(),
+Each field carries its flag, `LORAPLANE_*` variable, default and help (shared/settings.py). They are read only
+at the edge, by `loraplane control`'s generated parser (cli.py) or `from_env`; everything else receives a
+finished ControlPlaneSettings. Tokens and database passwords never appear in repr(),
 logs or error messages: repr shows how many tokens there are and the URL with its password masked.
 """
 
@@ -11,18 +12,26 @@ import ipaddress
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from shared.key_secrets import MIN_PEPPER_CHARS, PEPPER_ENV
-from shared.logging_setup import LOG_FORMATS, LOG_LEVELS
 from shared.names import name_problem
-from shared.secret_env import read_secret
+from shared.settings import (
+    Alias,
+    check_choices,
+    host_setting,
+    log_format_setting,
+    log_level_setting,
+    port_setting,
+    resolve,
+    setting,
+    settings_repr,
+)
 
-ENV_PREFIX = "LORAPLANE_"
 # Plain driver names are accepted for convenience and mapped to the async drivers the service runs on.
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}
 _SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
@@ -41,85 +50,163 @@ def default_artifact_store(database_url: str) -> str:
     return (Path.cwd() / ".loraplane" / "artifacts").as_uri()
 
 
+def without_password(url: str) -> str:
+    """A database URL as logs and repr may show it."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _without_query(url: str) -> str:
+    return url.split("?")[0]  # a presigned or credentialed store URL keeps its secrets in the query
+
+
+def parse_max_replicas(raw: str) -> int:
+    """A replica maximum: a count, or `all` (stored as 0)."""
+    try:
+        return 0 if raw.strip().lower() == "all" else int(raw)
+    except ValueError:
+        raise ValueError(f"expected a count or 'all', not {raw!r}") from None
+
+
+def parse_engine_credentials(items: list[str]) -> dict[str, str]:
+    """`name=token` items (names hold no `=` or `,`; a token may contain `=`). Messages name the entry's
+    position, never a token."""
+    out: dict[str, str] = {}
+    for i, item in enumerate(items, 1):
+        name, sep, token = item.partition("=")
+        if not sep or not name or not token:
+            raise ValueError(f"entry #{i} is not name=token")
+        if name in out:
+            raise ValueError(f"names engine {name!r} twice")
+        out[name] = token
+    return out
+
+
+ENGINES, REPLICAS, ARTIFACTS, TENANTS = "engines", "replicas and scaling", "artifacts", "tenants and keys"
+
+
 @dataclass
 class ControlPlaneSettings:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    database_url: str = field(default_factory=default_database_url)
-    admin_tokens: tuple[str, ...] = ()
-    read_tokens: tuple[str, ...] = ()
-    # Directories adapter paths must lie in; a load naming anything else is refused before files are read.
-    # --lora-roots / LORAPLANE_LORA_ROOTS, as the engine spells it (--adapter-root is the old name).
-    adapter_roots: tuple[str, ...] = ()
-    reconcile_interval_s: float = 30.0
-    engine_timeout_s: float = 10.0
-    # A load that makes the engine fetch the version from the artifact store may take engine_timeout_s
-    # plus the version's size at this rate (MB/s; LORAPLANE_ENGINE_FETCH_MIN_MBPS): a stopped engine still
-    # costs a bounded wait, a large adapter the time its bytes need.
-    engine_fetch_min_mbps: float = 25.0
-    # An engine whose last heartbeat is older than this reads as unhealthy (and gets no new placements).
-    engine_stale_after_s: float = 30.0
-    # Bearer token of the engines' admin endpoints (their --admin-token); sent on pushes, never logged.
-    # LORAPLANE_ENGINE_ADMIN_TOKEN (LORAPLANE_ENGINE_TOKEN is its old name, still read).
-    engine_token: str | None = None
-    # engine name -> the token that engine sends (its LORAPLANE_CONTROL_PLANE_TOKEN): it may register,
-    # heartbeat, resolve and drain as that name and nothing else (LORAPLANE_ENGINE_CREDENTIALS).
-    engine_credentials: Mapping[str, str] = field(default_factory=dict)
-    # When set, engine URLs must point into one of these networks (CIDR; LORAPLANE_ENGINE_ALLOWED_NETWORKS);
-    # unset, any address but link-local and cloud-metadata ones is accepted.
-    engine_allowed_networks: tuple[str, ...] = ()
-    # Apply Alembic migrations when the app starts (the CLI's `db` commands set this off).
-    migrate_on_start: bool = True
-    # Where every version's bytes live (control_plane/artifacts/store.py): file:///path or s3://bucket/prefix
-    # (AWS_* variables for credentials, region, endpoint). --artifact-store / LORAPLANE_ARTIFACT_STORE.
-    # Default: an `artifacts` folder beside the SQLite file, or .loraplane/artifacts/ with PostgreSQL.
-    artifact_store: str | None = None
-    # The largest version (all its files) a load or upload may bring in (413 above it).
-    max_artifact_bytes: int = 4 << 30
-    # How engines reach this control plane, when artifact refs should be absolute (LORAPLANE_PUBLIC_URL);
-    # unset, refs are paths that each engine resolves against its own --control-plane URL.
-    public_url: str | None = None
-    # Tokens of routers (LORAPLANE_ROUTER_TOKENS): they may read routes, report demand and ask for
-    # placements, nothing else.
-    router_tokens: tuple[str, ...] = ()
-    # replicas {min, max} of an adapter that sets none (--default-min-replicas, --default-max-replicas;
-    # max 0 means "all" matching engines, "all" on the command line)
-    default_min_replicas: int = 1
-    default_max_replicas: int = 3
-    # demand scaling (control_plane/domain/placements): a replica more when waiting+running per replica
-    # stays above scale_up_load_per_replica for scale_window_s; one less after scale_down_idle_s idle;
-    # at most one change per adapter per window
-    scale_up_load_per_replica: float = 8.0
-    scale_window_s: float = 30.0
-    scale_down_idle_s: float = 300.0
-    # how many placements one reconcile interval may move to rebalance onto returning or new engines
-    rebalance_max_moves: int = 4
-    # engines reconciled at once: each round holds a database connection while it calls its engine, and
-    # 200 at once took the whole pool, so heartbeats waited past the stale-after and healthy engines went stale
-    reconcile_concurrency: int = 8
-    # loads and unloads one round sends its engine at once: a pass that places 100,000 adapters loads
-    # 500 on each of 200 engines, which one at a time took longer than a round may
-    reconcile_engine_calls: int = 8
-    # Signs the web console's session cookies (LORAPLANE_UI_SESSION_SECRET); replicas must share it. Unset, the
-    # console draws a random one per process: sessions then survive no restart and span no replicas.
-    ui_session_secret: str | None = None
-    # Redis (LORAPLANE_REDIS_URL), where key revocations and tenants' new quotas are published to the
-    # routers at once; unset, routers see them within their key cache TTL. LORAPLANE_REDIS_PREFIX: the
-    # routers' --redis-prefix (one per fleet sharing a Redis).
-    redis_url: str | None = None
-    redis_prefix: str = "loraplane:"
-    # Tenant keys' hashes are HMAC-SHA256 under this pepper (LORAPLANE_KEY_PEPPER or LORAPLANE_KEY_PEPPER_FILE;
-    # every router needs the same). Unset, no key can be made (503) and only legacy argon2 hashes verify.
-    key_pepper: str | None = None
-    # failed tenant-key attempts (shared/key_checks.py): past these within the window, 429 without a hash
-    # (LORAPLANE_KEY_FAILURES_PER_ADDRESS, LORAPLANE_KEY_FAILURES_PER_KEY, LORAPLANE_KEY_FAILURE_WINDOW_S)
-    key_failures_per_address: int = 20
-    key_failures_per_key: int = 100
-    key_failure_window_s: float = 60.0
-    log_level: str = "info"
-    log_format: str = "text"  # text | json (shared/logging_setup.py)
+    """The control plane's settings: `loraplane control --help` is generated from these fields
+    (shared/settings.py); most come from LORAPLANE_* variables only, the secrets among them always."""
+
+    host: str = host_setting(env="LORAPLANE_HOST")
+    port: int = port_setting(8080, env="LORAPLANE_PORT", free=False)
+    database_url: str = setting(
+        default_factory=default_database_url, flag="--database-url", env="LORAPLANE_DATABASE_URL", metavar="URL",
+        mask=without_password,
+        help="sqlite+aiosqlite:///… or postgresql+asyncpg://… (sqlite:// and postgresql:// are mapped to those "
+        "drivers; default: an SQLite file, .loraplane/control.db under the current directory)")
+    admin_tokens: tuple[str, ...] = setting((), env="LORAPLANE_ADMIN_TOKENS", secret=True,
+                                            help="tokens of the admin role, comma-separated (every call)")
+    read_tokens: tuple[str, ...] = setting((), env="LORAPLANE_READ_TOKENS", secret=True,
+                                           help="tokens of the read role, comma-separated (the GET calls)")
+    adapter_roots: tuple[str, ...] = setting(
+        (), flag="--lora-roots", env="LORAPLANE_LORA_ROOTS", metavar="DIR", separators="," + os.pathsep,
+        aliases=(Alias("--adapter-root", "the same directories"), Alias("LORAPLANE_ADAPTER_ROOTS")),
+        help="directories adapters may be registered from; a load naming anything else is refused before files "
+        "are read (in the variable: the OS path separator or commas between them; spelled as on the engine)")
+    reconcile_interval_s: float = setting(
+        30.0, flag="--reconcile-interval-s", env="LORAPLANE_RECONCILE_INTERVAL_S", group=ENGINES,
+        help="seconds between two reconcile passes, which bring each engine's adapters in line with its placements")
+    engine_timeout_s: float = setting(10.0, env="LORAPLANE_ENGINE_TIMEOUT_S",
+                                      help="the total deadline of one engine call")
+    engine_fetch_min_mbps: float = setting(
+        25.0, env="LORAPLANE_ENGINE_FETCH_MIN_MBPS",
+        help="a load that makes the engine fetch the version from the artifact store may take "
+        "LORAPLANE_ENGINE_TIMEOUT_S plus the version's size at this rate (MB/s): a stopped engine still costs a "
+        "bounded wait, a large adapter the time its bytes need")
+    engine_stale_after_s: float = setting(
+        30.0, env="LORAPLANE_ENGINE_STALE_AFTER_S",
+        help="an engine whose last heartbeat is older than this reads as unhealthy (and gets no new placements)")
+    engine_token: str | None = setting(
+        None, env="LORAPLANE_ENGINE_ADMIN_TOKEN", secret=True, aliases=(Alias("LORAPLANE_ENGINE_TOKEN"),),
+        help="the bearer token of the engines' admin endpoints (their --admin-token), sent on pushes")
+    engine_credentials: Mapping[str, str] = setting(
+        default_factory=dict, env="LORAPLANE_ENGINE_CREDENTIALS", secret=True, parse=parse_engine_credentials,
+        help="name=token,…: the token each engine sends (its LORAPLANE_CONTROL_PLANE_TOKEN); it may register, "
+        "heartbeat, resolve and drain as that name and nothing else")
+    engine_allowed_networks: tuple[str, ...] = setting(
+        (), env="LORAPLANE_ENGINE_ALLOWED_NETWORKS",
+        help="CIDR networks, comma-separated, engine URLs must point into; unset, any address but link-local and "
+        "cloud-metadata ones is accepted")
+    migrate_on_start: bool = setting(True, help="apply Alembic migrations when the app starts (the CLI's `db` "
+                                     "commands set this off)")
+    artifact_store: str | None = setting(
+        None, flag="--artifact-store", env="LORAPLANE_ARTIFACT_STORE", group=ARTIFACTS, metavar="URL",
+        mask=_without_query,
+        help="where every version's bytes are kept (control_plane/artifacts/store.py): file:///path or "
+        "s3://bucket/prefix (AWS_* variables for credentials, region, AWS_ENDPOINT_URL); default: an `artifacts` "
+        "folder beside the SQLite file, or .loraplane/artifacts/ with PostgreSQL")
+    max_artifact_bytes: int = setting(
+        4 << 30, flag="--max-artifact-bytes", env="LORAPLANE_MAX_ARTIFACT_BYTES", group=ARTIFACTS, metavar="N",
+        default_text="4 GiB",
+        help="the largest version a load or upload may bring in, all its files together (413 above it)")
+    public_url: str | None = setting(
+        None, flag="--public-url", env="LORAPLANE_PUBLIC_URL", group=ARTIFACTS, metavar="URL",
+        help="how engines reach this control plane, for absolute artifact URLs; unset, engines resolve artifact "
+        "paths against their own --control-plane")
+    router_tokens: tuple[str, ...] = setting(
+        (), env="LORAPLANE_ROUTER_TOKENS", secret=True,
+        help="tokens of routers, comma-separated: they may read routes, report demand and ask for placements, "
+        "nothing else")
+    default_min_replicas: int = setting(
+        1, flag="--default-min-replicas", env="LORAPLANE_DEFAULT_MIN_REPLICAS", group=REPLICAS, metavar="N",
+        help="engines holding an adapter that sets no replicas.min")
+    default_max_replicas: int = setting(
+        3, flag="--default-max-replicas", env="LORAPLANE_DEFAULT_MAX_REPLICAS", group=REPLICAS, metavar="N|all",
+        parse=parse_max_replicas,
+        help="the most engines demand scaling gives an adapter that sets no replicas.max (all: every matching "
+        "engine, stored as 0)")
+    scale_up_load_per_replica: float = setting(
+        8.0, env="LORAPLANE_SCALE_UP_LOAD_PER_REPLICA",
+        help="demand scaling (control_plane/domain/placements): a replica more when waiting+running requests per "
+        "replica stay above this for LORAPLANE_SCALE_WINDOW_S")
+    scale_window_s: float = setting(30.0, env="LORAPLANE_SCALE_WINDOW_S",
+                                    help="the window of demand scaling: at most one change per adapter per window")
+    scale_down_idle_s: float = setting(300.0, env="LORAPLANE_SCALE_DOWN_IDLE_S",
+                                       help="a replica less after an adapter has been idle this long")
+    rebalance_max_moves: int = setting(
+        4, env="LORAPLANE_REBALANCE_MAX_MOVES",
+        help="how many placements one reconcile interval may move to rebalance onto returning or new engines")
+    reconcile_concurrency: int = setting(
+        8, env="LORAPLANE_RECONCILE_CONCURRENCY",
+        help="engines reconciled at once: each round holds a database connection while it calls its engine, so "
+        "too many at once take the whole pool and heartbeats wait past the stale-after")
+    reconcile_engine_calls: int = setting(
+        8, env="LORAPLANE_RECONCILE_ENGINE_CALLS",
+        help="loads and unloads one round sends its engine at once (a pass that places many adapters per engine "
+        "would take longer than a round may, one at a time)")
+    ui_session_secret: str | None = setting(
+        None, env="LORAPLANE_UI_SESSION_SECRET", secret=True,
+        help="signs the web console's session cookies (16 characters or more); replicas must share it. Unset, "
+        "the console draws a random one per process: sessions then survive no restart and span no replicas")
+    redis_url: str | None = setting(
+        None, env="LORAPLANE_REDIS_URL", secret=True,
+        help="Redis, where key revocations and tenants' new quotas are published to the routers at once; unset, "
+        "routers see them within their key cache TTL")
+    redis_prefix: str = setting("loraplane:", env="LORAPLANE_REDIS_PREFIX",
+                                help="the routers' --redis-prefix (one per fleet sharing a Redis)")
+    key_pepper: str | None = setting(
+        None, env=PEPPER_ENV, secret=True,
+        help=f"tenant keys' hashes are HMAC-SHA256 under this pepper ({MIN_PEPPER_CHARS} characters or more; every "
+        "router needs the same); unset, no key can be made (503) and only legacy argon2 hashes verify")
+    key_failures_per_address: int = setting(
+        20, env="LORAPLANE_KEY_FAILURES_PER_ADDRESS",
+        help="failed tenant-key attempts from one address within LORAPLANE_KEY_FAILURE_WINDOW_S, past which they "
+        "are answered 429 without a hash (shared/key_checks.py)")
+    key_failures_per_key: int = setting(100, env="LORAPLANE_KEY_FAILURES_PER_KEY",
+                                        help="failed attempts of one key id, from any addresses, past which its "
+                                        "offers are answered 429 (its verified secret still passes)")
+    key_failure_window_s: float = setting(60.0, env="LORAPLANE_KEY_FAILURE_WINDOW_S",
+                                          help="the window over which failed tenant-key attempts are counted")
+    log_level: str = log_level_setting()
+    log_format: str = log_format_setting()
+
+    __repr__ = __str__ = settings_repr  # tokens, secrets and the database password hidden
 
     def __post_init__(self) -> None:
+        self.log_level = self.log_level.lower()
+        check_choices(self)
         self.admin_tokens = tuple(self.admin_tokens)
         self.read_tokens = tuple(self.read_tokens)
         self.router_tokens = tuple(self.router_tokens)
@@ -187,38 +274,6 @@ class ControlPlaneSettings:
                              "positive")
         if self.ui_session_secret is not None and len(self.ui_session_secret) < 16:
             raise ValueError("ui_session_secret must be at least 16 characters")
-        if self.log_level.lower() not in LOG_LEVELS:
-            raise ValueError(f"unknown log level {self.log_level!r}")
-        if self.log_format not in LOG_FORMATS:
-            raise ValueError(f"unknown log format {self.log_format!r}; expected text or json")
-
-    def __repr__(self) -> str:
-        return (
-            f"ControlPlaneSettings(host={self.host!r}, port={self.port}, "
-            f"database_url={self.safe_database_url!r}, admin_tokens=<{len(self.admin_tokens)} hidden>, "
-            f"read_tokens=<{len(self.read_tokens)} hidden>, router_tokens=<{len(self.router_tokens)} hidden>, "
-            f"default_replicas={self.default_min_replicas}..{self.default_max_replicas or 'all'}, "
-            f"scale_up_load_per_replica={self.scale_up_load_per_replica}, scale_window_s={self.scale_window_s}, "
-            f"scale_down_idle_s={self.scale_down_idle_s}, rebalance_max_moves={self.rebalance_max_moves}, "
-            f"reconcile_concurrency={self.reconcile_concurrency}, "
-            f"reconcile_engine_calls={self.reconcile_engine_calls}, "
-            f"adapter_roots={self.adapter_roots!r}, "
-            f"reconcile_interval_s={self.reconcile_interval_s}, engine_timeout_s={self.engine_timeout_s}, "
-            f"engine_fetch_min_mbps={self.engine_fetch_min_mbps}, "
-            f"engine_stale_after_s={self.engine_stale_after_s}, "
-            f"engine_token={'<hidden>' if self.engine_token else None}, "
-            f"engine_credentials=<{len(self.engine_credentials)} engines: {sorted(self.engine_credentials)}>, "
-            f"engine_allowed_networks={self.engine_allowed_networks!r}, "
-            f"migrate_on_start={self.migrate_on_start}, artifact_store={str(self.artifact_store).split('?')[0]!r}, "
-            f"max_artifact_bytes={self.max_artifact_bytes}, public_url={self.public_url!r}, "
-            f"ui_session_secret={'<hidden>' if self.ui_session_secret else None}, "
-            f"key_pepper={'<hidden>' if self.key_pepper else None}, "
-            f"key_failures={self.key_failures_per_address}/address,{self.key_failures_per_key}/key id "
-            f"per {self.key_failure_window_s}s, "
-            f"redis_url={'<set>' if self.redis_url else None}, redis_prefix={self.redis_prefix!r}, log_level={self.log_level!r}, log_format={self.log_format!r})"
-        )
-
-    __str__ = __repr__
 
     def load_deadline_s(self, size_bytes: int) -> float:
         """How long a load that fetches `size_bytes` from the artifact store may take."""
@@ -226,7 +281,7 @@ class ControlPlaneSettings:
 
     @property
     def safe_database_url(self) -> str:
-        return make_url(self.database_url).render_as_string(hide_password=True)
+        return without_password(self.database_url)
 
     @property
     def is_sqlite(self) -> bool:
@@ -234,83 +289,12 @@ class ControlPlaneSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> ControlPlaneSettings:
-        """Settings from `LORAPLANE_*` variables; `overrides` (from flags, not None) take precedence."""
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        scalars = {"HOST": ("host", str), "PORT": ("port", int), "DATABASE_URL": ("database_url", str),
-                   "RECONCILE_INTERVAL_S": ("reconcile_interval_s", float),
-                   "ENGINE_TIMEOUT_S": ("engine_timeout_s", float), "LOG_LEVEL": ("log_level", str),
-                   "ENGINE_FETCH_MIN_MBPS": ("engine_fetch_min_mbps", float),
-                   "LOG_FORMAT": ("log_format", str), "ARTIFACT_STORE": ("artifact_store", str),
-                   "MAX_ARTIFACT_BYTES": ("max_artifact_bytes", int), "PUBLIC_URL": ("public_url", str),
-                   "ENGINE_STALE_AFTER_S": ("engine_stale_after_s", float), "ENGINE_TOKEN": ("engine_token", str),
-                   "DEFAULT_MIN_REPLICAS": ("default_min_replicas", int),
-                   "DEFAULT_MAX_REPLICAS": ("default_max_replicas", parse_max_replicas),
-                   "SCALE_UP_LOAD_PER_REPLICA": ("scale_up_load_per_replica", float),
-                   "SCALE_WINDOW_S": ("scale_window_s", float), "SCALE_DOWN_IDLE_S": ("scale_down_idle_s", float),
-                   "REBALANCE_MAX_MOVES": ("rebalance_max_moves", int),
-                   "RECONCILE_CONCURRENCY": ("reconcile_concurrency", int),
-                   "RECONCILE_ENGINE_CALLS": ("reconcile_engine_calls", int),
-                   "UI_SESSION_SECRET": ("ui_session_secret", str),
-                   "REDIS_URL": ("redis_url", str), "REDIS_PREFIX": ("redis_prefix", str),
-                   "KEY_FAILURES_PER_ADDRESS": ("key_failures_per_address", int),
-                   "KEY_FAILURES_PER_KEY": ("key_failures_per_key", int),
-                   "KEY_FAILURE_WINDOW_S": ("key_failure_window_s", float),
-                   "ENGINE_ADMIN_TOKEN": ("engine_token", str)}  # the new name after the old: it wins
-        for suffix, (name, convert) in scalars.items():
-            raw = env.get(ENV_PREFIX + suffix)
-            if raw:
-                try:
-                    values[name] = convert(raw)
-                except ValueError:
-                    raise ValueError(f"{ENV_PREFIX}{suffix} must be a {convert.__name__}") from None
-        # Token lists are comma-separated; adapter roots use the OS path separator or commas.
-        for suffix, name in (("ADMIN_TOKENS", "admin_tokens"), ("READ_TOKENS", "read_tokens"),
-                             ("ROUTER_TOKENS", "router_tokens")):
-            if env.get(ENV_PREFIX + suffix):
-                values[name] = tuple(t for t in env[ENV_PREFIX + suffix].split(",") if t)
-        pepper = read_secret(env, PEPPER_ENV)
-        if pepper is not None:
-            values["key_pepper"] = pepper
-        if env.get(ENV_PREFIX + "ENGINE_CREDENTIALS"):
-            values["engine_credentials"] = parse_engine_credentials(env[ENV_PREFIX + "ENGINE_CREDENTIALS"])
-        if env.get(ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"):
-            raw = env[ENV_PREFIX + "ENGINE_ALLOWED_NETWORKS"]
-            values["engine_allowed_networks"] = tuple(n for n in raw.split(",") if n.strip())
-        roots_var = ENV_PREFIX + "LORA_ROOTS"
-        if not env.get(roots_var) and env.get(ENV_PREFIX + "ADAPTER_ROOTS"):
-            roots_var = ENV_PREFIX + "ADAPTER_ROOTS"
-            warnings.warn(f"{roots_var} is deprecated; set {ENV_PREFIX}LORA_ROOTS (the same value)",
-                          FutureWarning, stacklevel=2)
-        if env.get(roots_var):
-            raw = env[roots_var].replace(os.pathsep, ",")
-            values["adapter_roots"] = tuple(r for r in raw.split(",") if r)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
-
-
-def parse_max_replicas(raw: str) -> int:
-    """A replica maximum: a count, or `all` (stored as 0)."""
-    return 0 if raw.strip().lower() == "all" else int(raw)
-
-
-parse_max_replicas.__name__ = "count or 'all'"  # named in the error message of a bad variable
-
-
-def parse_engine_credentials(raw: str) -> dict[str, str]:
-    """`name=token,name=token` (names hold no `=` or `,`; a token may contain `=`). Messages name the
-    entry's position, never a token."""
-    out: dict[str, str] = {}
-    for i, item in enumerate((x.strip() for x in raw.split(",")), 1):
-        if not item:
-            continue
-        name, sep, token = item.partition("=")
-        if not sep or not name or not token:
-            raise ValueError(f"{ENV_PREFIX}ENGINE_CREDENTIALS entry #{i} is not name=token")
-        if name in out:
-            raise ValueError(f"{ENV_PREFIX}ENGINE_CREDENTIALS names engine {name!r} twice")
-        out[name] = token
-    return out
+        """Settings from `LORAPLANE_*` variables; `overrides` (from flags, not None) take precedence. A
+        deprecated variable warns (FutureWarning)."""
+        values, deprecated = resolve(cls, os.environ if env is None else env, overrides)
+        for message in deprecated:
+            warnings.warn(message, FutureWarning, stacklevel=2)
+        return cls(**values)
 
 
 def normalize_database_url(url: str) -> str:

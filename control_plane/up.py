@@ -45,7 +45,6 @@ STOP_TIMEOUT_S; none is left running.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -59,10 +58,21 @@ from pathlib import Path
 
 import httpx
 
+from control_plane.settings import without_password
 from shared.cpus import available_cpus
 from shared.key_secrets import PEPPER_ENV
-from shared.logging_setup import add_log_format_argument, configure_logging
+from shared.logging_setup import configure_logging
 from shared.secret_env import read_secret
+from shared.settings import (
+    SettingsParser,
+    check_choices,
+    from_args,
+    host_setting,
+    log_format_setting,
+    port_setting,
+    setting,
+    settings_repr,
+)
 
 STATE_DIR = Path(".loraplane")
 DEMO_ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
@@ -79,26 +89,47 @@ class _Stopped(Exception):
     """A stop signal arrived: unwind, stopping the children."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loraplane up", description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", type=int, default=1, help="how many engines to start (default 1)")
-    p.add_argument("--demo-dir", type=Path, default=Path(".demo/model"), help="demo model (written if missing)")
-    p.add_argument("--model", type=Path, help="serve this checkpoint instead of the demo model (no demo adapters)")
-    p.add_argument("--served-model-name", help="the name clients pass as `model` (default: demo, or --model's "
-                   "folder name)")
-    p.add_argument("--lora-roots", nargs="+", action="extend", default=[], metavar="DIR",
-                   help="folders adapters may be loaded from by path (default: the demo adapters' folder)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--router-port", type=int, default=8000, help="the OpenAI API (the router)")
-    p.add_argument("--port", type=int, default=8080, help="control plane port")
-    p.add_argument("--engine-port", type=int, default=8100, help="the first engine's port; engine i: this + i")
-    p.add_argument("--database-url", help=f"default: sqlite under {STATE_DIR}/")
-    p.add_argument("--device", default="auto", help="engine device (auto | cpu | cuda | npu)")
-    p.add_argument("--engine-threads", type=int, help="torch threads of each engine, on any device (default: "
-                   "on the CPU, this host's CPUs shared among the engines when there are several; else the "
-                   "engine's own default)")
-    add_log_format_argument(p)  # of every process of the stack
-    return p
+@dataclass
+class UpConfig:
+    """`loraplane up`'s flags (its parser is generated from these fields: shared/settings.py)."""
+
+    engines: int = setting(1, flag="--engines", help="how many engines to start")
+    demo_dir: Path = setting(Path(".demo/model"), flag="--demo-dir", metavar="DIR",
+                             help="the demo model (written if missing)")
+    model: Path | None = setting(None, flag="--model", metavar="DIR",
+                                 help="serve this checkpoint instead of the demo model (no demo adapters)")
+    served_model_name: str | None = setting(None, flag="--served-model-name", metavar="NAME",
+                                            help="the name clients pass as `model` (default: demo, or --model's "
+                                            "folder name)")
+    lora_roots: list[str] = setting(default_factory=list, flag="--lora-roots", metavar="DIR",
+                                    help="folders adapters may be loaded from by path (default: the demo adapters' "
+                                    "folder)")
+    host: str = host_setting()
+    router_port: int = setting(8000, flag="--router-port", group="HTTP", metavar="PORT",
+                               help="the port of the OpenAI API (the router)")
+    port: int = port_setting(8080, free=False, what="of the control plane")
+    engine_port: int = setting(8100, flag="--engine-port", group="HTTP", metavar="PORT",
+                               help="the first engine's port; engine i listens on this + i")
+    database_url: str | None = setting(None, flag="--database-url", metavar="URL", mask=without_password,
+                                       help=f"the control plane's database (default: SQLite under {STATE_DIR}/)")
+    device: str = setting("auto", flag="--device", help="the engines' device (auto | cpu | cuda | npu)")
+    engine_threads: int | None = setting(None, flag="--engine-threads", metavar="T",
+                                         help="torch threads of each engine, on any device (default: on the CPU, "
+                                         "this host's CPUs shared among the engines when there are several; else "
+                                         "the engine's own default)")
+    log_format: str = log_format_setting()  # of every process of the stack
+
+    __repr__ = settings_repr
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        for flag, value in (("--engines", self.engines), ("--engine-threads", self.engine_threads)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be at least 1")
+
+
+def _parser() -> SettingsParser:
+    return SettingsParser(UpConfig, prog="loraplane up", description=__doc__.split("\n\n")[0])
 
 
 def _token(env_names: tuple[str, ...], file_name: str, nbytes: int = 24) -> tuple[str, Path | None]:
@@ -161,7 +192,7 @@ def engine_thread_flags(engines: int, device: str, engine_threads: int | None, c
     return threads + (["--omp-threads-bind", "nobind"] if engines > 1 else [])
 
 
-def _launch(args: argparse.Namespace) -> _Launch:
+def _launch(args: UpConfig) -> _Launch:
     """The children's command lines and environments, and the tokens they share."""
     demo = args.demo_dir
     model = args.model if args.model is not None else demo
@@ -220,11 +251,11 @@ def _launch(args: argparse.Namespace) -> _Launch:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    for flag, value in (("--engines", args.engines), ("--engine-threads", args.engine_threads)):
-        if value is not None and value < 1:
-            print(f"loraplane up: {flag} must be at least 1", file=sys.stderr)
-            return 2
+    try:
+        args = from_args(UpConfig, _parser().parse_args(argv))
+    except ValueError as exc:
+        print(f"loraplane up: {exc}", file=sys.stderr)
+        return 2
     configure_logging("info", args.log_format)
     if args.model is None and not (args.demo_dir / "adapters" / "demo-short" / "adapter_config.json").exists():
         # a child process: the control plane never imports the engine (it needs the engine extra anyway)

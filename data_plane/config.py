@@ -1,12 +1,25 @@
-"""EngineConfig: the one configuration object of an engine process, validated on construction."""
+"""EngineConfig: the one configuration object of an engine process, validated on construction.
+
+Each field carries its flag, variable, default and help (shared/settings.py); `loraplane engine`'s parser
+(api/server.py) is generated from them."""
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared.errors import InvalidRequestError
+from shared.settings import (
+    check_choices,
+    host_setting,
+    log_format_setting,
+    log_level_setting,
+    port_setting,
+    setting,
+    settings_repr,
+)
 
 # prompts of more tokens than this are long: while requests decode, only they are paced (engine/prefill_pacer.py)
 LONG_PREFILL_TOKENS = 256
@@ -19,87 +32,191 @@ LONG_PREFILL_TOKENS = 256
 PROMPT_CHARS_PER_TOKEN = 16
 
 
-class ConfigError(InvalidRequestError):
+class ConfigError(InvalidRequestError, ValueError):
     """A flag combination the engine cannot run with."""
+
+
+def parse_lora_modules(items: list[str]) -> dict[str, str]:
+    """vLLM's --lora-modules forms: `name=path`, or a JSON object with "name" and "path"."""
+    modules: dict[str, str] = {}
+    for item in items:
+        if item.lstrip().startswith("{"):
+            try:
+                spec = json.loads(item)
+                name, path = spec["name"], spec["path"]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f'--lora-modules {item!r}: expected JSON {{"name": ..., "path": ...}}') from None
+        else:
+            name, sep, path = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--lora-modules {item!r}: expected name=path")
+        if not name or not path:
+            raise ConfigError(f"--lora-modules {item!r}: name and path must not be empty")
+        if name in modules:
+            raise ConfigError(f"--lora-modules: {name!r} is given twice")
+        modules[name] = path
+    return modules
+
+
+MODEL, KV, SCHEDULING, LIMITS, PROCESSES = "model", "KV cache", "scheduling", "request limits", "processes and devices"
+LORA, CONTROL = "multi-LoRA", "control plane"
 
 
 @dataclass
 class EngineConfig:
-    model: str
-    served_model_name: str | None = None  # defaults to the model directory's name
-    tokenizer: str | None = None  # defaults to the model directory
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    device: str = "auto"  # auto | cpu | cuda | npu
-    seed: int = 0
-    # KV cache
-    block_size: int = 16
-    kv_cache_memory_mb: int = 512  # memory for K and V of all layers
-    num_kv_blocks: int | None = None  # overrides kv_cache_memory_mb (tests, tuning)
-    enable_prefix_caching: bool = True
-    # Scheduling
-    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
-    max_num_seqs: int = 128
-    # tokens per step; defaults to 2048 with chunked prefill, else max(max_model_len, 2048)
-    max_num_batched_tokens: int | None = None
-    # a long prompt is computed a chunk per step beside the running decodes (vLLM's flag, on by default)
-    enable_chunked_prefill: bool = True
-    # while requests decode, a step that also computes chunks of long prompts may take at most this
-    # many times a decode-only step (engine/prefill_pacer.py); 0: chunks fill the token budget (vLLM)
-    decode_stall_limit: float = 1.25
-    # prompts longer than this are long (vLLM's flag): only they are paced by decode_stall_limit; 0 paces
-    # every prompt (the running decodes' steps stay within the limit; new requests' first tokens come later)
-    long_prefill_token_threshold: int = LONG_PREFILL_TOKENS
-    # waiting *sequences* (prompts x n per request): an API request of more is refused (400), one that
-    # would overflow the queue now gets 503 (engine/admission.py)
-    max_waiting_requests: int = 1024
-    max_n: int | None = None  # samples per prompt; defaults to (and is capped by) max_num_seqs
-    # tokens one API request may ask for: its prompts x n sequences, each prompt + max_tokens; defaults to
-    # max_num_seqs * max_model_len (a full batch of full contexts, what one prompt with n = --max-n may take)
-    max_request_tokens: int | None = None
-    max_stop_strings: int = 16
-    max_stop_string_length: int = 256  # characters
-    max_prompt_chars: int | None = None  # defaults to max_model_len * PROMPT_CHARS_PER_TOKEN
-    # HTTP
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_request_body_bytes: int = 8 * 1024 * 1024
-    admin_token: str | None = None
-    api_key: str | None = None  # bearer key for the inference endpoints (vLLM's --api-key); None = open
-    num_threads: int | None = None  # torch intra-op threads on CPU; None: torch's default (core process: threads.py)
-    # the engine core (scheduler, model, step loop) in its own process (data_plane/engine/core); False:
-    # a thread of the API process, as before
-    engine_core_process: bool = True
-    # CPUs of the engine-core process: auto | nobind | a list such as 1-3 (data_plane/engine/core/threads.py)
-    omp_threads_bind: str = "auto"
-    tensor_parallel_size: int = 1
-    lora_fused_row_allreduce: bool = False  # row-parallel LoRA: one all-reduce per layer instead of two
-    # Multi-LoRA
-    enable_lora: bool = False
-    # adapter files read and checked in a process of their own (data_plane/engine/core/adapter_reader.py);
-    # False: on threads of the API process, sharing its GIL with the event loop
-    adapter_reader_process: bool = True
-    max_loras: int = 4  # device slots: adapters resident for compute at once
-    max_lora_rank: int = 64  # slots are padded to this rank
-    lora_dtype: str = "auto"  # the slots' dtype: auto (the model's) | bfloat16 | float16 (half the bytes, float sums)
-    max_cpu_loras: int | None = None  # host cache of validated adapters; defaults to max(max_loras, 16)
-    lora_roots: list[str] = field(default_factory=list)  # adapter paths must lie under one of these
-    lora_modules: dict[str, str] = field(default_factory=dict)  # name -> path, loaded at start
-    max_adapter_labels: int = 100  # Prometheus `adapter` label values; past this they fold into "other"
-    default_drain_timeout_s: float = 30.0
-    # Adapters named by digest (`artifact` loads) are fetched from the control plane and cached on disk
-    lora_cache_dir: str | None = None  # None: a temporary folder of this process, removed at shutdown
-    lora_cache_max_bytes: int = 8 << 30
-    lora_artifact_endpoint: str | None = None  # the object store's URL: presigned file URLs may lie there
-    # Control plane: register there at start, heartbeat, and resolve unknown `model` names through it
-    control_plane_url: str | None = None
-    control_plane_token: str | None = None  # this engine's token there (its LORAPLANE_ENGINE_CREDENTIALS entry)
-    engine_name: str | None = None  # the name registered there; defaults to host:port
-    # seconds between heartbeats: keep it well under the control plane's LORAPLANE_ENGINE_STALE_AFTER_S
-    # (30 by default), or the engine reads as unhealthy between two of them
-    heartbeat_interval_s: float = 3.0
-    # resolve unknown `model` names through the control plane (and load them) on demand; None: on exactly
-    # when a control plane is given
-    resolve_adapters: bool | None = None
+    """The engine's flags (`loraplane engine --help` is generated from these fields: shared/settings.py)."""
+
+    model: str = setting(flag="--model", group=MODEL, help="the Hugging Face model directory (config.json, "
+                         "safetensors, tokenizer); or pass it as MODEL, the first argument, as `vllm serve MODEL`")
+    served_model_name: str | None = setting(None, flag="--served-model-name", group=MODEL,
+                                            help="the name clients pass as `model` (default: the directory's name)")
+    tokenizer: str | None = setting(None, flag="--tokenizer", group=MODEL, help="tokenizer directory (default: --model)")
+    dtype: str = setting("auto", flag="--dtype", group=MODEL, choices=("auto", "float32", "bfloat16", "float16"),
+                         help="dtype of the weights and activations (auto: the checkpoint's, float32 if it says none)")
+    device: str = setting("auto", flag="--device", group=MODEL,
+                          help="auto | cpu | cuda | npu, optionally with :index (auto: cuda, else npu, else cpu)")
+    seed: int = setting(0, flag="--seed", group=MODEL,
+                        help="accepted as vLLM's --seed; a request's own `seed` field makes its sampling repeatable")
+    block_size: int = setting(16, flag="--block-size", group=KV,
+                              help="tokens per KV cache block: a power of two up to 128")
+    kv_cache_memory_mb: int = setting(512, flag="--kv-cache-memory-mb", group=KV,
+                                      help="memory for the K and V of all layers, in MiB")
+    num_kv_blocks: int | None = setting(None, flag="--num-kv-blocks", group=KV,
+                                        help="KV cache blocks; overrides --kv-cache-memory-mb (tests, tuning)")
+    enable_prefix_caching: bool = setting(True, flag="--enable-prefix-caching", group=KV,
+                                          help="reuse the KV blocks of a shared prompt prefix (per adapter)")
+    max_model_len: int | None = setting(None, flag="--max-model-len", group=SCHEDULING,
+                                        help="the longest context, prompt and output (default: the model's "
+                                        "max_position_embeddings)")
+    max_num_seqs: int = setting(128, flag="--max-num-seqs", group=SCHEDULING,
+                                help="sequences running at once (a batch's rows)")
+    max_num_batched_tokens: int | None = setting(
+        None, flag="--max-num-batched-tokens", group=SCHEDULING,
+        help="tokens per step (default: 2048 with chunked prefill, else max(--max-model-len, 2048))")
+    enable_chunked_prefill: bool = setting(
+        True, flag="--enable-chunked-prefill", group=SCHEDULING,
+        help="compute a long prompt a chunk per step beside the running decodes, so it does not stall them "
+        "(--max-num-batched-tokens may then be below --max-model-len)")
+    decode_stall_limit: float = setting(
+        1.25, flag="--decode-stall-limit", group=SCHEDULING,
+        help="while requests decode, a step that also computes chunks of a long prompt (see "
+        "--long-prefill-token-threshold) may take at most this many times a step of the decodes alone, measured as "
+        "the engine runs, so a long prompt does not hold up their next tokens (engine/prefill_pacer.py); 0 lets "
+        "chunks fill --max-num-batched-tokens, as vLLM")
+    long_prefill_token_threshold: int = setting(
+        LONG_PREFILL_TOKENS, flag="--long-prefill-token-threshold", group=SCHEDULING, metavar="TOKENS",
+        help="a prompt of more tokens than this is long: while requests decode, its chunks are paced by "
+        "--decode-stall-limit; shorter prompts are admitted whole. 0 paces every prompt: steadier inter-token "
+        "latency, later first tokens")
+    max_waiting_requests: int = setting(
+        1024, flag="--max-waiting-requests", group=LIMITS,
+        help="waiting sequences (a request counts prompts x n): a request of more gets 400, one that would "
+        "overflow the queue now gets 503 (engine/admission.py)")
+    max_n: int | None = setting(None, flag="--max-n", group=LIMITS,
+                                help="samples per prompt (default and upper bound: --max-num-seqs)")
+    max_request_tokens: int | None = setting(
+        None, flag="--max-request-tokens", group=LIMITS, metavar="TOKENS",
+        help="tokens one request may ask for: its prompts x n sequences of prompt + max_tokens each; more gets "
+        "400 (default: --max-num-seqs x --max-model-len, a full batch of full contexts)")
+    max_stop_strings: int = setting(16, flag="--max-stop-strings", group=LIMITS, help="stop strings per request")
+    max_stop_string_length: int = setting(256, flag="--max-stop-string-length", group=LIMITS,
+                                          help="characters per stop string")
+    max_prompt_chars: int | None = setting(
+        None, flag="--max-prompt-chars", group=LIMITS,
+        help=f"longer prompts are refused before tokenizing (default: --max-model-len x {PROMPT_CHARS_PER_TOKEN})")
+    host: str = host_setting()
+    port: int = port_setting(8000)
+    max_request_body_bytes: int = setting(8 * 1024 * 1024, flag="--max-request-body-bytes", group="HTTP",
+                                          default_text="8 MiB", help="larger request bodies are answered 413")
+    admin_token: str | None = setting(None, flag="--admin-token", env="LORAPLANE_ADMIN_TOKEN", secret=True,
+                                      group="HTTP", help="bearer token of the admin endpoints (loading and "
+                                      "unloading adapters, draining); unset, they are refused")
+    api_key: str | None = setting(None, flag="--api-key", env="LORAPLANE_API_KEY", secret=True, group="HTTP",
+                                  help="bearer key required by the inference endpoints, as vLLM's --api-key; "
+                                  "/health and /metrics stay open; unset, the engine is open")
+    num_threads: int | None = setting(
+        None, flag="--num-threads", group=PROCESSES,
+        help="torch intra-op threads on CPU (default with the engine-core process: one per CPU, "
+        "but one left to the API process from 4 CPUs up; without it, torch's default)")
+    engine_core_process: bool = setting(
+        True, flag="--engine-core-process", group=PROCESSES,
+        help="run the scheduler, model and step loop in their own process (data_plane/engine/core); "
+        "--no-engine-core-process keeps them on a thread of the API process")
+    omp_threads_bind: str = setting(
+        "auto", flag="--omp-threads-bind", env="LORAPLANE_CPU_OMP_THREADS_BIND", group=PROCESSES,
+        help="CPUs of the engine-core process: auto (bind it to the last --num-threads CPUs when that leaves "
+        "the API one), nobind, or a list such as 1-3")
+    tensor_parallel_size: int = setting(
+        1, flag="--tensor-parallel-size", group=PROCESSES,
+        help="ranks to shard the model over (gloo on CPU, nccl on CUDA, hccl on NPU); also works under torchrun")
+    lora_fused_row_allreduce: bool = setting(
+        False, flag="--lora-fused-row-allreduce", group=PROCESSES,
+        help="row-parallel LoRA adds each rank's partial delta before the base all-reduce (one all-reduce per "
+        "layer, not two)")
+    enable_lora: bool = setting(False, flag="--enable-lora", group=LORA,
+                                help="serve LoRA adapters (chosen by the request's `model`)")
+    adapter_reader_process: bool = setting(
+        True, flag="--adapter-reader-process", group=LORA,
+        help="read and check adapter files in processes of their own (the first load starts one, and a second "
+        "starts when two loads meet running requests), so that a load does not slow the streams being served; "
+        "--no-adapter-reader-process reads them on threads of the API process, sharing its GIL")
+    max_loras: int = setting(4, flag="--max-loras", group=LORA,
+                             help="device slots: adapters resident for compute at once")
+    max_lora_rank: int = setting(64, flag="--max-lora-rank", group=LORA,
+                                 help="largest adapter rank accepted; slots are padded to it")
+    lora_dtype: str = setting("auto", flag="--lora-dtype", group=LORA, choices=("auto", "bfloat16", "float16"),
+                              help="dtype of the LoRA slots (auto: the model's); half-width slots of a float32 "
+                              "model halve the bytes read (their sums stay float32)")
+    max_cpu_loras: int | None = setting(None, flag="--max-cpu-loras", group=LORA,
+                                        help="adapters kept validated in host memory (default: max(--max-loras, 16))")
+    lora_roots: list[str] = setting(default_factory=list, flag="--lora-roots", group=LORA, metavar="DIR",
+                                    help="adapter paths must lie under one of these (default: the --lora-modules "
+                                    "folders' parents)")
+    lora_modules: dict[str, str] = setting(
+        default_factory=dict, flag="--lora-modules", group=LORA, metavar="NAME=PATH", parse=parse_lora_modules,
+        help='adapters loaded at start: name=path or JSON {"name": ..., "path": ...}')
+    max_adapter_labels: int = setting(100, flag="--max-adapter-labels", group=LORA,
+                                      help="distinct `adapter` label values of the Prometheus metrics; past "
+                                      "these, adapters are counted as 'other'")
+    default_drain_timeout_s: float = setting(30.0, flag="--default-drain-timeout-s", group=LORA,
+                                             help="how long an unload waits for in-flight requests before "
+                                             "aborting them")
+    lora_cache_dir: str | None = setting(
+        None, flag="--lora-cache-dir", group=LORA, metavar="DIR",
+        help="where adapters fetched from the control plane by digest are kept (DIR/<digest>/), also across "
+        "restarts; one engine per folder (default: a temporary folder of this process, removed at exit)")
+    lora_cache_max_bytes: int = setting(
+        8 << 30, flag="--lora-cache-max-bytes", group=LORA, metavar="N", default_text="8 GiB",
+        help="bytes of fetched adapters kept; least recently used ones not in use are evicted")
+    lora_artifact_endpoint: str | None = setting(
+        None, flag="--lora-artifact-endpoint", env="LORAPLANE_ARTIFACT_ENDPOINT", group=LORA, metavar="URL",
+        help="the artifact store's endpoint (e.g. S3): presigned file URLs are fetched from this origin too, "
+        "besides the control plane's")
+    control_plane_url: str | None = setting(
+        None, flag="--control-plane", group=CONTROL, metavar="URL",
+        help="register with this control plane, heartbeat, and resolve unknown `model` names through it "
+        "(needs --enable-lora)")
+    control_plane_token: str | None = setting(
+        None, flag="--control-plane-token", env="LORAPLANE_CONTROL_PLANE_TOKEN", secret=True, group=CONTROL,
+        help="this engine's token at the control plane, bound to its --engine-name there (its "
+        "LORAPLANE_ENGINE_CREDENTIALS entry)")
+    engine_name: str | None = setting(None, flag="--engine-name", group=CONTROL,
+                                      help="the name to register under (default: host:port)")
+    heartbeat_interval_s: float = setting(
+        3.0, flag="--heartbeat-interval-s", group=CONTROL,
+        help="seconds between heartbeats; keep it well under the control plane's LORAPLANE_ENGINE_STALE_AFTER_S "
+        "(30 by default), or the engine reads as unhealthy between two of them")
+    resolve_adapters: bool | None = setting(
+        None, flag="--resolve-adapters", group=CONTROL,
+        help="load an unknown `model` on demand when the control plane knows it (default: on with --control-plane)")
+    shutdown_timeout_s: float = setting(
+        30.0, flag="--shutdown-timeout-s", group="HTTP",
+        help="on SIGTERM: admit nothing new, drain at the control plane, let in-flight requests finish "
+        "for up to this long, then stop")
+    log_level: str = log_level_setting()
+    log_format: str = log_format_setting()
+
+    __repr__ = settings_repr  # the tokens hidden
 
     def __post_init__(self) -> None:
         if not Path(self.model, "config.json").is_file():
@@ -108,8 +225,7 @@ class EngineConfig:
             self.served_model_name = Path(self.model).resolve().name
         if self.tokenizer is None:
             self.tokenizer = self.model
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"--dtype {self.dtype!r}: expected auto, float32, bfloat16 or float16")
+        check_choices(self, ConfigError)
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ConfigError(f"--block-size {self.block_size}: expected a power of two up to 128")
         if self.max_num_seqs < 1:
@@ -130,8 +246,6 @@ class EngineConfig:
             raise ConfigError("--max-prompt-chars must be at least 1")
         if self.max_request_tokens is not None and self.max_request_tokens < 1:
             raise ConfigError("--max-request-tokens must be at least 1")
-        if self.lora_dtype not in ("auto", "bfloat16", "float16"):
-            raise ConfigError(f"--lora-dtype {self.lora_dtype!r}: expected auto, bfloat16 or float16")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = max(self.max_loras, 16)
         if self.enable_lora:

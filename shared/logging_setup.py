@@ -15,10 +15,8 @@ alone) and Litestar with `logging_config=None`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -107,21 +105,6 @@ class DemoteRoutineRequests(logging.Filter):
                 and (str(args[at.method]) in at.routine_methods or is_routine(str(args[at.path])))):
             record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return True
-
-
-def _log_format(value: str) -> str:
-    if value not in LOG_FORMATS:
-        raise argparse.ArgumentTypeError(f"{value!r} (from the flag or ${LOG_FORMAT_ENV}): expected text or json")
-    return value
-
-
-def add_log_format_argument(parser: argparse.ArgumentParser, *, env_default: bool = True) -> None:
-    """`--log-format text|json`; its default is $LORAPLANE_LOG_FORMAT (checked like the flag), else text.
-    With env_default=False it defaults to None (the process's settings read the variable)."""
-    default = os.environ.get(LOG_FORMAT_ENV, "text") if env_default else None
-    parser.add_argument("--log-format", type=_log_format, default=default, metavar="{text,json}",
-                        help=f"text, or json: one object per line with time, level, logger, message "
-                        f"(${LOG_FORMAT_ENV}; default text)")
 
 
 def level_number(level: str) -> int:

@@ -1,6 +1,7 @@
 """RouterConfig: everything one router process is configured with, validated once.
 
-The CLI (cli.py) builds it from flags and the environment; nothing below reads either. Secrets (the
+The CLI (cli.py) builds it from flags and the environment, with a parser generated from the fields (each
+carries its flag, variable, default and help: shared/settings.py); nothing below reads either. Secrets (the
 router's token at the control plane, the engines' inference key, the client keys, the tenant keys'
 pepper) come from the environment or a file named by `<VARIABLE>_FILE`, never from the command line.
 """
@@ -9,17 +10,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from shared import secret_env
 from shared.key_secrets import MIN_PEPPER_CHARS, PEPPER_ENV
+from shared.settings import (
+    SettingError,
+    check_choices,
+    host_setting,
+    log_format_setting,
+    log_level_setting,
+    port_setting,
+    secrets_from,
+    setting,
+    settings_repr,
+)
 
-ROUTER_TOKEN_ENV = "LORAPLANE_ROUTER_TOKEN"  # router → control plane (its LORAPLANE_ROUTER_TOKENS)
-ENGINE_API_KEY_ENV = "LORAPLANE_ENGINE_API_KEY"  # router → engines (their --api-key)
-API_KEYS_ENV = "LORAPLANE_API_KEYS"  # clients → router: static keys, comma-separated
-REDIS_URL_ENV = "LORAPLANE_REDIS_URL"  # quota counters and revocations (may hold a password)
-MAX_REQUEST_TOKENS_ENV = "LORAPLANE_MAX_REQUEST_TOKENS"  # --max-request-tokens' default
+TIMEOUTS, TENANTS = "timeouts and retries", "tenants and quotas"
 
 
 class RouterConfigError(ValueError):
@@ -28,51 +35,93 @@ class RouterConfigError(ValueError):
 
 @dataclass
 class RouterConfig:
-    control_plane_url: str
-    host: str = "127.0.0.1"
-    port: int = 8000
-    router_token: str | None = None
-    engine_api_key: str | None = None
-    api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: the router is open
-    refresh_interval_s: float = 1.0  # GET /v1/routes with If-None-Match this often
-    demand_interval_s: float = 1.0  # POST /v1/routes/demand with the per-model queue this often
-    presence_interval_s: float = 5.0  # an idle router still reports (its presence) this often
-    name: str = ""  # how the control plane lists this router (cli.py: host:port when not given)
-    advertise_url: str | None = None  # where clients reach it, as the console shows it (cli.py's default)
-    stale_after_s: float = 5.0  # a table not revalidated for this long makes /health say degraded
-    max_attempts: int = 3  # engines tried per request before the first byte (connect refused, 503)
-    connect_timeout_s: float = 2.0
-    read_timeout_s: float = 600.0  # between two chunks of an engine's answer
-    control_plane_timeout_s: float = 5.0  # a routes revalidation, a demand report
-    placement_timeout_s: float = 120.0  # a placement: the control plane pushes the adapter before answering
-    max_request_body_bytes: int = 8 * 1024 * 1024  # larger bodies are answered 413 (the engine's default)
-    # a request whose token reservation (usage.py: every sample of every prompt) is larger is answered 400;
-    # None: no ceiling
-    max_request_tokens: int | None = None
-    max_connections: int = 1024  # to all engines together (httpx pool)
-    prefix_chars: int = 256  # base-model prompts with equal first bytes go to the same engine
-    prefix_cache_size: int = 16384  # prompt prefixes remembered (least recently used forgotten)
-    affinity_slack: int = 8  # a remembered engine is skipped when it has this many more requests than the least busy
-    engine_down_s: float = 2.0  # an engine that refused a connection is tried last for this long
-    max_model_labels: int = 100  # distinct `model` metric labels before "other" (and `tenant` labels)
-    # tenants (issue 14): with require_api_key every client sends a static key (LORAPLANE_API_KEYS) or a
-    # tenant key (lp_…, checked with the control plane), and tenant keys' quotas are counted in Redis
-    require_api_key: bool = False
-    redis_url: str | None = field(default=None, repr=False)  # LORAPLANE_REDIS_URL (may hold a password)
-    redis_prefix: str = "loraplane:"  # of every Redis key and channel: one per fleet sharing a Redis
-    quota_failure: str = "closed"  # Redis unreachable: closed (503) or open (admit, uncounted)
-    key_cache_ttl_s: float = 5.0  # a verified key is checked again after this long: revocation's worst case
-    # LORAPLANE_KEY_PEPPER: the control plane's, to verify tenant keys' HMAC hashes (None: legacy hashes only)
-    key_pepper: str | None = field(default=None, repr=False)
-    # failed tenant-key attempts (shared/key_checks.py): past these within the window, 429 without a hash
-    key_failures_per_address: int = 20
-    key_failures_per_key: int = 100  # of one key id, from any addresses; its verified secret still passes
-    key_failure_window_s: float = 60.0
-    concurrency_lease_s: float = 900.0  # a concurrent-request slot a crashed router held frees itself after this
-    log_level: str = "info"
-    log_format: str = "text"
+    """The router's settings; `loraplane router --help` is generated from these fields (shared/settings.py)."""
+
+    control_plane_url: str = setting(flag="--control-plane", required=True, metavar="URL",
+                                     help="the control plane's base URL, where the routing table comes from")
+    host: str = host_setting()
+    port: int = port_setting(8000)
+    # secrets: from the environment or a file, never from a flag
+    router_token: str | None = setting(None, env="LORAPLANE_ROUTER_TOKEN", secret=True,
+                                       help="this router's token at the control plane (one of its "
+                                       "LORAPLANE_ROUTER_TOKENS)")
+    engine_api_key: str | None = setting(None, env="LORAPLANE_ENGINE_API_KEY", secret=True,
+                                         help="the key the router sends to the engines (their --api-key)")
+    api_keys: frozenset[str] = setting(default_factory=frozenset, env="LORAPLANE_API_KEYS", secret=True,
+                                       help="static keys clients must send, comma-separated; unset, the router is "
+                                       "open (unless --require-api-key)")
+    refresh_interval_s: float = setting(1.0, flag="--refresh-interval-s", group=TIMEOUTS,
+                                        help="how often the routing table is revalidated (If-None-Match)")
+    demand_interval_s: float = setting(1.0, flag="--demand-interval-s", group=TIMEOUTS,
+                                       help="how often per-model queue figures are reported to the control plane")
+    presence_interval_s: float = setting(5.0, help="an idle router still reports (its presence) this often")
+    name: str = setting("", flag="--router-name", metavar="NAME",
+                        help="how the control plane lists this router (default: host:port)")
+    advertise_url: str | None = setting(None, flag="--advertise-url", metavar="URL",
+                                        help="where clients reach this router, as the console shows it "
+                                        "(default: http://HOST:PORT)")
+    stale_after_s: float = setting(5.0, flag="--stale-after-s", group=TIMEOUTS,
+                                   help="/health says degraded once the table has not been confirmed for this long")
+    max_attempts: int = setting(3, flag="--max-attempts", group=TIMEOUTS,
+                                help="engines tried per request before the first byte (connect refused, 503)")
+    connect_timeout_s: float = setting(2.0, flag="--connect-timeout-s", group=TIMEOUTS,
+                                       help="longest wait for a connection to an engine")
+    read_timeout_s: float = setting(600.0, flag="--read-timeout-s", group=TIMEOUTS,
+                                    help="longest wait for an engine's next bytes (between two chunks of its answer)")
+    control_plane_timeout_s: float = setting(5.0, help="a routes revalidation, a demand report")
+    placement_timeout_s: float = setting(120.0, help="a placement: the control plane pushes the adapter before "
+                                         "answering")
+    max_request_body_bytes: int = setting(8 * 1024 * 1024, flag="--max-request-body-bytes", group="HTTP",
+                                          default_text="8 MiB",
+                                          help="larger request bodies are answered 413 (the engine's default)")
+    max_request_tokens: int | None = setting(
+        None, flag="--max-request-tokens", env="LORAPLANE_MAX_REQUEST_TOKENS", group="HTTP", metavar="TOKENS",
+        help="the most tokens one request may reserve (its prompts, plus max_tokens for each sample of each "
+        "prompt, or the context left without max_tokens); larger ones are answered 400 (default: no ceiling)")
+    max_connections: int = setting(1024, help="connections to all engines together (the httpx pool)")
+    prefix_chars: int = setting(256, help="base-model prompts with equal first characters go to the same engine")
+    prefix_cache_size: int = setting(16384, help="prompt prefixes remembered (least recently used forgotten)")
+    affinity_slack: int = setting(8, help="a remembered engine is skipped when it has this many more requests "
+                                  "than the least busy")
+    engine_down_s: float = setting(2.0, help="an engine that refused a connection is tried last for this long")
+    max_model_labels: int = setting(100, help="distinct `model` metric labels before 'other' (and `tenant` labels)")
+    require_api_key: bool = setting(
+        False, flag="--require-api-key", group=TENANTS,
+        help="every client sends a key: a static one (LORAPLANE_API_KEYS) or a tenant key (lp_…), whose adapters "
+        "and quotas the control plane keeps (quotas counted in Redis: LORAPLANE_REDIS_URL)")
+    redis_url: str | None = setting(None, env="LORAPLANE_REDIS_URL", secret=True,
+                                    help="Redis, where tenant keys' quotas are counted and their revocations "
+                                    "arrive (with --require-api-key; the URL may hold a password)")
+    redis_prefix: str = setting("loraplane:", flag="--redis-prefix", group=TENANTS,
+                                help="of every Redis key and channel (the control plane's LORAPLANE_REDIS_PREFIX): "
+                                "one per fleet sharing a Redis")
+    quota_failure: str = setting("closed", flag="--quota-failure", group=TENANTS, choices=("closed", "open"),
+                                 help="Redis unreachable: refuse requests with quotas (503) or admit them uncounted")
+    key_cache_ttl_s: float = setting(5.0, flag="--key-cache-ttl-s", group=TENANTS,
+                                     help="a verified tenant key is checked with the control plane again after "
+                                     "this long (the bound on a revocation Redis did not carry)")
+    key_pepper: str | None = setting(None, env=PEPPER_ENV, secret=True,
+                                     help="the control plane's pepper, to verify tenant keys' HMAC hashes; unset, "
+                                     "only keys hashed before the pepper existed are verified")
+    key_failures_per_address: int = setting(
+        20, flag="--key-failures-per-address", group=TENANTS,
+        help="failed tenant-key attempts from one client address within --key-failure-window-s, after which its "
+        "attempts are answered 429 without a hash (shared/key_checks.py)")
+    key_failures_per_key: int = setting(
+        100, flag="--key-failures-per-key", group=TENANTS,
+        help="failed attempts of one key id (from any addresses) after which its offers are answered 429, but for "
+        "the secret already verified (its holder keeps working)")
+    key_failure_window_s: float = setting(60.0, flag="--key-failure-window-s", group=TENANTS,
+                                          help="the window over which failed tenant-key attempts are counted")
+    concurrency_lease_s: float = setting(900.0, help="a concurrent-request slot a crashed router held frees itself "
+                                         "after this long")
+    log_level: str = log_level_setting()
+    log_format: str = log_format_setting()
+
+    __repr__ = settings_repr  # the secrets hidden
 
     def __post_init__(self) -> None:
+        check_choices(self, RouterConfigError)
         url = urlsplit(self.control_plane_url)
         if url.scheme not in ("http", "https") or not url.netloc:
             raise RouterConfigError(f"--control-plane must be an http(s) URL, got {self.control_plane_url!r}")
@@ -101,8 +150,6 @@ class RouterConfig:
         for name, value in counts.items():
             if value < 1:
                 raise RouterConfigError(f"{name} must be at least 1, got {value}")
-        if self.quota_failure not in ("closed", "open"):
-            raise RouterConfigError(f"--quota-failure must be closed or open, got {self.quota_failure!r}")
         if not (self.key_cache_ttl_s > 0 and self.concurrency_lease_s > 0):
             raise RouterConfigError("key_cache_ttl_s and concurrency_lease_s must be positive")
         if self.max_request_tokens is not None and self.max_request_tokens < 1:
@@ -113,22 +160,10 @@ class RouterConfig:
             raise RouterConfigError(f"affinity_slack must not be negative, got {self.affinity_slack}")
 
 
-def read_secret(env: Mapping[str, str], name: str) -> str | None:
-    """$NAME, else the contents of the file $NAME_FILE (stripped), else None."""
-    try:
-        return secret_env.read_secret(env, name)
-    except ValueError as exc:
-        raise RouterConfigError(str(exc)) from None
-
-
 def secrets_from_env(env: Mapping[str, str] | None = None) -> dict[str, object]:
-    """The RouterConfig fields that hold secrets, from the environment (or their files)."""
-    env = os.environ if env is None else env
-    keys = read_secret(env, API_KEYS_ENV)
-    return {
-        "router_token": read_secret(env, ROUTER_TOKEN_ENV),
-        "engine_api_key": read_secret(env, ENGINE_API_KEY_ENV),
-        "api_keys": frozenset(k.strip() for k in (keys or "").split(",") if k.strip()),
-        "redis_url": read_secret(env, REDIS_URL_ENV),
-        "key_pepper": read_secret(env, PEPPER_ENV),
-    }
+    """The RouterConfig fields that hold secrets, from the environment (or their files), None (or no keys)
+    where unset."""
+    try:
+        return secrets_from(RouterConfig, os.environ if env is None else env)
+    except SettingError as exc:
+        raise RouterConfigError(str(exc)) from None

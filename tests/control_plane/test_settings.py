@@ -19,8 +19,9 @@ def test_env_and_overrides() -> None:
     assert s.admin_tokens == ("aaaa", "bbbb") and s.read_tokens == ("rrrr",)
     assert s.database_url == "postgresql+asyncpg://u:secret@db/x"
     assert s.adapter_roots == ("/a", "/b")
-    s = ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "eng", "LORAPLANE_ENGINE_STALE_AFTER_S": "5",
-                                       "LORAPLANE_RECONCILE_CONCURRENCY": "3"})
+    with pytest.warns(FutureWarning, match="LORAPLANE_ENGINE_TOKEN is deprecated; set LORAPLANE_ENGINE_ADMIN_TOKEN"):
+        s = ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "eng", "LORAPLANE_ENGINE_STALE_AFTER_S": "5",
+                                           "LORAPLANE_RECONCILE_CONCURRENCY": "3"})
     assert (s.engine_token, s.engine_stale_after_s, s.reconcile_concurrency) == ("eng", 5.0, 3)
 
 
@@ -31,7 +32,8 @@ def test_engine_credentials_admin_token_and_networks_from_env() -> None:
     assert s.engine_credentials == {"e1": "tok-one", "org/e:2": "tok=two="}  # a token may hold `=`
     assert s.engine_token == "new"  # LORAPLANE_ENGINE_ADMIN_TOKEN wins over its old name
     assert s.engine_allowed_networks == ("10.0.0.0/8", "fd00::/8")
-    assert ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "old"}).engine_token == "old"  # the alias
+    with pytest.warns(FutureWarning, match="LORAPLANE_ENGINE_TOKEN is deprecated"):  # the old name still works
+        assert ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "old"}).engine_token == "old"
 
 
 @pytest.mark.parametrize("raw", ["e1", "e1=", "=zq9", "e1=zq9a,e1=zq9b", "../x=zq9", "e1=zq9 has space"])
@@ -67,3 +69,17 @@ def test_invalid_settings_are_refused(kwargs: dict) -> None:
 def test_bad_env_number_names_the_variable() -> None:
     with pytest.raises(ValueError, match="LORAPLANE_PORT"):
         ControlPlaneSettings.from_env({"LORAPLANE_PORT": "eighty"})
+
+
+def test_tokens_may_come_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "admin").write_text("file-admin-1,file-admin-2\n")
+    s = ControlPlaneSettings.from_env({"LORAPLANE_ADMIN_TOKENS_FILE": str(tmp_path / "admin")})
+    assert s.admin_tokens == ("file-admin-1", "file-admin-2")
+    with pytest.raises(ValueError, match="LORAPLANE_READ_TOKENS_FILE"):
+        ControlPlaneSettings.from_env({"LORAPLANE_READ_TOKENS_FILE": str(tmp_path / "missing")})
+
+
+def test_repr_masks_the_artifact_stores_query_and_hides_every_secret() -> None:
+    s = ControlPlaneSettings(artifact_store="s3://bucket/prefix?secret=s3cr3t", router_tokens=("s3cr3t-r",),
+                             redis_url="redis://:s3cr3t@r/0", key_pepper="s3cr3t" * 8, ui_session_secret="s3cr3t" * 4)
+    assert "s3cr3t" not in repr(s) and "artifact_store='s3://bucket/prefix'" in repr(s)

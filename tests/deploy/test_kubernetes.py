@@ -337,7 +337,7 @@ def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[
     engine = engines["spec"]["template"]["spec"]["containers"][0]
     env = resolved_env(engine, secrets)
     code = ("import os, sys; from data_plane.api.server import build_parser; a = build_parser().parse_args(sys.argv[1:]);"
-            "print(a.admin_token, a.api_key, a.control_plane, a.engine_name, a.host)")
+            "print(a.admin_token, a.api_key, a.control_plane_url, a.engine_name, a.host)")
     argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], w) for w in engine["args"][2:]]
     out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO_ROOT,
                          env={**os.environ, **env}, timeout=60)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.api.server import build_parser, config_from_args, parse_lora_modules
-from data_plane.config import ConfigError
+from data_plane.api.server import build_parser, config_from_args
+from data_plane.config import ConfigError, parse_lora_modules
 
 
 @pytest.fixture
@@ -98,3 +98,31 @@ def test_heartbeat_interval_flag(model_dir):
     assert config(model_dir, "--heartbeat-interval-s", "0.5").heartbeat_interval_s == 0.5
     with pytest.raises(ConfigError, match="--heartbeat-interval-s"):
         config(model_dir, "--heartbeat-interval-s", "0")
+
+
+def test_secrets_come_from_the_flag_the_variable_or_its_file_and_never_show_in_repr(model_dir, tmp_path,
+                                                                                    monkeypatch):
+    assert config(model_dir).api_key is None
+    monkeypatch.setenv("LORAPLANE_API_KEY", "key-from-env")
+    assert config(model_dir).api_key == "key-from-env"
+    assert config(model_dir, "--api-key", "key-from-flag").api_key == "key-from-flag"  # the flag wins (vLLM's)
+    monkeypatch.delenv("LORAPLANE_API_KEY")
+    (tmp_path / "admin").write_text("admin-from-file\n")
+    monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN_FILE", str(tmp_path / "admin"))  # a mounted secret
+    c = config(model_dir, "--api-key", "s3cr3t-key")
+    assert c.admin_token == "admin-from-file"
+    assert "s3cr3t" not in repr(c) and "admin-from-file" not in repr(c) and "api_key=<hidden>" in repr(c)
+
+
+def test_the_log_level_flag_and_variable(monkeypatch):
+    assert parse("m").log_level == "info"
+    monkeypatch.setenv("LORAPLANE_LOG_LEVEL", "DEBUG")  # as the control plane reads it, in any case
+    assert parse("m").log_level == "debug"
+    assert parse("m", "--log-level", "warning").log_level == "warning"
+
+
+def test_a_bad_variable_is_a_usage_error_that_names_it(monkeypatch, capsys):
+    monkeypatch.setenv("LORAPLANE_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit):
+        parse("m")
+    assert "LORAPLANE_LOG_LEVEL 'loud': expected critical, error, warning, info, debug or trace" in capsys.readouterr().err

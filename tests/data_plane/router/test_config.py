@@ -39,3 +39,26 @@ def test_no_flag_takes_a_secret() -> None:
     flags = {option for action in _parser()._actions for option in action.option_strings
              if action.nargs != 0 and action.type in (None, str)}
     assert not any(word in flag for flag in flags for word in ("token", "key", "redis-url"))
+
+
+def test_repr_hides_every_secret() -> None:
+    config = RouterConfig(control_plane_url="http://cp:8080", router_token="s3cr3t-router",
+                          engine_api_key="s3cr3t-engine", api_keys=frozenset({"s3cr3t-client"}),
+                          redis_url="redis://:s3cr3t-redis@redis:6379/0", key_pepper="s3cr3t-pepper-" + "x" * 32)
+    text = repr(config)
+    assert "s3cr3t" not in text
+    assert "router_token=<hidden>" in text and "api_keys=<1 hidden>" in text and "control_plane_url='http://cp:8080'" in text
+
+
+def test_flags_over_variables_over_defaults(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    base = ["--control-plane", "http://cp:8080"]
+    assert _parser().parse_args(base).max_request_tokens is None
+    monkeypatch.setenv("LORAPLANE_MAX_REQUEST_TOKENS", "5000")
+    assert _parser().parse_args(base).max_request_tokens == 5000
+    assert _parser().parse_args([*base, "--max-request-tokens", "7"]).max_request_tokens == 7
+    monkeypatch.setenv("LORAPLANE_LOG_LEVEL", "debug")  # the variable every process reads
+    assert _parser().parse_args(base).log_level == "debug"
+    monkeypatch.setenv("LORAPLANE_MAX_REQUEST_TOKENS", "lots")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(base)
+    assert "LORAPLANE_MAX_REQUEST_TOKENS must be an integer, not 'lots'" in capsys.readouterr().err
