@@ -54,23 +54,23 @@ class Alias:
 class Setting:
     """Where one field's value comes from and how it is shown (see `setting`)."""
 
-    flag: str | None
-    env: str | None
-    help: str
-    secret: bool
-    choices: tuple[object, ...] | None
-    metavar: str | None
-    parse: Callable[[Any], Any] | None
-    group: str | None
-    aliases: tuple[Alias, ...]
-    required: bool
-    default_text: str | None
-    mask: Callable[[Any], str] | None
-    separators: str
+    flag: str | None = None
+    env: str | None = None
+    help: str = ""
+    secret: bool = False
+    choices: tuple[object, ...] | None = None
+    metavar: str | None = None
+    parse: Callable[[Any], Any] | None = None
+    group: str | None = None
+    aliases: tuple[Alias, ...] = ()
+    required: bool = False
+    default_text: str | None = None
+    mask: Callable[[Any], str] | None = None
+    separators: str = ","
 
 
 def setting(default: Any = MISSING, *, default_factory: Any = MISSING, flag: str | None = None,
-            env: str | None = None, help: str = "", secret: bool = False,  # noqa: A002 (argparse's word)
+            env: str | None = None, help: str = "", secret: bool = False,
             choices: Sequence[object] | None = None, metavar: str | None = None,
             parse: Callable[[Any], Any] | None = None, group: str | None = None, aliases: Sequence[Alias] = (),
             required: bool = False, default_text: str | None = None, mask: Callable[[Any], str] | None = None,
@@ -83,7 +83,7 @@ def setting(default: Any = MISSING, *, default_factory: Any = MISSING, flag: str
     `separators`) it gets the list of items. group: the help section. aliases: deprecated spellings.
     default_text: the default as the help shows it (default: the default's value). mask: the value as repr
     shows it (a URL without its password)."""
-    meta = Setting(flag, env, help, secret, tuple(choices) if choices is not None else None, metavar, parse, group,
+    meta = Setting(flag, env, help, secret, None if choices is None else tuple(choices), metavar, parse, group,
                    tuple(aliases), required, default_text, mask, separators)
     return field(default=default, default_factory=default_factory, metadata={_METADATA_KEY: meta})
 
@@ -135,8 +135,7 @@ def _specs(cls: type) -> tuple[_Spec, ...]:
     hints = typing.get_type_hints(cls)
     specs = []
     for f in fields(cls):
-        s = f.metadata.get(_METADATA_KEY) or Setting(None, None, "", False, None, None, None, None, (), False,
-                                                     None, None, ",")
+        s = f.metadata.get(_METADATA_KEY) or Setting()  # a plain field: no flag, no variable
         hint = hints[f.name]
         if typing.get_origin(hint) in (typing.Union, types.UnionType):
             hint = next(a for a in typing.get_args(hint) if a is not type(None))

@@ -90,3 +90,9 @@ def test_help_shows_variables_and_defaults_and_repr_hides_secrets() -> None:
     assert "--no-fast" in text
     assert repr(Example(token="s3cr3t")) == ("Example(name='anon', count=2, roots=(), token=<hidden>, "
                                              "fast=True)")
+
+
+def test_the_engine_core_drops_exactly_the_secret_fields() -> None:
+    from data_plane.engine.core.process import SECRETS  # the fields the core process is given as None
+
+    assert set(SECRETS) == {name for name, s in meta(EngineConfig).items() if s.secret}
