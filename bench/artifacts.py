@@ -15,7 +15,7 @@ in alternating order:
   the first streamed token of a request to it; fetch+verify MB/s = size / (load call → the moment every
   sha256 matched in memory, which the cache marks by creating the version's folder under .partial/ to
   write it into, in the background, while the load parses the verified bytes; by then the weights are
-  also in the adapter's host copy, copied as they arrived: data_plane/lora/artifact_staging.py);
+  also in the adapter's host copy, copied as they arrived: data_plane/adapters/loading/staging.py);
 - p99 inter-token latency of another (small) adapter's streaming decode while a cold fetch runs vs steady,
   with how long that fetch and its load took meanwhile (a fetch that waited for the decode to end, as an
   idle-class download thread did, is counted in loads_outliving_the_1500_token_decode).
@@ -47,8 +47,8 @@ import httpx
 from stack import Stack, stack  # bench/stack.py: run as `python bench/artifacts.py`
 from tqdm import tqdm
 
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import DemoModelShape, write_demo_model
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 

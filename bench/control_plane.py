@@ -30,8 +30,8 @@ from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import create_async_engine
 from tqdm import tqdm
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN, READ, ENGINE_TOKEN = (secrets.token_urlsafe(16) for _ in range(3))

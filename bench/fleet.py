@@ -68,9 +68,9 @@ from fleet_floor import floors, zipf_adapters  # bench/fleet_floor.py
 from stack import cpu_seconds, free_port, process  # bench/stack.py: run as `python bench/fleet.py`
 from tqdm import tqdm
 
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.engine.core.threads import CORE_MODULE, check_bind
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
 ADAPTERS, ENGINES = 48, 3

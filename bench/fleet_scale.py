@@ -289,8 +289,8 @@ def run_pass(admin: httpx.Client, cp_pid: int) -> dict:
 
 def api_loads(admin: httpx.Client, root: Path, count: int) -> list[float]:
     """`count` adapters through POST /v1/load_lora_adapter (distinct PEFT folders); seconds of each."""
+    from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
     from data_plane.demo.model_builder import write_demo_model  # torch: only for writing the sample's files
-    from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 
     base = root / "base"
     write_demo_model(base, seed=0)

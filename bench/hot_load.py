@@ -60,7 +60,7 @@ from serving import Server, build_model  # bench/serving.py: run as `python benc
 from tqdm import tqdm
 
 from data_plane.config import LONG_PREFILL_TOKENS
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
 RESIDENT = 4  # registered at start; the streams use the first two, the arrivals the other two
@@ -197,7 +197,7 @@ def ready(url: str) -> None:
 
 
 def reader_figures(url: str) -> dict[str, float]:
-    """The engine's adapter reader gauges and counters (data_plane/engine/core/adapter_reader_metrics.py)."""
+    """The engine's adapter reader gauges and counters (data_plane/adapters/loading/reader_process_metrics.py)."""
     figures = {}
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(("loraplane_adapter_reader_processes{", "loraplane_adapter_reads_total{")):

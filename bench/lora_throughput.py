@@ -33,14 +33,14 @@ import torch
 from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/lora_throughput.py`
 from tqdm import tqdm
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
+from data_plane.background import lower_thread_priority
 from data_plane.config import EngineConfig
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import DemoModelShape, write_demo_model
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
-from data_plane.lora.peft_loader import load_peft_adapter
-from data_plane.lora.reader import lower_thread_priority
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 

@@ -40,8 +40,8 @@ import httpx
 import redis
 from stack import free_port, process  # bench/stack.py: run as `python bench/router_overhead.py`
 
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 
 ENGINE = "bench-engine"

@@ -37,13 +37,13 @@ import torch
 from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/serving.py`
 from tqdm import tqdm
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.config import EngineConfig
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import DemoModelShape, write_demo_model
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from shared.cpus import available_cpus

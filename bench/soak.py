@@ -28,8 +28,8 @@ import httpx
 from stack import stack  # bench/stack.py: run as `python bench/soak.py`
 from tqdm import tqdm
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 
 ADAPTERS = ("demo-pirate", "demo-poet", "demo-short")
 

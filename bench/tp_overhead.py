@@ -20,14 +20,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.config import EngineConfig
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.distributed.comm_stats import COMM_STATS
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.weights import TARGET_MODULES
 from data_plane.model.config import ModelConfig
 

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from data_plane.lora.metrics import AdapterLabels, LoRAMetrics
-from data_plane.lora.stats import AdapterRequestStats, LoRAStatsSource
+from data_plane.adapters.metrics import AdapterLabels, LoRAMetrics
+from data_plane.adapters.stats import AdapterRequestStats, LoRAStatsSource
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,13 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.response import Stream
 
+from data_plane.adapters.artifact_source import ArtifactSource, artifact_cache_for
+from data_plane.adapters.artifacts.metrics import ArtifactCollector
+from data_plane.adapters.loading.reader_process import AdapterReaderProcess
+from data_plane.adapters.loading.reader_process_metrics import AdapterReaderCollector
+from data_plane.adapters.loading.spec import AdapterReading
+from data_plane.adapters.registry import Loader, LoRARegistry
+from data_plane.adapters.stats import AdapterRequestStats
 from data_plane.api import lora_routes, schemas
 from data_plane.api.auth import api_key_guard, is_admin
 from data_plane.api.errors import ClientDisconnected
@@ -28,14 +35,7 @@ from data_plane.api.serving_completion import CompletionService
 from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
-from data_plane.engine.core.adapter_reader import AdapterReaderProcess
-from data_plane.engine.core.adapter_reader_metrics import AdapterReaderCollector
 from data_plane.engine.protocol import EngineProtocol
-from data_plane.lora.adapter_reading import AdapterReading
-from data_plane.lora.artifact_metrics import ArtifactCollector
-from data_plane.lora.artifact_source import ArtifactSource, artifact_cache_for
-from data_plane.lora.registry import Loader, LoRARegistry
-from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import CONTENT_TYPE, EngineMetrics
 from shared.disconnect import until_disconnect
 from shared.errors import EngineDeadError, LoraplaneError

@@ -16,11 +16,11 @@ import logging
 
 import anyio
 
+from data_plane.adapters.entry import Lease
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import FinishReason, Request
 from data_plane.engine.streams import RequestStream
-from data_plane.lora.entry import Lease
 from data_plane.metrics import RequestMetrics
 from shared.errors import EngineDeadError, LoraplaneError, OverloadedError
 

@@ -13,10 +13,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from data_plane.lora.artifact_source import ArtifactSource
-from data_plane.lora.entry import BASE_ADAPTER_ID, Lease
+from data_plane.adapters.artifact_source import ArtifactSource
+from data_plane.adapters.entry import BASE_ADAPTER_ID, Lease
+from data_plane.adapters.registry import LoRARegistry
 from data_plane.lora.errors import LoRANotFoundError
-from data_plane.lora.registry import LoRARegistry
 from shared.engine_admin import ResolvedAdapter
 from shared.errors import LoraplaneError, NotFoundError
 

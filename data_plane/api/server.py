@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             core = CoreProcess.spawn(config)  # it loads the model while this process imports the API
         import uvicorn
 
+        from data_plane.adapters.loading.shared_tensors import sweep_orphans
         from data_plane.api.app import create_app
         from data_plane.api.shutdown import AdmissionGate, DrainingServer, exit_through_python
-        from data_plane.lora.shared_tensors import sweep_orphans
 
         for path in sweep_orphans():  # adapters' host copies left by engines that were killed outright
             logger.info("removed %s: its engine is gone", path)

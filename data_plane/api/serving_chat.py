@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from data_plane.adapters.entry import Lease
 from data_plane.api.generation import Generation, start_generation
 from data_plane.api.logprobs import LogprobFormatter
 from data_plane.api.models import ModelResolver
@@ -16,7 +17,6 @@ from data_plane.api.protocol import ChatCompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
-from data_plane.lora.entry import Lease
 from data_plane.metrics import EngineMetrics
 from shared.errors import LoraplaneError
 

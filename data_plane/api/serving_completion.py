@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from data_plane.adapters.entry import Lease
 from data_plane.api.generation import MergedGenerations, start_all
 from data_plane.api.logprobs import LogprobFormatter, merge_completion_logprobs
 from data_plane.api.models import ModelResolver
@@ -18,7 +19,6 @@ from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, u
 from data_plane.engine.outputs import CompletionDelta
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
-from data_plane.lora.entry import Lease
 from data_plane.metrics import EngineMetrics
 from shared.errors import InvalidRequestError, LoraplaneError
 

@@ -8,14 +8,14 @@ from typing import Annotated, TypeVar
 
 import msgspec
 
+from data_plane.adapters.artifact_source import ArtifactSource
+from data_plane.adapters.artifacts.cache import ArtifactCache
+from data_plane.adapters.entry import AdapterEntry, Residency
+from data_plane.adapters.registry import LoRARegistry
+from data_plane.adapters.stats import AdapterRequestStats
 from data_plane.api.protocol import decode_request
 from data_plane.engine.protocol import EngineProtocol
-from data_plane.lora.artifact_cache import ArtifactCache
-from data_plane.lora.artifact_source import ArtifactSource
-from data_plane.lora.entry import AdapterEntry, Residency
-from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.slots import AdapterEngineStats
-from data_plane.lora.stats import AdapterRequestStats
 from shared import engine_admin
 from shared.artifacts import ArtifactRef
 from shared.errors import InvalidRequestError

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out_dir: Path = args.dir
     # Imported here so that `--help` does not pay for importing torch.
-    from data_plane.lora.demo_adapters import DEMO_ADAPTERS, write_demo_adapters
+    from data_plane.demo.adapters import DEMO_ADAPTERS, write_demo_adapters
 
     if (out_dir / "config.json").exists() and not args.force:
         print(f"{out_dir / 'config.json'} exists; leaving the model as it is (use --force to overwrite)")

@@ -9,7 +9,7 @@ double, where one is still needed, implements it too and is checked against the 
 cases both can run.
 
 Two narrower protocols name what a part needs and nothing more: `EngineHealth` (the control-plane
-heartbeat) and `LoRAEngine` (the adapter registry, data_plane/lora/registry.py); EngineProtocol is
+heartbeat) and `LoRAEngine` (the adapter registry, data_plane/adapters/registry.py); EngineProtocol is
 both, plus generation and the lifecycle.
 """
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
+from data_plane.adapters.registry import LoRAEngine
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import EngineStats
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request
 from data_plane.engine.streams import RequestStream
-from data_plane.lora.registry import LoRAEngine
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.tokenizer import Tokenizer
 

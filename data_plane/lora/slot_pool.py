@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from data_plane.background import BackgroundPace, CpuPace, one_torch_thread
 from data_plane.lora.layers import LinearWithLoRA
-from data_plane.lora.reader import BackgroundPace, CpuPace, one_torch_thread
 from data_plane.lora.weights import LoRAAdapterWeights
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from data_plane.lora.shared_tensors import SharedLayout
+from data_plane.adapters.loading.shared_tensors import SharedLayout
 from shared.peft import TARGET_MODULES
 
 __all__ = ["TARGET_MODULES", "LoRAAdapterWeights", "LoRAModuleWeights"]

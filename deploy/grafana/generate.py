@@ -6,7 +6,7 @@
 The JSON files are what Grafana (or a kustomize ConfigMap generator) reads; this module is where they are
 edited. No dashboard SDK: grafana-foundation-sdk is not on PyPI's index here, and a dashboard is a small,
 stable JSON document. Every expression names the scrape jobs of deploy/prometheus/scrape.yaml and the
-metrics of control_plane/metrics.py, data_plane/metrics.py, data_plane/lora/metrics.py and
+metrics of control_plane/metrics.py, data_plane/metrics.py, data_plane/adapters/metrics.py and
 data_plane/router/metrics.py; tests/deploy/test_dashboards.py evaluates each against a real Prometheus.
 """
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.contracts.schemathesis_run import run_schemathesis
 from tests.control_plane.domain.adapters.helpers import UNREACHABLE
 from tests.e2e.test_control_plane_engines import ADMIN, control_plane

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.contracts.schemathesis_run import run_schemathesis
 from tests.data_plane.api.conftest import SERVED_NAME, run_engine
 

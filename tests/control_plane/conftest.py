@@ -105,8 +105,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The demo base model and its demo adapters (written once per session): name -> folder, plus 'root'."""
+    from data_plane.demo.adapters import write_demo_adapters
     from data_plane.demo.model_builder import write_demo_model
-    from data_plane.lora.demo_adapters import write_demo_adapters
 
     root = tmp_path_factory.mktemp("adapters")
     base = root / "base"

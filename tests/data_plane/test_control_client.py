@@ -13,11 +13,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.control_client import MAX_REASON, ControlPlaneClient
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.engine.protocol import EngineHealth
 from data_plane.engine.sequence import Request
-from data_plane.lora.demo_adapters import write_demo_adapters
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.model.config import ModelConfig
 from data_plane.served_model import ServedModel, served_model
 from shared.engine_admin import EngineRegistration

@@ -163,8 +163,8 @@ def send_traffic(router: str) -> None:
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    from data_plane.demo.adapters import write_demo_adapters
     from data_plane.demo.model_builder import write_demo_model
-    from data_plane.lora.demo_adapters import write_demo_adapters
 
     binary = require_tool("prometheus")  # before anything starts: a skip starts nothing
     tmp = tmp_path_factory.mktemp("dashboards")

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 from tests.control_plane.artifacts.conftest import require_moto
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine, scrape_metric

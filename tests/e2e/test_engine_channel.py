@@ -26,9 +26,9 @@ import httpx
 import pytest
 
 from data_plane.control_client import ControlPlaneClient
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.engine.sequence import Request
-from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.errors import EngineDeadError
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 from tests.data_plane.api.engines import greedy, kill_loop_on_next_step, make_engine

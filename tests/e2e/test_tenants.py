@@ -48,8 +48,8 @@ import httpx
 import pytest
 import redis
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine, scrape_metric
 from tests.data_plane.router.support import serve_router, wait_until
 from tests.e2e.test_control_plane_engines import (

@@ -18,8 +18,8 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.faults.driver import MAX_TOKENS, Driver, FaultLog, Timeline, check, complete
 from tests.faults.fleet import ENGINE_ADMIN, PG_URL, RECONCILE_S, Fleet, pg_run
 

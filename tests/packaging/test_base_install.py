@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.deploy.context import context_files
 from tests.e2e.test_control_plane_engines import ADMIN, READ, control_plane
 

@@ -14,8 +14,8 @@ import threading
 
 import zmq
 
+from data_plane.adapters.loading.transfer import open_adapter
 from data_plane.engine.core import messages as m
-from data_plane.engine.core.adapter_transfer import open_adapter
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.sequence import Request

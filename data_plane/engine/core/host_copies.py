@@ -8,7 +8,7 @@ slot keeps its own copy of the weights, so dropping a host copy never touches a 
 is needed again later, its next request hands a copy over again.
 
 The weights handed over are kept here until the core is told to drop them: their shared file lives as
-long as they do (data_plane/lora/shared_tensors.py), and the core maps it only when it reads the
+long as they do (data_plane/adapters/loading/shared_tensors.py), and the core maps it only when it reads the
 hand-over, maybe after the registry dropped its own reference. Keeping them costs no memory: the core's
 mapping holds the same pages.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
-from data_plane.engine.core.adapter_transfer import share_adapter
+from data_plane.adapters.loading.transfer import share_adapter
 from data_plane.engine.core.messages import ForgetAdapter, ShipAdapter
 from data_plane.lora.weights import LoRAAdapterWeights
 

@@ -86,7 +86,7 @@ class CoreProcess:
         self.context.term()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
         # (the adapters' shared files are not the core's: each goes with the weights owning it, see
-        # data_plane/lora/shared_tensors.py)
+        # data_plane/adapters/loading/shared_tensors.py)
 
 
 def warn_if_cores_share(bind: list[int], cpus: list[int]) -> str | None:

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.control_plane.domain.adapters.helpers import UNREACHABLE
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, EngineServer, run_engine
 from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.tenants import split_key
 from tests.data_plane.api.conftest import REPO_ROOT
 from tests.e2e.test_control_plane_engines import ADMIN, READ, control_plane

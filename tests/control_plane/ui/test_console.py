@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from control_plane.auth import token_id
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
-from data_plane.lora.demo_adapters import write_demo_adapters
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
 from tests.e2e.test_control_plane_engines import (
     ADMIN,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
-from data_plane.lora.shared_tensors import file_prefix, shm_dir
+from data_plane.adapters.loading.shared_tensors import file_prefix, shm_dir
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.lora.weights import TARGET_MODULES
 from tests.data_plane.api.conftest import EngineServer
 
@@ -107,7 +107,7 @@ def test_a_number_the_wire_cannot_carry_is_a_400_and_the_engine_serves_on(start_
 
 def test_adapter_files_of_an_engine_killed_outright_are_removed_when_the_next_one_starts(start_engine, demo_model_dir,
                                                                                           tmp_path):
-    """An adapter's host copy is a shared-memory file its API process owns (data_plane/lora/shared_tensors.py);
+    """An adapter's host copy is a shared-memory file its API process owns (data_plane/adapters/loading/shared_tensors.py);
     killed outright, that process removes nothing: the next engine to start does, and only that one's."""
     adapter = write_lora_adapter(demo_model_dir, tmp_path / "x", DemoAdapter(8, 16, TARGET_MODULES), seed=1)
     killed = start_engine("--enable-lora", "--lora-modules", f"x={adapter}")

@@ -17,9 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_plane.lora.demo_adapters import write_demo_adapters
+from data_plane.demo.adapters import write_demo_adapters
 from tests.data_plane.api.conftest import SERVED_NAME, EngineServer, run_engine
-from tests.data_plane.lora.adapters import edit_config
+from tests.data_plane.peft_adapters import edit_config
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 PROMPT = "The old lighthouse keeper looked out over the grey water and said that the storm"

@@ -16,17 +16,17 @@ from litestar.testing import TestClient
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from data_plane.adapters.artifacts.cache import MANIFEST_NAME
 from data_plane.api.app import create_app
 from data_plane.control_client import ControlPlaneClient
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-from data_plane.lora.artifact_cache import MANIFEST_NAME
-from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.artifacts import ArtifactRef
 from shared.engine_admin import ResolvedAdapter
+from tests.data_plane.adapters.artifacts.artifact_server import ArtifactServer, serve_artifacts
 from tests.data_plane.api.engines import SERVED, make_engine
 from tests.data_plane.api.test_app import assert_openai_error
-from tests.data_plane.lora.artifact_server import ArtifactServer, serve_artifacts
 
 TOKEN = "engine-token"
 LOAD, CHAT = "/v1/load_lora_adapter", "/v1/chat/completions"

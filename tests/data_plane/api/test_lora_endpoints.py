@@ -13,8 +13,8 @@ import pytest
 from litestar.testing import TestClient
 
 from data_plane.api.app import create_app
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.engine.async_engine import AsyncLLMEngine
-from data_plane.lora.demo_adapters import write_demo_adapters
 from shared.errors import OverloadedError
 from tests.data_plane.api.engines import SERVED, fail_batches_after, make_engine, refuse_admission
 from tests.data_plane.api.test_app import assert_openai_error, sse_events

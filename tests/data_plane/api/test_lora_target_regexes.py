@@ -19,7 +19,7 @@ import pytest
 from litestar.testing import TestClient
 
 from data_plane.api.app import create_app
-from data_plane.lora.demo_adapters import write_demo_adapters
+from data_plane.demo.adapters import write_demo_adapters
 from data_plane.lora.weights import TARGET_MODULES
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 from tests.data_plane.api.engines import make_engine

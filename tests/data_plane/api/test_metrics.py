@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
+from data_plane.adapters.stats import AdapterRequestStats
 from data_plane.lora.slots import AdapterEngineStats, LoRAEngineStats
-from data_plane.lora.stats import AdapterRequestStats
 from data_plane.metrics import EngineMetrics
 from tests.data_plane.api.engines import engine_stats
 

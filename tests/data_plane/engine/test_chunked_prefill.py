@@ -12,6 +12,7 @@ import pytest
 import torch
 from peft import PeftModel
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.api.server import build_parser, config_from_args
 from data_plane.config import ConfigError, EngineConfig
 from data_plane.engine.block_manager import BlockManager
@@ -20,10 +21,9 @@ from data_plane.engine.prefill_pacer import LONG_PREFILL_TOKENS, MIN_LONG_CHUNK,
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.scheduler import Scheduler
 from data_plane.engine.sequence import Request, Sequence
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.model.config import ModelConfig
 from tests.data_plane.engine.conftest import greedy, hf_greedy, load_hf, make_engine, run
-from tests.data_plane.lora.adapters import write_peft_adapter
+from tests.data_plane.peft_adapters import write_peft_adapter
 
 BUDGET = 16  # tokens per step: a 100-token prompt takes seven steps or more
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
+from data_plane.adapters.registry import LoRAEngine
 from data_plane.engine.async_engine import AsyncLLMEngine
 from data_plane.engine.outputs import RequestOutput
 from data_plane.engine.protocol import EngineHealth, EngineProtocol, EngineStats
 from data_plane.engine.sequence import Request
-from data_plane.lora.registry import LoRAEngine
 from tests.data_plane.api.engines import make_engine
 from tests.data_plane.engine.protocol_check import mismatches, protocol_members
 

@@ -15,7 +15,7 @@ import pytest
 
 from data_plane.demo.tokenizer_builder import write_tokenizer
 from tests.data_plane.checkpoints import write_tiny_checkpoint
-from tests.data_plane.lora.adapters import write_peft_adapter
+from tests.data_plane.peft_adapters import write_peft_adapter
 
 REPO = Path(__file__).resolve().parents[3]
 KINDS = ["patterns", "rslora", "attention"]

@@ -12,11 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.model.config import ModelConfig
 
 

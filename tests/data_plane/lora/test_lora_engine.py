@@ -12,13 +12,13 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.engine.sequence import Request
 from data_plane.lora.kernels.cpu import CPUKernels
 from data_plane.lora.kernels.select import KERNELS_ENV
 from data_plane.lora.ops import TORCH_KERNELS
-from data_plane.lora.peft_loader import load_peft_adapter
 from data_plane.lora.weights import LoRAAdapterWeights
 from data_plane.model.config import ModelConfig
 from tests.data_plane.engine.conftest import make_engine

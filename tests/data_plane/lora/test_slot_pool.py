@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from data_plane.lora.peft_loader import load_peft_adapter
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.model.config import ModelConfig
 from tests.data_plane.engine.conftest import make_engine
 

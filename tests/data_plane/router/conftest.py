@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.lora.demo_adapters import write_demo_adapters
+from data_plane.demo.adapters import write_demo_adapters
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 
 

@@ -16,22 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.engine.core.adapter_transfer import share_adapter
+from data_plane.adapters.loading.peft_loader import load_peft_adapter
+from data_plane.adapters.loading.spec import loader_for
+from data_plane.adapters.loading.transfer import share_adapter
+from data_plane.adapters.registry import LoRARegistry
+from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.engine.core.client import EngineCoreClient
 from data_plane.engine.core.threads import CORE_SPIN_COUNT
 from data_plane.engine.llm_engine import LLMEngine
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
-from data_plane.lora.adapter_reading import loader_for
-from data_plane.lora.demo_adapters import DemoAdapter, write_lora_adapter
-from data_plane.lora.peft_loader import load_peft_adapter
-from data_plane.lora.registry import LoRARegistry
 from data_plane.lora.weights import TARGET_MODULES
 from data_plane.model.config import ModelConfig
 from shared.errors import EngineDeadError, InvalidRequestError, LoraplaneError
+from tests.data_plane.adapters.loading.shared_files import unshared
 from tests.data_plane.api.engines import MAX_MODEL_LEN, engine_config, greedy
 from tests.data_plane.engine.protocol_check import mismatches
-from tests.data_plane.lora.shared_files import unshared
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17]]
 

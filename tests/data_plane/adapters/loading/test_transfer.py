@@ -1,0 +1,103 @@
+"""Adapter weights cross in shared memory: the same tensors on the other side, only the layout on the socket,
+and the file is the API process's (the loaded adapter's own), never copied again nor removed by the core."""
+
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_plane.adapters.loading.transfer import open_adapter, share_adapter
+from data_plane.engine.core import messages as m
+from data_plane.engine.core.host_copies import HostCopies
+from data_plane.lora.weights import LoRAAdapterWeights
+from tests.data_plane.adapters.loading.shared_files import own_shared_files, unshared
+
+
+def assert_same_weights(got: LoRAAdapterWeights, want: LoRAAdapterWeights) -> None:
+    assert (got.sha256, got.rank, got.alpha, got.path) == (want.sha256, want.rank, want.alpha, want.path)
+    assert got.layers.keys() == want.layers.keys()
+    for index, modules in want.layers.items():
+        assert got.layers[index].keys() == modules.keys()
+        for name, module in modules.items():
+            g = got.layers[index][name]
+            assert torch.equal(g.a_t, module.a_t) and torch.equal(g.b_t, module.b_t)
+            assert torch.equal(g.lora_a, module.lora_a) and g.scaling == module.scaling
+            assert g.a_t.is_contiguous() and g.b_t.is_contiguous()  # what slot writes copy from
+
+
+def test_a_loaded_adapter_is_handed_over_as_its_own_file_with_nothing_written(demo_adapter):
+    assert demo_adapter.shared is not None
+    before = os.stat(demo_adapter.shared.file)
+    files = own_shared_files()
+    shared = share_adapter(demo_adapter)
+    assert shared.file == demo_adapter.shared.file and own_shared_files() == files  # no new file
+    after = os.stat(shared.file)  # … and nothing written to the old one
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+    # the layout crosses the socket, the tensors do not (no timing: on a loaded host it was flaky)
+    assert len(m.encoder.encode(m.ShipAdapter(1, shared))) < 64 * 1024 < shared.size
+    back = open_adapter(m.core_decoder.decode(m.encoder.encode(m.ShipAdapter(1, shared))).adapter)
+    assert_same_weights(back, demo_adapter)
+    assert os.path.exists(shared.file)  # the core leaves it: the API may hand it over again later
+    assert share_adapter(demo_adapter) == shared
+
+
+def test_weights_built_otherwise_are_copied_once_into_a_file_they_own(demo_adapter):
+    weights = unshared(demo_adapter)
+    files = own_shared_files()
+    shared = share_adapter(weights)
+    assert weights.shared is not None and weights.shared.file == shared.file
+    assert own_shared_files() == files | {Path(shared.file)}
+    assert share_adapter(weights) == shared and own_shared_files() == files | {Path(shared.file)}  # once
+    assert_same_weights(open_adapter(shared), demo_adapter)
+    del weights
+    gc.collect()
+    assert not os.path.exists(shared.file)
+
+
+def test_a_file_that_is_gone_cannot_be_opened(demo_adapter):
+    weights = unshared(demo_adapter)
+    shared = share_adapter(weights)
+    weights.shared.remove()
+    with pytest.raises(FileNotFoundError):
+        open_adapter(shared)
+    assert not os.path.exists(shared.file)  # and mapping it made no new (zeroed) file
+
+
+def test_host_copies_ship_once_and_drop_the_least_recent_idle_one(demo_adapter):
+    sent: list[object] = []
+    copies = HostCopies(2, sent.append)
+    copies.acquire(1, demo_adapter)
+    copies.acquire(1, demo_adapter)  # held already: nothing crosses again
+    copies.acquire(2, demo_adapter)
+    assert [type(s).__name__ for s in sent] == ["ShipAdapter", "ShipAdapter"]
+    copies.release(2)
+    copies.ensure(3, demo_adapter)  # over capacity: 2 is idle, 1 has requests in flight
+    assert isinstance(sent[-1], m.ForgetAdapter) and sent[-1].adapter_id == 2
+    assert copies.held() == [1, 3]
+    copies.ensure(4, demo_adapter)  # 1 still busy, 3 idle: 3 goes, never the one just handed over
+    assert isinstance(sent[-1], m.ForgetAdapter) and sent[-1].adapter_id == 3
+    assert copies.held() == [1, 4]
+    copies.forget(4)
+    assert copies.held() == [1]
+
+
+def test_a_handed_over_file_lives_until_the_core_is_told_to_drop_it(demo_adapter):
+    """The core maps the file when it reads the hand-over, which may be after the registry dropped the
+    weights: HostCopies keeps them (and so the file) until it tells the core to drop its copy."""
+    sent: list[object] = []
+    copies = HostCopies(1, sent.append)
+    weights = unshared(demo_adapter)
+    copies.acquire(1, weights)
+    file = weights.shared.file
+    copies.release(1)
+    del weights  # the registry dropped its host copy
+    gc.collect()
+    assert os.path.exists(file)
+    copies.acquire(2, demo_adapter)  # over capacity: 1 is dropped in the core, and its file here
+    assert isinstance(sent[-1], m.ForgetAdapter) and sent[-1].adapter_id == 1
+    gc.collect()
+    assert not os.path.exists(file)
