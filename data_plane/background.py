@@ -1,10 +1,12 @@
-"""Reads and validates adapter files off the event loop, on threads of lower OS priority.
+"""Background work beside the engine's steps: threads of lower OS priority, paced while the engine serves.
+Adapter reads (data_plane/adapters), downloads and the cache's writes (data_plane/adapters/artifacts) and
+the slots' images (data_plane/lora/slot_pool.py) run here. Torch-free: the artifact side uses it too.
 
 On a small host the engine's forward pass uses every core; a file read at normal priority would take
 one of them mid-step and stretch the inter-token latency of everyone decoding. At a lower nice
 value the read only gets the CPU the engine leaves idle. (Linux only; elsewhere it is a plain pool.)
 
-Downloads and the cache's writes (artifact_download, artifact_cache) move hundreds of megabytes, so
+Downloads and the cache's writes (adapters/artifacts/download.py, cache.py) move hundreds of megabytes, so
 they are also paced (`BackgroundPace`): while the engine has requests, such a thread rests after each
 piece of work so that it uses at most BUSY_CPU_SHARE of one CPU; while the engine is idle it runs at
 full speed. Priority alone cannot do this on 2 CPUs: the core's two OpenMP threads wait for each
@@ -26,6 +28,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -51,9 +54,11 @@ PACE_PIECE_S = 0.0005
 
 
 def one_torch_thread() -> None:
-    """Torch ops on this thread run on it alone, without an OpenMP team (module docstring)."""
-    import torch
-
+    """Torch ops on this thread run on it alone, without an OpenMP team (module docstring). Nothing to do
+    in a process without torch: this module never imports it (the artifact side runs without torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
     torch.get_num_threads()  # torch's per-thread set-up first, which would override what follows
     with contextlib.suppress(AttributeError, OSError):  # no OpenMP runtime loaded: nothing to limit
         ctypes.CDLL(None).omp_set_num_threads(1)  # this thread's OpenMP ICV only

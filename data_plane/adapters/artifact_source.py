@@ -2,15 +2,18 @@
 the registry like any folder, with the digest as the expected manifest digest.
 
 The cached folder is read by the same PEFT loader as a `lora_path`, but under the cache folder only
-(`loader_for(config, cache_dir)`): adapters from the control plane need no --lora-roots. The loader
+(loading/spec.py: `AdapterReading.of(config, cache_dir)`): adapters from the control plane need no --lora-roots. The loader
 digests what it reads and the registry refuses another digest, so a cached folder whose files
 changed on disk since they were verified is dropped and fetched once more, never served.
 
 Nothing here touches the engine's step loop: the files are received and hashed in low-priority threads
-that rest while the engine is busy (artifact_download, reader.BackgroundPace), the registry's load
-parses the verified bytes off the loop (from memory, adopting the host copy staged while they arrived:
-artifact_staging; the cache writes its copy in the background once the load has its weights), as it
-reads any path.
+that rest while the engine is busy (artifacts/download.py, data_plane.background.BackgroundPace), the
+registry's load parses the verified bytes off the loop (from memory, adopting the host copy staged while
+they arrived: loading/staging.py; the cache writes its copy in the background once the load has its
+weights), as it reads any path.
+
+The artifacts side (artifacts/) takes plain parameters and knows neither the engine's config nor torch:
+`artifact_cache_for` builds it from the EngineConfig, with loading's TensorStage as the download's stage.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from data_plane.adapters.artifacts.cache import ArtifactCache, ArtifactStats
 from data_plane.adapters.artifacts.fetch import ArtifactFetcher, ArtifactOrigins
+from data_plane.adapters.loading.staging import TensorStage
 from data_plane.adapters.registry import LoRARegistry
 from data_plane.background import BackgroundPace, read_off_loop
 from data_plane.config import EngineConfig
@@ -80,5 +84,5 @@ def artifact_cache_for(config: EngineConfig, busy: Callable[[], bool]) -> Artifa
 
     fetcher = ArtifactFetcher(
         ArtifactOrigins(config.control_plane_url, config.lora_artifact_endpoint), config.control_plane_token,
-        max_bytes=config.lora_cache_max_bytes, on_bytes=received, pace=BackgroundPace(busy))
+        max_bytes=config.lora_cache_max_bytes, on_bytes=received, pace=BackgroundPace(busy), stage=TensorStage)
     return ArtifactCache(root, config.lora_cache_max_bytes, fetcher, stats=stats, remove_on_close=temporary)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from data_plane.adapters.loading.shared_tensors import SharedLayout
+from data_plane.lora.shared_layout import SharedLayout
 from shared.peft import TARGET_MODULES
 
 __all__ = ["TARGET_MODULES", "LoRAAdapterWeights", "LoRAModuleWeights"]
@@ -56,7 +56,7 @@ class LoRAAdapterWeights:
     target_modules: list[str]  # short names among TARGET_MODULES
     size_bytes: int
     layers: dict[int, dict[str, LoRAModuleWeights]] = field(default_factory=dict)  # layer -> module -> weights
-    # The shared-memory file holding the tensors, keyed (layer, module, "a_t" | "b_t"; shared_tensors.py):
+    # The shared-memory file holding the tensors, keyed (layer, module, "a_t" | "b_t"; shared_layout.py):
     # handing the adapter to the engine-core process sends only this. The PEFT loader's weights are views
     # of it; weights built any other way have None until their first hand-over copies them into one. It
     # owns the file: dropping these weights removes it.

@@ -130,3 +130,14 @@ def test_the_router_runs_in_the_base_install(base_venv: Path) -> None:
     engine_parts = {m for m in loaded if m.startswith("data_plane.") and not m.startswith("data_plane.router")}
     assert engine_parts == set(), sorted(engine_parts)
     assert (ENGINE_ONLY - {"data_plane"}).isdisjoint({m.split(".")[0] for m in loaded})
+
+
+def test_the_artifact_side_imports_in_the_base_install(base_venv: Path) -> None:
+    """data_plane.adapters.artifacts (fetch, verify, cache adapter versions by digest) needs no engine extra:
+    a torch-free process beside a vLLM server can use it."""
+    script = ("import json, sys, data_plane.adapters.artifacts.cache, data_plane.adapters.artifacts.fetch, "
+              "data_plane.adapters.artifacts.metrics; print(json.dumps(sorted(sys.modules)))")
+    r = run(base_venv, "python", "-c", script)
+    assert r.returncode == 0, r.stderr
+    loaded = set(json.loads(r.stdout))
+    assert (ENGINE_ONLY - {"data_plane"}).isdisjoint({m.split(".")[0] for m in loaded})

@@ -1,14 +1,14 @@
 """The engine's disk cache of adapter versions fetched by digest: DIR/<digest>/<files>, LRU-bounded.
 
 - A folder appears under its digest only complete: files are fetched and verified in memory
-  (artifact_fetch), written into DIR/.partial/<digest>.<nonce>/ and fsynced, the manifest is written
+  (fetch.py), written into DIR/.partial/<digest>.<nonce>/ and fsynced, the manifest is written
   beside them as `.manifest.json` (a name no artifact file can have), and the whole folder is renamed
   into place, then the directory fsynced. A crash or a failed fetch leaves only .partial/ debris,
   removed at the next start. That write only serves the next start, so it waits: until the load that
   fetched the version has taken its weights from the held bytes (or WRITE_DELAY_S), then until the
   engine has had no request for WRITE_QUIET_S (at most WRITE_IDLE_WAIT_S, and not at all once
   something waits for it: shutdown, room for another fetch, a discard); it runs in a low-priority
-  thread that rests while the engine is busy (reader.BackgroundPace). A 200 MB write took 0.5-0.8 s
+  thread that rests while the engine is busy (data_plane.background.BackgroundPace). A 200 MB write took 0.5-0.8 s
   here, and beside the first request of the adapter just loaded it tripled that request's time to its
   first token (0.43 s against 0.14 s with the write held back), even paced: on a VM the disk's
   emulation takes host CPU. A crash before it ends only means the next start fetches it again.
@@ -20,12 +20,12 @@
 - Files this process fetched and verified are remembered with their stat stamps (`verified`), so a
   later load does not hash them a second time, and their verified bytes are held until the cache's
   copy is written, so that the load parses them from memory, never from a file not yet (or just)
-  written (data_plane.adapters.artifacts.verified_files).
+  written (verified_files.py).
 - Concurrent needs of one digest fetch it once (one lock per digest; the waiters then find it cached).
 - `max_bytes` bounds the cache: before a fetch, the least recently used digests are evicted that are
   neither held (a fetch or load in progress: `acquire`) nor in use (`in_use`: the digests the LoRA
   registry serves, pinned or not, whose files it may re-read when its host copy was dropped).
-- One engine per cache folder: an flock on DIR/.lock refuses a second process at open.
+- One engine per cache folder: an flock on DIR/.lock refuses a second process at open (CacheInUseError).
 """
 
 from __future__ import annotations
@@ -48,14 +48,13 @@ from typing import IO
 
 import msgspec
 
+from data_plane.adapters.artifacts.buffers import Buffer
 from data_plane.adapters.artifacts.fetch import ArtifactFetcher, ArtifactFetchError
 from data_plane.adapters.artifacts.verified_files import VerifiedFiles
 from data_plane.adapters.keyed_lock import KeyedLock
-from data_plane.adapters.loading.safetensors_memory import Buffer
 from data_plane.background import fetch_off_loop, read_off_loop
-from data_plane.config import ConfigError
 from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
-from shared.errors import OverloadedError
+from shared.errors import InvalidRequestError, OverloadedError
 
 MANIFEST_NAME = ".manifest.json"
 WRITE_DELAY_S = 10.0  # the longest a fetched version's write waits for the load that needed it
@@ -69,9 +68,13 @@ _DIGEST = re.compile(DIGEST_PATTERN)
 logger = logging.getLogger(__name__)
 
 
+class CacheInUseError(InvalidRequestError):
+    """The cache folder is another process's (its flock is held): a flag the process cannot start with."""
+
+
 @dataclass
 class ArtifactStats:
-    """Counters since the engine started (exported by artifact_metrics)."""
+    """Counters since the engine started (exported by metrics.py)."""
 
     hits: int = 0  # needs met from the cache (no request made)
     misses: int = 0  # needs that fetched
@@ -119,8 +122,8 @@ class ArtifactCache:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.close()
-            raise ConfigError(f"--lora-cache-dir {str(self.root)!r} is in use by another engine process; give "
-                              "each engine a folder of its own") from None
+            raise CacheInUseError(f"--lora-cache-dir {str(self.root)!r} is in use by another engine process; give "
+                                  "each engine a folder of its own") from None
         self._lock_file = lock
         shutil.rmtree(self.root / PARTIAL_DIR, ignore_errors=True)  # what a crash or a failed fetch left
         (self.root / PARTIAL_DIR).mkdir()

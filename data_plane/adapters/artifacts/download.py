@@ -6,11 +6,12 @@ That ran at about 250 MB/s here and took the GIL from the engine's step thread t
 adapter. Here the stdlib HTTP client reads the body straight into the file's own buffer, allocated
 once at its listed size (`readinto` in 1 MiB steps: the socket copies into it without the GIL), and
 the sha256 update of each step releases the GIL too. Nothing is written to disk here: the caller gets
-the verified bytes, parses them in memory and writes the cache's copy (artifact_cache), so a cold load
+the verified bytes, parses them in memory and writes the cache's copy (cache.py), so a cold load
 neither waits for a file write inside the receive loop nor reads back the file it has just written.
-The weights file is also staged (`Download.staged`, artifact_staging): a second thread copies each
-tensor into the adapter's host layout once its bytes are in, so that the load has nothing left to copy;
-the stage is handed on only with bytes whose sha256 matched, and discarded on any failure.
+The weights file may also be staged (`Download.stage`, a `Stage`: loading/staging.py's TensorStage in the
+engine, which copies each tensor into the adapter's host layout on a second thread once its bytes are in,
+so that the load has nothing left to copy); the stage is handed on only with bytes whose sha256 matched,
+and discarded on any failure. This side defines the interface and never imports the stage (nor torch).
 
 Pacing: the socket's receive buffer is bounded (RECEIVE_BUFFER_BYTES), so the sender (the control
 plane, often on the same host) can only send as fast as this thread takes bytes, in windows of at most
@@ -18,7 +19,7 @@ that size; and the thread rests between steps while the engine has requests (dat
 BackgroundPace: at most a quarter of one CPU then, full speed while the engine is idle), so a fetch
 neither stalls the forward pass, here or in the process serving it, nor waits for the engine to idle.
 
-The rules are those of artifact_fetch: the caller has checked the URL's origin; redirects are answers,
+The rules are those of fetch.py: the caller has checked the URL's origin; redirects are answers,
 never followed (http.client does not follow them); `headers` carry the token only when the URL is the
 control plane's; more bytes than listed, fewer, or another sha256 refuse the load.
 """
@@ -33,19 +34,35 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urlsplit
 
-from data_plane.adapters.loading.safetensors_memory import Buffer, new_buffer
-from data_plane.adapters.loading.staging import TensorStage
+from data_plane.adapters.artifacts.buffers import Buffer, new_buffer
 from data_plane.background import BackgroundPace
-from data_plane.lora.errors import LoRAAdapterError
 from shared.artifacts import ArtifactFile
 from shared.errors import LoraplaneError
+from shared.peft import AdapterFilesError
 
 # one readinto and one hash update (the cancel and deadline checks between them): as large as the receive
 # window, so the sender refills the window while this thread hashes (694 MB/s here against 632 for 4 MiB)
 STEP_BYTES = 1 << 20
 RECEIVE_BUFFER_BYTES = 1 << 20  # SO_RCVBUF: the most the sender can put in flight ahead of this thread
+
+
+class Stage(Protocol):
+    """Work on a file's bytes while they arrive in its buffer (loading/staging.py's TensorStage). The
+    receiving thread calls `arrived(n)` once the first n bytes are in, then `finish()` once all are and
+    matched their sha256, or `discard()` on any failure; nothing it made may be used before `finish`."""
+
+    def arrived(self, n: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+# makes the stage of a file's buffer (allocated at its listed size); its pace says whether the engine is busy
+StageFactory = Callable[[Buffer, BackgroundPace], Stage]
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,7 @@ class Download:
     read_timeout_s: float  # connect, or one read
     deadline: float  # time.monotonic() by which the whole version must be in
     pace: BackgroundPace = field(default_factory=BackgroundPace)  # rests while the engine is busy
-    staged: bool = False  # a safetensors file copied into the host layout as it arrives (artifact_staging)
+    stage: StageFactory | None = None  # work on the bytes as they arrive (the weights' host copy), if any
 
 
 class DownloadProblem(Exception):
@@ -85,7 +102,7 @@ RETRYABLE = ("retry", "timeout", "disk")  # the rest are refusal codes: the arti
 def as_error(problem: DownloadProblem, retry: type[LoraplaneError]) -> LoraplaneError:
     if problem.kind in RETRYABLE:
         return retry(str(problem), param="artifact")
-    return LoRAAdapterError(str(problem), param="artifact", code=problem.kind)
+    return AdapterFilesError(str(problem), param="artifact", code=problem.kind)
 
 
 def mismatch(f: ArtifactFile, detail: str) -> DownloadProblem:
@@ -97,7 +114,7 @@ class Received:
     """A file's verified bytes, and for the weights what its stage copied while they arrived."""
 
     data: Buffer
-    stage: TensorStage | None = None
+    stage: Stage | None = None
 
 
 def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> Received:
@@ -122,8 +139,8 @@ def download(job: Download, cancelled: threading.Event, on_bytes: Callable[[int]
 
 def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threading.Event,
              on_bytes: Callable[[int], None] | None) -> Received:
-    data = new_buffer(job.file.size)  # the manifest's size, bounded by the cache's capacity (artifact_fetch)
-    stage = TensorStage(data, job.pace) if job.staged else None
+    data = new_buffer(job.file.size)  # the manifest's size, bounded by the cache's capacity (fetch.py)
+    stage = job.stage(data, job.pace) if job.stage is not None else None
     try:
         _receive_into(job, response, data, stage, cancelled, on_bytes)
     except BaseException:
@@ -135,7 +152,7 @@ def _receive(job: Download, response: http.client.HTTPResponse, cancelled: threa
     return Received(data, stage)
 
 
-def _receive_into(job: Download, response: http.client.HTTPResponse, data: Buffer, stage: TensorStage | None,
+def _receive_into(job: Download, response: http.client.HTTPResponse, data: Buffer, stage: Stage | None,
                   cancelled: threading.Event, on_bytes: Callable[[int], None] | None) -> None:
     f = job.file
     view = memoryview(data)

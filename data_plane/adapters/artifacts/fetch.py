@@ -10,14 +10,14 @@ The rules, in the order they are applied:
    to that digest (`manifest_matches`): a manifest cannot vouch for itself.
 3. Each file is streamed (from its presigned `url`, or the control plane's `file_url`) into memory,
    hashed as it arrives; more bytes than listed, fewer, or another sha256 refuse the load with
-   `checksum mismatch for <name>`. The caller (artifact_cache) gets only versions whose every file
+   `checksum mismatch for <name>`. The caller (cache.py) gets only versions whose every file
    passed, writes the cache's copy and hands the loader these very bytes.
 
 Bounds: one total deadline per version, a per-read timeout (a stalled server), the manifest's own size,
 its files (exactly a PEFT version's two), and the version's size (the cache's capacity: a bigger one
 could never be kept; it is also what a fetch holds in memory).
 The files are downloaded and hashed concurrently, each in a low-priority thread of its own that rests
-while the engine is busy (artifact_download: the stdlib client reading into the file's buffer, the GIL
+while the engine is busy (download.py: the stdlib client reading into the file's buffer, the GIL
 released for the copies; `pace`), so the event loop and the engine's step thread keep their pace while
 it runs; the small manifest comes over httpx on the loop.
 """
@@ -38,15 +38,15 @@ from data_plane.adapters.artifacts.download import (
     Download,
     DownloadProblem,
     Received,
+    StageFactory,
     as_error,
     download,
     status_problem,
 )
 from data_plane.background import BackgroundPace, fetch_off_loop
-from data_plane.lora.errors import LoRAAdapterError
 from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
 from shared.errors import LoraplaneError, PayloadTooLargeError
-from shared.peft import CONFIG_NAME, WEIGHTS_NAME
+from shared.peft import CONFIG_NAME, WEIGHTS_NAME, AdapterFilesError
 
 FETCH_TIMEOUT_S = 600.0  # one whole version (manifest and every file)
 READ_TIMEOUT_S = 30.0  # connect, or one read: a server that stops sending
@@ -59,14 +59,14 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 class ArtifactFetchError(LoraplaneError):
     """The artifact could not be fetched right now (unreachable, 5xx, timeout, local disk): worth a retry,
-    unlike the refusals (LoRAAdapterError, 400), which name what is wrong with the artifact itself."""
+    unlike the refusals (AdapterFilesError, 400), which name what is wrong with the artifact itself."""
 
     status_code = 502
     error_type = "artifact_unavailable"
 
 
-def refusal(message: str, code: str) -> LoRAAdapterError:
-    return LoRAAdapterError(message, param="artifact", code=code)
+def refusal(message: str, code: str) -> AdapterFilesError:
+    return AdapterFilesError(message, param="artifact", code=code)
 
 
 def origin_of(url: str) -> str | None:
@@ -111,12 +111,13 @@ class ArtifactOrigins:
 
 
 class ArtifactFetcher:
-    """Fetches manifests and files over one httpx client (open until `aclose`)."""
+    """Fetches manifests and files over one httpx client (open until `aclose`). `stage`: made for the
+    weights file's bytes as they arrive (the engine's host copy: loading/staging.py), if given."""
 
     def __init__(
         self, origins: ArtifactOrigins, token: str | None, *, max_bytes: int, timeout_s: float = FETCH_TIMEOUT_S,
         read_timeout_s: float = READ_TIMEOUT_S, on_bytes: Callable[[int], None] | None = None,
-        pace: BackgroundPace | None = None,
+        pace: BackgroundPace | None = None, stage: StageFactory | None = None,
     ) -> None:
         self.origins = origins
         self.max_bytes = max_bytes
@@ -124,6 +125,7 @@ class ArtifactFetcher:
         self.read_timeout_s = read_timeout_s
         self._on_bytes = on_bytes  # bytes received (metrics)
         self.pace = pace if pace is not None else BackgroundPace()  # downloads rest while the engine is busy
+        self.stage = stage
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         # identity: sizes are checked against the bytes as stored; never follow a redirect elsewhere
         self._http = httpx.AsyncClient(timeout=read_timeout_s, follow_redirects=False, trust_env=False,
@@ -174,7 +176,7 @@ class ArtifactFetcher:
 
     async def receive(self, manifest: ArtifactManifest) -> dict[str, Received]:
         """Every file of `manifest` (name -> bytes), each verified against its size and sha256; the weights
-        also copied into the host layout as they arrived (artifact_staging), for the loader to adopt."""
+        also staged as they arrived (`stage`: copied into the host layout), for the loader to adopt."""
         deadline = time.monotonic() + self.timeout_s  # the threads stop on their own by then too
         async with self._deadline(f"adapter {manifest.digest[:16]}…"):
             tasks = [asyncio.ensure_future(self._download_file(manifest, f, deadline)) for f in manifest.files]
@@ -211,7 +213,7 @@ class ArtifactFetcher:
         url = self._file_url(manifest, f)
         job = Download(url=url, headers=self._auth if self.origins.is_control_plane(url) else {}, file=f,
                        where=f"file {f.name} at {_shown(url)}", read_timeout_s=self.read_timeout_s,
-                       deadline=deadline, pace=self.pace, staged=f.name == WEIGHTS_NAME)
+                       deadline=deadline, pace=self.pace, stage=self.stage if f.name == WEIGHTS_NAME else None)
         cancelled = threading.Event()
         try:
             return await fetch_off_loop(download, job, cancelled, self._on_bytes)

@@ -2,7 +2,7 @@
 unchanged, and, right after a fetch, the verified bytes themselves, which the loader reads instead of
 the file.
 
-An adapter fetched by digest is hashed as it arrives (artifact_download) and published into the cache;
+An adapter fetched by digest is hashed as it arrives (download.py) and published into the cache;
 the PEFT loader digests the files it reads, so without this memo every cold load would hash 200 MB twice
 within a second (about 0.15 s of a 0.6 s load here). The memo answers the loader instead, for files
 whose size, mtime (ns), inode and device are those recorded right after verification: any write through
@@ -13,7 +13,7 @@ Held bytes (`hold`, while the cache's `acquire` that fetched them lasts): the bu
 matched the manifest's sha256 in memory, so the first load parses it there (views of the buffer, no
 re-read of the cached file, no copy) instead of mapping the file it was just written to. What the
 loader gets is exactly what was hashed, whatever happens to the file on disk meanwhile. With the
-weights, their stage (artifact_staging: the host copy made while they arrived) is held too, for the
+weights, their stage (download.Stage: the host copy made while they arrived) is held too, for the
 first load to adopt (`take_stage`, once: a second load of the same bytes copies them itself); one
 nobody adopted is discarded with the held bytes.
 Paths are keyed by their real path, as the loader names them.
@@ -25,8 +25,8 @@ import os
 import threading
 from pathlib import Path
 
-from data_plane.adapters.loading.safetensors_memory import Buffer
-from data_plane.adapters.loading.staging import TensorStage
+from data_plane.adapters.artifacts.buffers import Buffer
+from data_plane.adapters.artifacts.download import Stage
 
 Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode, device
 
@@ -50,7 +50,7 @@ class VerifiedFiles:
     def __init__(self, known: Known | None = None) -> None:
         self._known: Known = dict(known or {})
         self._held: dict[str, tuple[str, Buffer]] = {}  # path -> (sha256, the verified bytes)
-        self._stages: dict[str, TensorStage] = {}  # path -> its held bytes' stage, until adopted
+        self._stages: dict[str, Stage] = {}  # path -> its held bytes' stage, until adopted
         self._lock = threading.Lock()  # the cache publishes on the loop, loaders ask from reader threads
 
     def remember(self, path: Path, sha256: str) -> None:
@@ -59,7 +59,7 @@ class VerifiedFiles:
             with self._lock:
                 self._known[_key(path)] = (stamp, sha256)
 
-    def hold(self, path: Path, sha256: str, contents: Buffer, stage: TensorStage | None = None) -> None:
+    def hold(self, path: Path, sha256: str, contents: Buffer, stage: Stage | None = None) -> None:
         """`contents` are the bytes of `path` whose sha256 was checked in memory (the caller no longer
         writes them), `stage` what was staged from them; answered by `contents_of` and `take_stage` until
         `release_under`."""
@@ -88,7 +88,7 @@ class VerifiedFiles:
             for key in [k for k in self._known if k.startswith(prefix)]:
                 del self._known[key]
 
-    def take_stage(self, path: Path) -> TensorStage | None:
+    def take_stage(self, path: Path) -> Stage | None:
         """The stage of `path`'s held bytes, handed out once (whoever takes it adopts or discards it)."""
         with self._lock:
             return self._stages.pop(_key(path), None)

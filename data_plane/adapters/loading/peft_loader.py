@@ -19,12 +19,15 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from data_plane.adapters.artifacts.buffers import Buffer
+from data_plane.adapters.artifacts.download import Stage
 from data_plane.adapters.artifacts.verified_files import VerifiedFiles
 from data_plane.adapters.loading.peft_targets import TargetSpec, module_name, resolve_targets
-from data_plane.adapters.loading.safetensors_memory import Buffer, all_finite, open_tensors
-from data_plane.adapters.loading.shared_tensors import TensorKey, allocate
+from data_plane.adapters.loading.safetensors_memory import all_finite, open_tensors
+from data_plane.adapters.loading.shared_tensors import allocate
 from data_plane.adapters.loading.staging import TensorStage
 from data_plane.lora.errors import LoRAAdapterError
+from data_plane.lora.shared_layout import TensorKey
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
 from shared.manifest import ManifestEntry, entries_of, manifest_digest
@@ -82,7 +85,7 @@ def load_peft_adapter(
 def _load(
     folder: Path, config_bytes: bytes, weights: Path | Buffer, weights_path: Path, weights_sha256: str | None,
     config: dict[str, Any], model_config: ModelConfig, max_rank: int, dtype: torch.dtype,
-    stage: TensorStage | None, pace: Callable[[], None],
+    stage: Stage | None, pace: Callable[[], None],
 ) -> LoRAAdapterWeights:
     spec = TargetSpec.from_peft_config(config)
     targets = resolve_targets(spec, model_config)  # (layer, short) -> (rank, alpha)
@@ -99,7 +102,7 @@ def _load(
     # stage, adopted if it holds exactly these tensors), or here. It is removed on any refusal from now on.
     shapes = _input_major_shapes(loaded)
     staged = stage.adopt({(layer, short, HOST_PART[ab]): name for (layer, short, ab), (name, _) in loaded.items()},
-                         shapes, dtype) if stage is not None else None
+                         shapes, dtype) if isinstance(stage, TensorStage) else None  # (another kind: not adopted)
     if staged is not None:
         views, shared, finite = staged.views, staged.layout, staged.finite
     else:

@@ -44,9 +44,9 @@ from data_plane.adapters.artifacts.verified_files import VerifiedFiles
 from data_plane.adapters.loading.peft_loader import held_files
 from data_plane.adapters.loading.spec import AdapterReading
 from data_plane.adapters.loading.transfer import adopt_adapter
-from data_plane.engine.core.process import core_env
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.weights import LoRAAdapterWeights
+from shared.secret_env import without_secrets
 
 logger = logging.getLogger(__name__)
 WORKERS = 2  # as many loads at once as the reader threads (reader.py) run
@@ -259,7 +259,7 @@ class _Reader:
         with theirs:
             process = subprocess.Popen([sys.executable, "-m", "data_plane.adapters.loading.reader_process_main",
                                         str(theirs.fileno()), *(["--import-first"] if import_first else [])],
-                                       pass_fds=[theirs.fileno()], env=core_env(os.environ), stdin=subprocess.DEVNULL)
+                                       pass_fds=[theirs.fileno()], env=without_secrets(os.environ), stdin=subprocess.DEVNULL)
         atexit.register(_kill, process)  # however the API process ends, its readers go with it
         logger.info("adapter reader: process %d", process.pid)
         return cls(process, Connection(ours.detach()))

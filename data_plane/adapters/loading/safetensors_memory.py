@@ -3,7 +3,7 @@ interface over a file on disk (safetensors' own `safe_open`), so that the PEFT l
 
 Why not `safetensors.torch.load(bytes)`: it copies every tensor twice (into `bytes`, then into a
 `bytearray`), about 0.1 s for a 200 MB adapter. A fetched adapter arrives in one buffer whose sha256
-the engine has just checked (artifact_download); the tensors are views of that buffer, which the
+the engine has just checked (adapters/artifacts/download.py); the tensors are views of that buffer, which the
 caller never writes again.
 
 The header is checked as safetensors checks it (format: an 8-byte little-endian header length, a JSON
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,8 @@ from typing import Protocol
 import torch
 from safetensors import SafetensorError, safe_open
 
+from data_plane.adapters.artifacts.buffers import Buffer
+
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -35,15 +36,6 @@ DTYPES = {
     "BOOL": torch.bool,
 }
 
-
-# verified bytes in memory: a bytearray, or an anonymous mapping (new_buffer) that a download filled
-Buffer = bytearray | mmap.mmap
-
-
-def new_buffer(size: int) -> Buffer:
-    """`size` zero bytes whose pages are not touched yet (an anonymous mapping), for a receive to fill.
-    `bytearray(size)` writes every page first: 0.26 s for 200 MB on this VM before the first byte came."""
-    return mmap.mmap(-1, size) if size >= mmap.PAGESIZE else bytearray(size)
 
 
 class TensorReader(Protocol):

@@ -1,7 +1,7 @@
 """An adapter's host copy in one shared-memory file, so that another process maps it instead of copying it.
 
 The PEFT loader writes an adapter's A^T and B^T (the slots' input-major layout) straight into such a
-file; handing the adapter to the engine-core process (engine/core/adapter_transfer.py) then sends only
+file; handing the adapter to the engine-core process (transfer.py) then sends only
 its layout (a few KB on the socket), and the core maps the same pages. Nothing is copied on the API's
 event loop, and the host holds the adapter once, not twice.
 
@@ -9,7 +9,8 @@ event loop, and the host holds the adapter once, not twice.
     where: /dev/shm, or the temp dir where /dev/shm is missing, read-only or full
     name:  loraplane-adapter-<owner pid>-<random hex>, mode 0600
 
-Lifetime, one rule for every such file: it belongs to the SharedLayout that `allocate` returned, in the
+Lifetime, one rule for every such file: it belongs to the SharedLayout (data_plane/lora/shared_layout.py,
+the layout LoRAAdapterWeights hold) that `allocate` returned, in the
 process that made it (the API process; the LoRAAdapterWeights holding the layout keeps it alive), or
 to the one that process hands it over to (`hand_over`: the adapter reader process makes files for the
 API process, named for the API's pid, see `make_files_for`). It
@@ -28,56 +29,17 @@ import mmap
 import os
 import tempfile
 import uuid
-import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import torch
 
+from data_plane.lora.shared_layout import SharedLayout, TensorSpan
+
 ALIGN = 64
 PREFIX = "loraplane-adapter-"
-TensorKey = tuple[int, str, str]  # (layer, module short name, "a_t" | "b_t")
 K = TypeVar("K")  # a layout's keys: TensorKey for an adapter's host copy, tensor names while staged
-K2 = TypeVar("K2")
-
-
-@dataclass(frozen=True)
-class TensorSpan:
-    offset: int  # bytes into the file, ALIGN-aligned
-    shape: tuple[int, ...]
-
-
-class SharedLayout(Generic[K]):
-    """Where tensors lie in one shared file: what a process needs to map them. Owns the file."""
-
-    def __init__(self, file: str, size: int, dtype: torch.dtype, spans: dict[K, TensorSpan]) -> None:
-        self.file = file
-        self.size = size  # bytes, > 0
-        self.dtype = dtype
-        self.spans = spans
-        self._remove = weakref.finalize(self, _unlink, file)
-
-    def remove(self) -> None:
-        """Remove the file now; mappings made before keep their pages."""
-        self._remove()
-
-    def rekeyed(self, keys: Mapping[K2, K]) -> SharedLayout[K2]:
-        """The same file under other keys (`keys`: new key -> old key), owning it from now on: this
-        layout no longer removes it (a stage's tensors, named by the file, adopted by the loader)."""
-        if not self._remove.alive:
-            raise FileNotFoundError(self.file)
-        self._remove.detach()
-        return SharedLayout(self.file, self.size, self.dtype, {new: self.spans[old] for new, old in keys.items()})
-
-    def hand_over(self) -> None:
-        """From now on this layout does not remove the file: a SharedLayout made of its fields in another
-        process owns it (the adapter reader's host copies, adopted by the API process)."""
-        self._remove.detach()
-
-    def __reduce__(self) -> object:
-        raise TypeError("a SharedLayout owns its file and is not copied to another process; send its fields")
 
 
 def allocate(shapes: Mapping[K, Sequence[int]], dtype: torch.dtype) -> tuple[dict[K, torch.Tensor], SharedLayout[K]]:
@@ -186,8 +148,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
-
-
-def _unlink(file: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(file)

@@ -6,6 +6,8 @@ one after the other, while the second CPU mostly waited. Here a second low-prior
 the receiving one: it parses the safetensors header once its bytes are in, allocates the shared file,
 and copies each tensor (transposed, in STAGED_DTYPE) as soon as its span has arrived, noting whether its
 values are finite. After the last byte the loader adopts that copy (`adopt`) instead of making it.
+TensorStage is the artifacts side's download.Stage: the engine gives it to the fetcher where it wires the
+cache (adapters/artifact_source.py); the download never imports it.
 (bench/artifacts.py, profiled per phase: the load after verification went from 0.17-0.20 s to a few ms.)
 
 Trust: the stage reads bytes not yet verified, so nothing it made is used before the whole file's sha256
@@ -18,7 +20,7 @@ and refuses what it refuses for a file.
 
 Only while the engine is idle: the stage overlaps the copy with the receive to use a CPU nobody uses.
 While the engine has requests there is none to spare (the download rests so as to take at most a
-quarter of one, reader.BackgroundPace), and staging would only move the copy into the download's window
+quarter of one, data_plane.background.BackgroundPace), and staging would only move the copy into the download's window
 and beside its work; so a stage that finds the engine busy gives up, removes what it made, and the
 loader copies after the last byte as it did before (bench/artifacts.py --repeats 3, three runs each: the
 other adapter's p99 inter-token latency while fetching was 1.51, 1.62 and 1.66x steady with a stage that
@@ -33,11 +35,13 @@ from collections.abc import Mapping
 
 import torch
 
-from data_plane.adapters.loading.safetensors_memory import Buffer, Span, all_finite, parse_header, span_tensor
-from data_plane.adapters.loading.shared_tensors import SharedLayout, TensorKey, allocate
+from data_plane.adapters.artifacts.buffers import Buffer
+from data_plane.adapters.loading.safetensors_memory import Span, all_finite, parse_header, span_tensor
+from data_plane.adapters.loading.shared_tensors import allocate
 from data_plane.background import BackgroundPace, lower_thread_priority
+from data_plane.lora.shared_layout import SharedLayout, TensorKey
 
-# the PEFT loader's host dtype (registry.loader_for keeps host copies float32); `adopt` checks it
+# the PEFT loader's host dtype (spec.AdapterReading keeps host copies float32); `adopt` checks it
 STAGED_DTYPE = torch.float32
 
 

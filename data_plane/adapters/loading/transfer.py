@@ -1,8 +1,10 @@
-"""Adapter weights from the API process to the engine core through shared memory, not the socket.
+"""Adapter weights from one process to another through shared memory, not a socket: from the API process
+to the engine core (engine/core/host_copies.py sends, engine/core/engine_core.py opens), and from an
+adapter reader process to the API process (reader_process.py adopts).
 
-An adapter's host copy already lives in one shared-memory file (data_plane/adapters/loading/shared_tensors.py:
-the PEFT loader writes it there), so handing it to the core sends only its layout
-(messages.SharedAdapter): nothing is copied on the API's event loop. Weights built any other way (no
+An adapter's host copy already lives in one shared-memory file (shared_tensors.py: the PEFT loader
+writes it there), so handing it to the core sends only its layout (SharedAdapter, inside the engine's
+messages.ShipAdapter): nothing is copied on the API's event loop. Weights built any other way (no
 `shared` layout; only tests build them so) are copied into a new file at their first hand-over, which
 is then kept on them: the same rule of ownership, and no second copy at a later hand-over.
 
@@ -17,18 +19,38 @@ adapter and serves on.
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
-from data_plane.adapters.loading.shared_tensors import (
-    SharedLayout,
-    TensorKey,
-    TensorSpan,
-    allocate,
-    map_file,
-    view,
-)
-from data_plane.engine.core.messages import ModuleRef, SharedAdapter, TensorRef
+from data_plane.adapters.loading.shared_tensors import allocate, map_file, view
+from data_plane.lora.shared_layout import SharedLayout, TensorKey, TensorSpan
 from data_plane.lora.weights import LoRAAdapterWeights, LoRAModuleWeights
+
+
+class TensorRef(msgspec.Struct, array_like=True):
+    offset: int  # bytes into the shared file, 64-byte aligned
+    shape: list[int]
+
+
+class ModuleRef(msgspec.Struct, array_like=True):
+    a_t: TensorRef  # [in, r], the slots' input-major layout (LoRAModuleWeights.a_t)
+    b_t: TensorRef  # [r, out]
+    scaling: float
+
+
+class SharedAdapter(msgspec.Struct, array_like=True):
+    """A LoRAAdapterWeights laid out in one shared-memory file: what crosses to the other process."""
+
+    file: str
+    size: int
+    dtype: str  # torch dtype name, e.g. "float32"
+    path: str
+    sha256: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    size_bytes: int
+    layers: dict[int, dict[str, ModuleRef]]
 
 
 def share_adapter(weights: LoRAAdapterWeights) -> SharedAdapter:

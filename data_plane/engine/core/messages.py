@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from data_plane.adapters.loading.transfer import SharedAdapter
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import EngineStats
 from data_plane.engine.outputs import CompletionDelta
@@ -71,33 +72,9 @@ class Abort(msgspec.Struct, tag=True, array_like=True):
     request_id: str
 
 
-class TensorRef(msgspec.Struct, array_like=True):
-    offset: int  # bytes into the shared file, 64-byte aligned
-    shape: list[int]
-
-
-class ModuleRef(msgspec.Struct, array_like=True):
-    a_t: TensorRef  # [in, r], the slots' input-major layout (LoRAModuleWeights.a_t)
-    b_t: TensorRef  # [r, out]
-    scaling: float
-
-
-class SharedAdapter(msgspec.Struct, array_like=True):
-    """A LoRAAdapterWeights laid out in one shared-memory file (adapter_transfer.py)."""
-
-    file: str
-    size: int
-    dtype: str  # torch dtype name, e.g. "float32"
-    path: str
-    sha256: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    size_bytes: int
-    layers: dict[int, dict[str, ModuleRef]]
-
-
 class ShipAdapter(msgspec.Struct, tag=True, array_like=True):
+    """An adapter's host copy handed to the core: its shared file's layout (adapters/loading/transfer.py)."""
+
     adapter_id: int
     adapter: SharedAdapter
 

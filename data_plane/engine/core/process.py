@@ -9,12 +9,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import msgspec
@@ -30,11 +28,11 @@ from data_plane.engine.core.threads import (
     core_threads,
 )
 from shared.cpus import available_cpus
+from shared.secret_env import without_secrets
 
 logger = logging.getLogger(__name__)
 StartMessage = tuple[EngineConfig, str]  # (config, log level): the first message, before the engine's wire types
 SECRETS = ("admin_token", "api_key", "control_plane_token")  # config fields the core needs none of
-_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|CREDENTIAL|API_KEY|ACCESS_KEY", re.IGNORECASE)
 
 
 @dataclass
@@ -61,7 +59,7 @@ class CoreProcess:
         to_core.bind(f"ipc://{ipc_dir}/in")
         from_core.bind(f"ipc://{ipc_dir}/out")
         cpus = available_cpus()
-        env = core_environment(core_env(os.environ), config.num_threads or 1)
+        env = core_environment(without_secrets(os.environ), config.num_threads or 1)
         bind = core_cpus(config.omp_threads_bind, config.num_threads or 1, cpus)
         if bind is not None:
             env[CPUS_ENV] = ",".join(map(str, bind))
@@ -102,11 +100,6 @@ def warn_if_cores_share(bind: list[int], cpus: list[int]) -> str | None:
         "--num-threads so that their threads add up to the host's CPUs (`loraplane up --engines N` does this).")
     logger.warning(message)
     return message
-
-
-def core_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The API process's environment without its secrets: the core calls nobody and serves no one."""
-    return {k: v for k, v in environ.items() if not _SECRET_ENV.search(k)}
 
 
 def core_config(config: EngineConfig) -> EngineConfig:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.adapters.artifacts.cache import MANIFEST_NAME, PARTIAL_DIR, ArtifactCache
+from data_plane.adapters.artifacts.cache import MANIFEST_NAME, PARTIAL_DIR, ArtifactCache, CacheInUseError
 from data_plane.adapters.artifacts.fetch import ArtifactFetcher, ArtifactFetchError, ArtifactOrigins
+from data_plane.adapters.loading.staging import TensorStage
 from data_plane.background import BackgroundPace
-from data_plane.config import ConfigError
 from data_plane.lora.errors import LoRAAdapterError
 from shared.artifacts import ArtifactRef
 from shared.errors import OverloadedError
@@ -39,7 +39,8 @@ async def make_cache(cp: ArtifactServer, tmp_path: Path) -> AsyncIterator:
 
     def make(max_bytes: int = 64 * MiB, in_use=frozenset, root: Path | None = None,
              pace: BackgroundPace | None = None) -> ArtifactCache:
-        fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), "t", max_bytes=max_bytes, read_timeout_s=5, pace=pace)
+        fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), "t", max_bytes=max_bytes, read_timeout_s=5, pace=pace,
+                                  stage=TensorStage)
         cache = ArtifactCache(root or tmp_path / "cache", max_bytes, fetcher, in_use=in_use)
         cache.open()
         opened.append(cache)
@@ -210,5 +211,5 @@ async def test_lru_order_survives_a_restart(cp, make_cache):
 
 async def test_one_engine_per_cache_folder(make_cache):
     make_cache()
-    with pytest.raises(ConfigError, match="in use by another engine process"):
+    with pytest.raises(CacheInUseError, match="in use by another engine process"):
         make_cache()

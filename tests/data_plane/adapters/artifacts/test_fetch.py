@@ -16,6 +16,7 @@ from data_plane.adapters.artifacts.fetch import (
     ArtifactOrigins,
     origin_of,
 )
+from data_plane.adapters.loading.staging import TensorStage
 from data_plane.background import BackgroundPace
 from data_plane.lora.errors import LoRAAdapterError
 from shared.artifacts import ArtifactRef, manifest_url
@@ -42,7 +43,8 @@ def elsewhere() -> Iterator[ArtifactServer]:
 
 def fetcher_for(cp: ArtifactServer, *, store: str | None = None, max_bytes: int = 1 << 30,
                 pace: BackgroundPace | None = None) -> ArtifactFetcher:
-    return ArtifactFetcher(ArtifactOrigins(cp.url, store), TOKEN, max_bytes=max_bytes, read_timeout_s=5, pace=pace)
+    return ArtifactFetcher(ArtifactOrigins(cp.url, store), TOKEN, max_bytes=max_bytes, read_timeout_s=5, pace=pace,
+                          stage=TensorStage)
 
 
 def as_bytes(contents: dict) -> dict[str, bytes]:

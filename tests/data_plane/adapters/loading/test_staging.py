@@ -39,7 +39,7 @@ async def test_a_fetched_adapter_is_loaded_from_what_was_staged_as_it_arrived(cp
                                                                               tmp_path):
     base, adapter = tiny_checkpoints["llama"], peft_adapters("llama", "patterns")
     ref = cp.publish(files_of(adapter))
-    fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), TOKEN, max_bytes=1 << 30, read_timeout_s=5)
+    fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), TOKEN, max_bytes=1 << 30, read_timeout_s=5, stage=TensorStage)
     before = own_shared_files()
     try:
         received = await fetcher.receive(await fetcher.manifest(ref))
@@ -74,7 +74,7 @@ async def test_a_flipped_byte_refuses_the_load_and_leaves_nothing_staged(where, 
     at = 8 + 100 if where == "first" else len(served) - 1  # in the header, or in the last tensor
     served[at] ^= 0x01
     cp.corrupt[WEIGHTS] = bytes(served)
-    fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), TOKEN, max_bytes=1 << 30, read_timeout_s=5)
+    fetcher = ArtifactFetcher(ArtifactOrigins(cp.url), TOKEN, max_bytes=1 << 30, read_timeout_s=5, stage=TensorStage)
     before = own_shared_files()
     try:
         with pytest.raises(LoRAAdapterError, match=f"^checksum mismatch for {WEIGHTS}"):
