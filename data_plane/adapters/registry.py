@@ -2,8 +2,8 @@
 
 It lives on the event loop (no thread locks). Loading and unloading one name are serialized by that
 name's asyncio.Lock; `acquire` takes no lock, so requests never wait behind an admin call. Files
-are read and validated off the loop (reader.py, at low priority; the engine's loader does it in an adapter
-reader process, data_plane/adapters/loading/reader_process.py); the engine is only told about pins and
+are read and validated off the loop (data_plane/background.py, at low priority; the engine's loader does
+it in an adapter reader process, loading/reader_process.py); the engine is only told about pins and
 removals — for normal requests it gets the weights on the Request and copies them into a slot itself.
 
 Every load that brings new content gets a fresh id (ids are never reused), so the engine's slot and

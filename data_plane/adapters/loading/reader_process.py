@@ -4,20 +4,22 @@ A load reads and validates a few hundred tensors: Python between torch ops, on a
 process, holding the GIL one slice at a time. Meanwhile the event loop, which hands every stream its
 next token, waits for the GIL at each wake-up (bench/hot_load.py: streams' p99 inter-token latency
 1.8-2.7x steady while adapters loaded, the core's own steps near steady). So the reading runs in an
-adapter reader process: `python -m data_plane.adapters.loading.reader_process_main`, started by the first
-load and a second when two loads meet running requests (until one is ready, a load reads on its own
-thread), at lower priority (reader.READER_NICENESS), with one
-torch thread and the API's environment minus its secrets (it calls nobody). It writes the adapter's host
-copy into a shared-memory file named for the API process (shared_tensors.py), and answers with its
-layout only (messages.SharedAdapter, a few KB); the API process maps the file and owns it from then
-on (adapter_transfer.adopt_adapter), exactly as if it had read it itself. Up to WORKERS loads run at once, one per reader process.
+adapter reader process: `python -m data_plane.adapters.loading.reader_process_main`, started by the
+first load and a second when two loads meet running requests (until one is ready, a load reads on its own
+thread), at lower priority (data_plane.background.READER_NICENESS), with one torch thread and the API's
+environment minus its secrets (shared.secret_env.without_secrets: it calls nobody). It writes the
+adapter's host copy into a shared-memory file named for the API process (shared_tensors.py), and answers
+with its layout only (transfer.SharedAdapter, a few KB); the API process maps the file and owns it from
+then on (transfer.adopt_adapter), exactly as if it had read it itself. Up to WORKERS loads run at once,
+one per reader process.
 A load that meets running requests while every ready reader is busy waits for one (at most BUSY_WAIT_S)
 instead of reading on its own thread: a paced read takes a fifth of a second or so, and a burst of
 loads read on the API's threads was what still slowed the streams once readers were up.
 While the engine has requests, a reader rests between small pieces of its work, so that it takes at most
-reader.READER_BUSY_CPU_SHARE of a CPU and never a core's whole step from the engine (reader.CpuPace).
+data_plane.background.READER_BUSY_CPU_SHARE of a CPU and never a core's whole step from the engine
+(CpuPace).
 
-A version the engine just fetched is still held in this process's memory (verified_files.py): such a
+A version the engine just fetched is still held in this process's memory (artifacts/verified_files.py): such a
 load stays on the calling thread, reading from those bytes. A reader that dies mid-load (killed, out
 of memory) fails that load with an error that says so; a later load starts a new one.
 
@@ -49,7 +51,7 @@ from data_plane.lora.weights import LoRAAdapterWeights
 from shared.secret_env import without_secrets
 
 logger = logging.getLogger(__name__)
-WORKERS = 2  # as many loads at once as the reader threads (reader.py) run
+WORKERS = 2  # as many loads at once as the reader threads (data_plane/background.py) run
 MAX_START_FAILURES = 3  # readers that exit while starting before loads stop starting them (they read here)
 # how long a load that meets running requests waits for a busy reader before reading on its own thread: a
 # paced read of bench/hot_load.py's adapter takes 0.15-0.25 s, so six loads at once on two readers wait
@@ -82,7 +84,7 @@ class AdapterReaderProcess:
         self._starting: set[_Reader] = set()  # not ready yet: a start thread reads their socket
         self._start_failures = 0
         self._closed = False
-        # loads by (where they were read, whether the engine had requests): /metrics (adapter_reader_metrics.py)
+        # loads by (where they were read, whether the engine had requests): /metrics (reader_process_metrics.py)
         self.reads: Counter[tuple[str, bool]] = Counter()
 
     def __call__(self, path: str) -> LoRAAdapterWeights:
@@ -155,7 +157,7 @@ class AdapterReaderProcess:
         """The most recently used reader free, if any (warm). When none is free, one more starts for the loads
         after this one: the first whatever the engine does, more (up to `workers`) while it has requests
         (`busy`). And while it has requests and a reader that is ready reads another load, this one waits for
-        a reader to free (at most BUSY_WAIT_S) instead of reading here, on the API process's GIL (reader.py:
+        a reader to free (at most BUSY_WAIT_S) instead of reading here, on the API process's GIL (data_plane/background.py:
         2.3-2.6x the streams' p99 inter-token latency). None: read here (the engine is idle, no reader is
         ready yet, or the wait ran out)."""
         dead: list[_Reader] = []
@@ -266,7 +268,7 @@ class _Reader:
 
     def ask(self, reading: AdapterReading, path: str, known: dict, busy: bool) -> object:
         """The reader's answer for `path`: a SharedAdapter, or the exception the loader raised. `busy`: the
-        engine has requests, so the reader paces its CPU (reader.CpuPace)."""
+        engine has requests, so the reader paces its CPU (background.CpuPace)."""
         self.conn.send((reading, path, known, busy))
         return self.conn.recv()
 

@@ -1,12 +1,12 @@
 """Entry point of an adapter reader process:
 `python -m data_plane.adapters.loading.reader_process_main FD [--import-first]`.
 
-FD: its end of a socket to the API process (adapter_reader.py). It lowers its priority first, or with
+FD: its end of a socket to the API process (reader_process.py). It lowers its priority first, or with
 --import-first (an engine starting up) once it has imported what it needs. It says "ready" once torch and the
 loader are imported; then each message is (AdapterReading, adapter path, hashes known of its files,
-whether the engine has requests: the read is then paced, reader.CpuPace) and each answer the
+whether the engine has requests: the read is then paced, background.CpuPace) and each answer the
 adapter's layout in a shared-memory file made for the API process
-(messages.SharedAdapter), or the exception the loader raised. It ends when the API process closes the socket or dies (end of file).
+(transfer.SharedAdapter), or the exception the loader raised. It ends when the API process closes the socket or dies (end of file).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
 
     import torch
 
-    torch.set_num_threads(1)  # an adapter's few megabytes gain nothing from a second core (reader.py)
+    torch.set_num_threads(1)  # an adapter's few megabytes gain nothing from a second core (data_plane/background.py)
     import data_plane.adapters.loading.spec  # noqa: F401  (what each request's AdapterReading unpickles to)
     from data_plane.adapters.artifacts.verified_files import VerifiedFiles
     from data_plane.adapters.loading import shared_tensors
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
 
 def lower_priority() -> None:
     """Below the engine, at READER_NICENESS. Set, not added: the process starts at its parent thread's
-    nice value, a reader thread's (reader.py) already."""
+    nice value, a reader thread's (data_plane/background.py) already."""
     os.setpriority(os.PRIO_PROCESS, 0, READER_NICENESS)
 
 

@@ -1,7 +1,7 @@
 """Prometheus figures of the adapter reader processes, read at scrape time.
 
 A load that meets running requests and is read on a thread of the API process (no reader ready yet,
-or the busy readers' wait ran out) is what slows the streams' tokens (adapter_reader.py), so that
+or the busy readers' wait ran out) is what slows the streams' tokens (reader_process.py), so that
 count is the one to watch: `loraplane_adapter_reads_total{where="api_thread",serving="true"}`.
 """
 

@@ -1,5 +1,5 @@
 """How this engine reads an adapter folder: its base model, rank limit and roots, picklable so that the
-adapter reader process (data_plane/adapters/loading/reader_process.py) reads exactly as the API process would."""
+adapter reader process (reader_process.py) reads exactly as the API process would."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class AdapterReading:
              pace: Callable[[], None] | None = None) -> LoRAAdapterWeights:
         """`verified`: files this engine hashed itself (unchanged ones are not hashed again) and the bytes
         of a version it just fetched (read from memory). `pace`: called between pieces of the work
-        (reader.CpuPace)."""
+        (background.CpuPace)."""
         cached = self.cache_dir is not None and resolve_under_roots(path, [self.cache_dir]) is not None
         roots = [self.cache_dir] if cached and self.cache_dir is not None else list(self.lora_roots)
         # host copies stay float32 (the loader's default): the engine folds the scale in and casts once

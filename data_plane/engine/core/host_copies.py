@@ -1,15 +1,18 @@
 """Which adapters' host copies the engine core holds, as the API process sees it.
 
-A request for an adapter the core holds no copy of hands one over first (adapter_transfer.py:
+A request for an adapter the core holds no copy of hands one over first (adapters/loading/transfer.py:
 shared memory, sent before the request on the same socket, so the core always has it in time). The
 core keeps at most `capacity` copies (--max-cpu-loras, like the registry's host cache): past that,
 the least recently used copy of an adapter with no request in flight here is dropped there. A device
 slot keeps its own copy of the weights, so dropping a host copy never touches a slot; if that adapter
 is needed again later, its next request hands a copy over again.
 
+It stays in engine/core, beside the client that calls it: it is the core's side of the hand-over and
+sends the core's messages (ShipAdapter, ForgetAdapter); the layout it sends is adapters/loading/transfer.py's.
+
 The weights handed over are kept here until the core is told to drop them: their shared file lives as
-long as they do (data_plane/adapters/loading/shared_tensors.py), and the core maps it only when it reads the
-hand-over, maybe after the registry dropped its own reference. Keeping them costs no memory: the core's
+long as they do (data_plane/adapters/loading/shared_tensors.py), and the core maps it only when it reads
+the hand-over, maybe after the registry dropped its own reference. Keeping them costs no memory: the core's
 mapping holds the same pages.
 """
 

@@ -1,5 +1,5 @@
 """ArtifactFetcher against a real HTTP server on loopback: the origin rule, the manifest check, and
-per-file verification (tests/data_plane/lora/artifact_server.py serves what the control plane would)."""
+per-file verification (tests/data_plane/adapters/artifacts/artifact_server.py serves what the control plane would)."""
 
 from __future__ import annotations
 

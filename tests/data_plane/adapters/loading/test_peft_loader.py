@@ -276,7 +276,7 @@ def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoint
 
 def test_a_paced_read_rests_between_every_tensor_and_every_mib_and_reads_the_same(tiny_checkpoints,
                                                                                  peft_adapters) -> None:
-    """An adapter reader paces its CPU while the engine serves (reader.CpuPace): the loader gives it a chance
+    """An adapter reader paces its CPU while the engine serves (background.CpuPace): the loader gives it a chance
     after each tensor it reads, each it checks and copies, and each MiB it hashes."""
     base, src = tiny_checkpoints["llama"], peft_adapters("llama", "patterns")
     calls = [0]
@@ -395,7 +395,7 @@ def _load_held(adapter: Path, base: Path, root: Path, staged: bool = False,
                on_staged: Callable[[], None] = lambda: None, **kwargs) -> LoRAAdapterWeights:
     """Load `adapter`'s files from verified bytes held in memory, under a folder that is not on disk (a
     version just fetched, its cache copy not yet written): nothing may be read from the file system.
-    `staged`: the weights also come with the stage a download makes (artifact_staging), fed in pieces."""
+    `staged`: the weights also come with the stage a download makes (adapters/loading/staging.py), fed in pieces."""
     held = root / "fetched"
     verified = VerifiedFiles()
     for name in ("adapter_config.json", "adapter_model.safetensors"):

@@ -1,6 +1,6 @@
 """TensorStage: a fetched weights file copied into the host layout while it arrives is used only once every
 byte matched its sha256 (else nothing of it is left), is given up while the engine is busy, and is what
-the loader adopts (tests/data_plane/lora/test_peft_loader.py's held-bytes tests run
+the loader adopts (tests/data_plane/adapters/loading/test_peft_loader.py's held-bytes tests run
 staged too: the same tensors and refusals as from the files)."""
 
 from __future__ import annotations
