@@ -27,7 +27,6 @@ from data_plane.adapters.registry import Loader, LoRARegistry
 from data_plane.adapters.stats import AdapterRequestStats
 from data_plane.api import lora_routes, schemas
 from data_plane.api.auth import api_key_guard, is_admin
-from data_plane.api.errors import ClientDisconnected
 from data_plane.api.models import ModelResolver
 from data_plane.api.protocol import decode_request, request_types
 from data_plane.api.serving_chat import ChatService
@@ -54,11 +53,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Run `work`, cancelling it if the client goes away first: the engine then aborts the request
     instead of generating an answer nobody reads. (Streams watch for this themselves later on.)"""
-    return await until_disconnect(request.receive, work, _client_gone)
-
-
-def _client_gone() -> ClientDisconnected:
-    return ClientDisconnected("The client closed the connection.")
+    return await until_disconnect(request.receive, work)
 
 
 def _respond(result: dict[str, Any] | EventStream) -> Response[Any]:

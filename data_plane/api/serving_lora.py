@@ -19,14 +19,13 @@ from data_plane.lora.slots import AdapterEngineStats
 from shared import engine_admin
 from shared.artifacts import ArtifactRef
 from shared.errors import InvalidRequestError
-from shared.names import ADAPTER_NAME_DESCRIPTION, ADAPTER_NAME_PATTERN
+from shared.names import ADAPTER_NAME_DESCRIPTION, AdapterName
 
 T = TypeVar("T", bound=msgspec.Struct)
 
 LORA_DISABLED = "LoRA is not enabled on this engine; start it with --enable-lora"
 
 
-AdapterName = Annotated[str, msgspec.Meta(pattern=ADAPTER_NAME_PATTERN, description=ADAPTER_NAME_DESCRIPTION)]
 # No NUL (the OS cannot take one) and no longer than Linux's PATH_MAX.
 AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern="^[^\\x00]*$",
                                           description="the adapter folder, under one of --lora-roots")]

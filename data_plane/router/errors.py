@@ -1,15 +1,9 @@
-"""The router's own failure kinds (the shared ones, 400/401/404/413/503, come from shared/errors.py)."""
+"""The router's own failure kinds (the shared ones, 400/401/404/413/503, come from shared/errors.py; 499,
+ClientDisconnected, from shared/disconnect.py)."""
 
 from __future__ import annotations
 
 from shared.errors import LoraplaneError, NotFoundError, OverloadedError
-
-
-class ClientDisconnected(LoraplaneError):
-    """The client went away before the answer; the engine's request has been aborted."""
-
-    status_code = 499  # nginx's "client closed request", as the engines log it
-    error_type = "client_closed_request"
 
 
 class NoEngineError(OverloadedError):

@@ -33,7 +33,7 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from data_plane.router.balancer import Balancer
 from data_plane.router.config import RouterConfig
 from data_plane.router.demand import DemandReporter, Presence
-from data_plane.router.errors import ClientDisconnected, NoEngineError
+from data_plane.router.errors import NoEngineError
 from data_plane.router.keys import OPERATOR, Caller
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
@@ -44,7 +44,7 @@ from data_plane.router.table import RoutingTable, TableRefresher
 from data_plane.router.tenancy import Tenancy, Ticket
 from data_plane.router.tenant_metrics import TenantMetrics
 from data_plane.router.usage import UsageTap, check_ceiling, reservation
-from shared.disconnect import until_disconnect
+from shared.disconnect import ClientDisconnected, client_gone, until_disconnect
 from shared.errors import LoraplaneError
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class RouterService:
             if caller.tenant is None:  # an operator's static key, or an open router
                 if self.config.max_request_tokens is not None:
                     check_ceiling(reservation(body, self.table.context_length(model)), self.config.max_request_tokens)
-                await until_disconnect(receive, self._route(scope["path"], body, head.model, prefix, send), _gone)
+                await until_disconnect(receive, self._route(scope["path"], body, head.model, prefix, send))
             else:
                 route = self.table.route(head.model)
                 ticket = await self.tenancy.admit(caller, head.model, route is not None and route.kind == "base",
@@ -137,7 +137,7 @@ class RouterService:
         try:
             work = self._route(path, ticket.body, model, prefix, settling_send, headers=ticket.headers,
                                tap=ticket.tap)
-            await until_disconnect(receive, work, _gone)
+            await until_disconnect(receive, work)
             outcome = "ok"
         except ClientDisconnected:
             outcome = "abort"
@@ -198,10 +198,6 @@ async def _send_rate_limited(exc: RateLimited, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _gone() -> ClientDisconnected:
-    return ClientDisconnected("The client closed the connection.")
-
-
 def _headers(scope: dict[str, Any]) -> tuple[str | None, int | None]:
     """The request's Authorization and Content-Length, from the ASGI scope's raw header list."""
     authorization = length = None
@@ -222,7 +218,7 @@ async def _body(receive: Receive, length: int | None, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _gone()
+            raise client_gone()
         part = message.get("body", b"")
         size += len(part)
         if size > limit:
