@@ -75,23 +75,9 @@ def store_weights_column_major(model: nn.Module) -> None:
                 module.weight.data = module.weight.data.t().contiguous().t()
 
 
-class ColumnParallelLinear(LinearBase):
-    """Output features split across ranks; the output stays sharded (no communication)."""
-
-    def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, tp_rank: int = 0, tp_size: int = 1
-    ) -> None:
-        out_pp = divide(output_size, tp_size, "output_size")
-        super().__init__(input_size, output_size, input_size, out_pp, bias, tp_rank, tp_size)
-
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
-        check_full_shape(loaded_weight, (self.output_size, *param.shape[1:]))
-        n = self.output_size_per_partition
-        copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n))
-
-
 class MergedColumnParallelLinear(LinearBase):
-    """Several column-parallel projections of the same input fused into one matmul (gate_up_proj).
+    """Column-parallel projections of the same input (output features split across ranks; the output stays
+    sharded, no communication), fused into one matmul (gate_up_proj).
 
     Each rank holds [shard of output 0; shard of output 1; …]; `shard_id` is the index of the output.
     """

@@ -9,12 +9,7 @@ import torch.nn.functional as F
 
 from data_plane.model.layers.activation import SiluAndMul
 from data_plane.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from data_plane.model.layers.linear import (
-    ColumnParallelLinear,
-    MergedColumnParallelLinear,
-    QKVParallelLinear,
-    RowParallelLinear,
-)
+from data_plane.model.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from data_plane.model.layers.norm import RMSNorm
 
 HIDDEN = 32
@@ -27,12 +22,13 @@ def _load(layer: torch.nn.Module, name: str, tensor: torch.Tensor, shard_id: obj
 
 @pytest.mark.parametrize("tp_size", [1, 2, 4])
 def test_column_parallel_shards_concatenate(tp_size):
+    """One output split across ranks (weight and bias alike): the ranks' outputs side by side are the full one."""
     w, b, x = torch.randn(8, HIDDEN), torch.randn(8), torch.randn(3, HIDDEN)
     outs = []
     for rank in range(tp_size):
-        layer = ColumnParallelLinear(HIDDEN, 8, bias=True, tp_rank=rank, tp_size=tp_size)
-        _load(layer, "weight", w)
-        _load(layer, "bias", b)
+        layer = MergedColumnParallelLinear(HIDDEN, [8], bias=True, tp_rank=rank, tp_size=tp_size)
+        _load(layer, "weight", w, 0)
+        _load(layer, "bias", b, 0)
         outs.append(layer(x))
     torch.testing.assert_close(torch.cat(outs, -1), F.linear(x, w, b))
 
@@ -116,7 +112,7 @@ def test_shape_mismatch_and_bad_shard_id_raise():
     with pytest.raises(ValueError, match="shard_id"):
         _load(layer, "weight", torch.randn(32, HIDDEN), "x")
     with pytest.raises(ValueError, match="not divisible"):
-        ColumnParallelLinear(HIDDEN, 6, tp_size=4)
+        MergedColumnParallelLinear(HIDDEN, [8, 6], tp_size=4)
 
 
 def test_rmsnorm_matches_reference_in_bf16():
