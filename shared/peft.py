@@ -8,8 +8,8 @@ The rules mirrored (peft/tuners/tuners_utils.py `check_target_module_exists`, pe
 - rank_pattern / alpha_pattern keys are regexes matched as `(.*\\.)?(key)$`, the first matching key wins.
 Every regex, the config's and those built around its values, runs on RE2 (shared.regex): what Python's `re`
 means by it, matched in linear time; one RE2 cannot run is refused (AdapterFilesError naming the field).
-The engine checks the config against its base model (data_plane.adapters.loading.peft_targets.resolve_targets); the
-control plane checks what it can without one (control_plane.artifacts.inspect).
+The engine checks the config against its base model (resolve_targets, data_plane/adapters/loading/
+peft_targets.py); the control plane checks what it can without one (control_plane.artifacts.inspect).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ if importlib.util.find_spec("xdist") is not None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Engines that tests kill outright (SIGKILL) leave their adapters' shared-memory files behind, for the
-    next engine's start to sweep (data_plane/adapters/loading/shared_tensors.py); the end of the run sweeps them too, so
-    that none outlives the suite on the machine."""
+    next engine's start to sweep (data_plane/adapters/loading/shared_tensors.py); the end of the run sweeps
+    them too, so that none outlives the suite on the machine."""
     if importlib.util.find_spec("torch") is None:  # nothing of the engine can have run
         return
     from data_plane.adapters.loading.shared_tensors import sweep_orphans

@@ -2,8 +2,8 @@
 the registry like any folder, with the digest as the expected manifest digest.
 
 The cached folder is read by the same PEFT loader as a `lora_path`, but under the cache folder only
-(loading/spec.py: `AdapterReading.of(config, cache_dir)`): adapters from the control plane need no --lora-roots. The loader
-digests what it reads and the registry refuses another digest, so a cached folder whose files
+(loading/spec.py: `AdapterReading.of(config, cache_dir)`): adapters from the control plane need no
+--lora-roots. The loader digests what it reads and the registry refuses another digest, so a cached folder whose files
 changed on disk since they were verified is dropped and fetched once more, never served.
 
 Nothing here touches the engine's step loop: the files are received and hashed in low-priority threads

@@ -16,8 +16,8 @@ SIGTERM or SIGINT skips the wait.
 
 Once stopped, uvicorn raises the signal again with the handler it found. The default one would end the
 process there, before its exit handlers run, and the adapters' host copies (shared-memory files removed
-by finalizers, data_plane/adapters/loading/shared_tensors.py) would stay in /dev/shm until the next engine sweeps
-them; `exit_through_python` makes that handler a SystemExit with the shell's status for the signal.
+by finalizers, data_plane/adapters/loading/shared_tensors.py) would stay in /dev/shm until the next
+engine sweeps them; `exit_through_python` makes that handler a SystemExit with the shell's status for the signal.
 """
 
 from __future__ import annotations

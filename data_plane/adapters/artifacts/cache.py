@@ -8,8 +8,8 @@
   fetched the version has taken its weights from the held bytes (or WRITE_DELAY_S), then until the
   engine has had no request for WRITE_QUIET_S (at most WRITE_IDLE_WAIT_S, and not at all once
   something waits for it: shutdown, room for another fetch, a discard); it runs in a low-priority
-  thread that rests while the engine is busy (data_plane.background.BackgroundPace). A 200 MB write took 0.5-0.8 s
-  here, and beside the first request of the adapter just loaded it tripled that request's time to its
+  thread that rests while the engine is busy (data_plane.background.BackgroundPace). A 200 MB write
+  took 0.5-0.8 s here, and beside the first request of the adapter just loaded it tripled that request's time to its
   first token (0.43 s against 0.14 s with the write held back), even paced: on a VM the disk's
   emulation takes host CPU. A crash before it ends only means the next start fetches it again.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).

@@ -51,9 +51,9 @@ def load_peft_adapter(
     pace: Callable[[], None] | None = None,
 ) -> LoRAAdapterWeights:
     """Validate and read the adapter at `path`; per layer and projection A [r, in], B [out, r] and scale.
-    `verified` (data_plane.adapters.artifacts.verified_files): what the engine verified itself. Files whose verified
-    bytes it still holds are read from memory (a version just fetched: nothing is read from disk); a
-    weights file it hashed and that is unchanged since is not hashed again. `pace`: called after each
+    `verified` (data_plane.adapters.artifacts.verified_files): what the engine verified itself. Files whose
+    verified bytes it still holds are read from memory (a version just fetched: nothing is read from disk);
+    a weights file it hashed and that is unchanged since is not hashed again. `pace`: called after each
     tensor read or copied and each MiB hashed (an adapter reader rests there while the engine serves)."""
     if "\0" in str(path):  # the OS would raise ValueError (a 500) on it
         raise LoRAAdapterError("lora_path contains a NUL byte; pass the adapter folder's path")

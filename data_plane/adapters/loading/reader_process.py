@@ -51,6 +51,7 @@ from data_plane.lora.weights import LoRAAdapterWeights
 from shared.secret_env import without_secrets
 
 logger = logging.getLogger(__name__)
+READER_MODULE = "data_plane.adapters.loading.reader_process_main"  # how a reader shows in a process list
 WORKERS = 2  # as many loads at once as the reader threads (data_plane/background.py) run
 MAX_START_FAILURES = 3  # readers that exit while starting before loads stop starting them (they read here)
 # how long a load that meets running requests waits for a busy reader before reading on its own thread: a
@@ -157,8 +158,8 @@ class AdapterReaderProcess:
         """The most recently used reader free, if any (warm). When none is free, one more starts for the loads
         after this one: the first whatever the engine does, more (up to `workers`) while it has requests
         (`busy`). And while it has requests and a reader that is ready reads another load, this one waits for
-        a reader to free (at most BUSY_WAIT_S) instead of reading here, on the API process's GIL (data_plane/background.py:
-        2.3-2.6x the streams' p99 inter-token latency). None: read here (the engine is idle, no reader is
+        a reader to free (at most BUSY_WAIT_S) instead of reading here, on the API process's GIL
+        (data_plane/background.py: 2.3-2.6x the streams' p99 inter-token latency). None: read here (the engine is idle, no reader is
         ready yet, or the wait ran out)."""
         dead: list[_Reader] = []
         deadline = time.monotonic() + BUSY_WAIT_S
@@ -259,9 +260,10 @@ class _Reader:
     def start(cls, import_first: bool = False) -> _Reader:
         ours, theirs = socket.socketpair()
         with theirs:
-            process = subprocess.Popen([sys.executable, "-m", "data_plane.adapters.loading.reader_process_main",
-                                        str(theirs.fileno()), *(["--import-first"] if import_first else [])],
-                                       pass_fds=[theirs.fileno()], env=without_secrets(os.environ), stdin=subprocess.DEVNULL)
+            process = subprocess.Popen([sys.executable, "-m", READER_MODULE, str(theirs.fileno()),
+                                        *(["--import-first"] if import_first else [])],
+                                       pass_fds=[theirs.fileno()], env=without_secrets(os.environ),
+                                       stdin=subprocess.DEVNULL)
         atexit.register(_kill, process)  # however the API process ends, its readers go with it
         logger.info("adapter reader: process %d", process.pid)
         return cls(process, Connection(ours.detach()))

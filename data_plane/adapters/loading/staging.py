@@ -20,8 +20,8 @@ and refuses what it refuses for a file.
 
 Only while the engine is idle: the stage overlaps the copy with the receive to use a CPU nobody uses.
 While the engine has requests there is none to spare (the download rests so as to take at most a
-quarter of one, data_plane.background.BackgroundPace), and staging would only move the copy into the download's window
-and beside its work; so a stage that finds the engine busy gives up, removes what it made, and the
+quarter of one, data_plane.background.BackgroundPace), and staging would only move the copy into the
+download's window and beside its work; so a stage that finds the engine busy gives up, removes what it made, and the
 loader copies after the last byte as it did before (bench/artifacts.py --repeats 3, three runs each: the
 other adapter's p99 inter-token latency while fetching was 1.51, 1.62 and 1.66x steady with a stage that
 waited for the last byte and copied paced, 1.11, 1.41 and 1.42x without one).

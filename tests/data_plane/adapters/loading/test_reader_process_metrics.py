@@ -68,14 +68,14 @@ def test_reader_states_and_reads_by_place_follow_the_loads(reading, adapters, mo
     readers.close()
 
 
-@pytest.mark.parametrize("reader_process", [True, False])
-def test_the_engines_metrics_carry_the_readers_when_it_has_them(demo_model_dir: Path, reader_process: bool):
-    engine = make_engine(demo_model_dir, enable_lora=True, max_lora_rank=16, adapter_reader_process=reader_process)
+@pytest.mark.parametrize("with_readers", [True, False])
+def test_the_engines_metrics_carry_the_readers_when_it_has_them(demo_model_dir: Path, with_readers: bool):
+    engine = make_engine(demo_model_dir, enable_lora=True, max_lora_rank=16, adapter_reader_process=with_readers)
     with TestClient(create_app(engine, engine.config)) as client:
         text = client.get("/metrics").text
     lines = ['loraplane_adapter_reader_processes{state="starting"} 0.0',
              'loraplane_adapter_reads_total{serving="true",where="api_thread"} 0.0']
-    assert all((line in text.splitlines()) == reader_process for line in lines), text
+    assert all((line in text.splitlines()) == with_readers for line in lines), text
 
 
 def test_an_engine_started_with_adapters_starts_its_reader_with_it(demo_model_dir: Path, adapters: Path):
