@@ -113,7 +113,8 @@ class EngineConfig:
         help="waiting sequences (a request counts prompts x n): a request of more gets 400, one that would "
         "overflow the queue now gets 503 (engine/admission.py)")
     max_n: int | None = setting(None, flag="--max-n", group=LIMITS,
-                                help="samples per prompt (default and upper bound: --max-num-seqs)")
+                                help="samples per prompt (default and upper bound: the smaller of --max-num-seqs and "
+                                "--max-waiting-requests)")
     max_request_tokens: int | None = setting(
         None, flag="--max-request-tokens", group=LIMITS, metavar="TOKENS",
         help="tokens one request may ask for: its prompts x n sequences of prompt + max_tokens each; more gets "
