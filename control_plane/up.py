@@ -12,14 +12,13 @@ and, on `--device cpu` or `auto` (treated as the CPU: `up` does not import torch
 `--num-threads` CPUs // N, at least 1. `--engine-threads T` passes T instead, on any device and
 with one engine too. Alone, an engine takes one torch thread per CPU (all but one from 4 CPUs up),
 so N of them busy at once would put N threads on every CPU, and each parallel region of theirs
-would wait at its barrier for a thread the scheduler had set aside: bench/fleet.py (six engines on
-2 CPUs, nobind) served 1.8 times as many tokens/s through the router (2.0 times round-robin) with one
-thread each as with two.
+would wait at its barrier for a thread the scheduler had set aside (see
+docs/performance.md#engine-threads-and-openmp).
 
 Every child logs in the one format (shared/logging_setup.py) on stderr; what `up` itself reports (each
 load, where the stack is) goes to stdout.
 
-Tokens (see ../shared/DESIGN.md § Credentials), each from the environment when set, otherwise made at
+Tokens (see docs/control-plane.md#credentials), each from the environment when set, otherwise made at
 random and written (mode 0600) under .loraplane/ — never printed, and passed to the children only
 through their environment, never on their command lines (visible to every user in `ps`):
 - the control plane's admin token: LORAPLANE_ADMIN_TOKENS, else .loraplane/admin-token;

@@ -1,4 +1,4 @@
-"""The import layering holds (shared/DESIGN.md § Layers): the import-linter contracts of pyproject.toml,
+"""The import layering holds (docs/architecture.md, the layering): the import-linter contracts of pyproject.toml,
 and no import cycle among the subpackages and modules of any package of data_plane, control_plane or
 shared."""
 

@@ -1,23 +1,18 @@
 """CPU threads of the engine-core process: torch's intra-op threads, OpenMP's wait policy, core binding.
 
 The API process (HTTP, tokenizing, SSE), the clients on the same host and the core share the cores.
-Chosen by measurement (bench/serving.py, 2 CPUs, 32 clients, the issue-13 model; figures in the
-commit that set these defaults):
+Why these defaults: see docs/performance.md#engine-threads-and-openmp (measure with bench/serving.py
+for one engine, bench/fleet.py for several on one host).
 
 - OpenMP wait policy: libgomp's own (a worker spins a while after a parallel region, then sleeps),
-  with the spin shortened to CORE_SPIN_COUNT (GOMP_SPINCOUNT; libgomp's default is 300,000). With
-  several engines on one host, the workers of a core between steps (or idle) spun on CPUs that the
-  other engines needed: bench/fleet.py as it ran then (six engine cores of 2 threads each, the control
-  plane, the router and the client on 2 CPUs) served 893-900 tok/s through the router and 699-709
-  round-robin at 3,000, against 245-259 and 175-200 at 300,000 (the router's TTFT p99 2.3-2.5 s
-  against 10-15 s). One engine alone (bench/serving.py, 32 clients, 2 threads, 5 alternated pairs)
-  measured no difference: HTTP ÷ in process 0.97 and 0.90 (non-streaming, streaming) at 3,000 against
-  0.95 and 0.92. PASSIVE (sleep at once) made every step pay futex wake-ups: 0.76x against 0.97x.
-  ACTIVE (spin forever) keeps an idle engine burning every core it has. An operator who sets
-  OMP_WAIT_POLICY or GOMP_SPINCOUNT gets exactly that.
-- torch threads: `num_threads` when given; else one per CPU below 4 CPUs (on 2 CPUs, 2 unbound
-  threads served 1391 tok/s over HTTP against 994 for 1 thread bound beside the API), and one per
-  CPU but one for the API process from 4 CPUs up (as vLLM reserves cores for its API server).
+  with the spin shortened to CORE_SPIN_COUNT (GOMP_SPINCOUNT; libgomp's default is 300,000): with
+  several engines on one host, the workers of a core between steps (or idle) would spin on CPUs that
+  the other engines need. PASSIVE (sleep at once) makes every step pay futex wake-ups; ACTIVE (spin
+  forever) keeps an idle engine burning every core it has. An operator who sets OMP_WAIT_POLICY or
+  GOMP_SPINCOUNT gets exactly that.
+- torch threads: `num_threads` when given; else one per CPU below 4 CPUs (unbound threads on every CPU
+  serve more than fewer threads bound beside the API), and one per CPU but one for the API process
+  from 4 CPUs up (as vLLM reserves cores for its API server).
 - `omp_threads_bind` (--omp-threads-bind, $LORAPLANE_CPU_OMP_THREADS_BIND, like vLLM's
   VLLM_CPU_OMP_THREADS_BIND): "auto" binds the core to the last `threads` CPUs it may run on when
   that leaves at least one for the API process, and does not bind otherwise; "nobind" never binds;
@@ -25,8 +20,7 @@ commit that set these defaults):
   `loraplane engine` keeps its API process on the other CPUs (api_cpus), so neither preempts the other.
   Several engines on one host: give each its own list (or nobind), or "auto" puts every core on the
   same last CPUs. An engine whose "auto" lands on CPUs another engine core is bound to says so in a
-  warning at start (`bound_engine_cores`): bench/fleet.py once ran six such engines, every core on one
-  of two CPUs, before anyone noticed.
+  warning at start (`bound_engine_cores`), as nothing else would show it.
 """
 
 from __future__ import annotations
