@@ -11,11 +11,11 @@ they are also paced (`BackgroundPace`): while the engine has requests, such a th
 piece of work so that it uses at most BUSY_CPU_SHARE of one CPU; while the engine is idle it runs at
 full speed. Priority alone cannot do this on 2 CPUs: the core's two OpenMP threads wait for each
 other at every parallel region, so a nice-10 thread running flat out stalls every step, and an
-idle-class (SCHED_IDLE) thread, which was tried, never runs while the engine decodes: a 200 MB fetch
-waited for a 1,500-token stream to end, and a request waiting for its adapter would wait as long.
+idle-class (SCHED_IDLE) thread never runs while the engine decodes, so a fetch (and the request waiting
+for its adapter) would wait for the streams to end. Why: see docs/performance.md#artifacts.
 
 Both run torch on one thread. Torch's first parallel op on a thread starts an OpenMP team of its own for
-it (one more thread, spinning between ops), so a reader that casts or checks an adapter's tensors ran
+it (one more thread, spinning between ops), so a reader that casts or checks an adapter's tensors would run
 two threads against the engine's two on a 2-CPU host; an adapter's few megabytes gain nothing from a
 second core. The limit is that thread's own OpenMP setting (torch.set_num_threads would also change
 the count that threads started later begin with, the engine's among them).
@@ -36,19 +36,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
-# Not lower: the reader shares the API process's GIL, and a thread descheduled while it holds the GIL keeps
-# the event loop (every stream's next token) waiting. bench/hot_load.py, 2 CPUs, 4 runs each: at nice 19 the
-# streams' p99 inter-token latency while adapters load was 6-7x steady; at 10 it is 1.9-2.7x, the event loop
-# stalling 12-37 ms while a load runs (the core's steps stay near steady); nice 0, or resting between the
-# load's pieces as downloads do, measured no better. So loads from disk now run in adapter reader processes
-# (data_plane/adapters/loading/reader_process.py), at this nice value too; these threads only wait for them
+# The nice value of background threads and adapter reader processes. Not lower: a reader thread shares the
+# API process's GIL, and one descheduled while it holds the GIL keeps the event loop (every stream's next
+# token) waiting. Loads from disk run in adapter reader processes (data_plane/adapters/loading/
+# reader_process.py) at this nice value; these threads only wait for them. Why: docs/performance.md#hot-loads
 READER_NICENESS = 10
-# while the engine has requests, what a background thread (download, cache write) may use of one CPU:
-# bench/artifacts.py, 2 CPUs: see BackgroundPace
+# while the engine has requests, what a background thread (download, cache write) may use of one CPU
 BUSY_CPU_SHARE = 0.25
 # what an adapter reader process may use of one CPU while the engine has requests, resting after each piece
-# of PACE_PIECE_S: bench/hot_load.py, 2 CPUs, 12 repeats alternated in one run, streams' p99 inter-token
-# latency while adapters load: 52 ms unpaced, 43 ms at 0.2, 41 ms at 0.1 (steady 24-28 ms)
+# of PACE_PIECE_S: the streams' inter-token latency falls with the share. Why: docs/performance.md#hot-loads
 READER_BUSY_CPU_SHARE = 0.1
 PACE_PIECE_S = 0.0005
 
@@ -90,8 +86,8 @@ class BackgroundPace:
     The thread calls `rest(work_s)` after each piece of work with the seconds it took (CPU seconds for a
     download, whose waits for bytes are the sender's pace; wall seconds for a write, whose waits on the
     disk cost the host too). While `busy()` (the engine has requests), it then sleeps so that the thread
-    uses at most `share` of one CPU: a 200 MB download then takes a few seconds instead of stalling every decode step, and it
-    always makes progress. While the engine is idle it does not sleep at all."""
+    uses at most `share` of one CPU: a large download then takes longer instead of stalling every decode
+    step, and it always makes progress. While the engine is idle it does not sleep at all."""
 
     def __init__(self, busy: Callable[[], bool] = lambda: False, share: float = BUSY_CPU_SHARE) -> None:
         if not 0 < share <= 1:
@@ -113,8 +109,8 @@ class CpuPace:
     """Called between small pieces of one thread's work (an adapter's tensors, a file's hash by the MiB):
     once the thread has used PACE_PIECE_S of CPU since it last rested, it rests (`pace.rest`). The engine's
     OpenMP threads wait for each other at every parallel region, so a reader that takes a CPU from one of
-    them for a whole load (about 11 ms for a rank-16 adapter of bench/hot_load.py's model) lengthens one
-    step by that much; in pieces, each step is lengthened by about `share` at most."""
+    them for a whole load lengthens one step by the load's whole CPU time; in pieces, each step is
+    lengthened by about `share` at most."""
 
     def __init__(self, pace: BackgroundPace) -> None:
         self.pace = pace

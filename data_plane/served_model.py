@@ -1,4 +1,4 @@
-"""What an engine tells the control plane it serves, beyond its served model name (issue 11, §1).
+"""What an engine tells the control plane it serves, beyond its served model name.
 
 An adapter names its base model as its adapter_config.json does (`base_model_name_or_path`: a hub id
 or the path it was trained against), rarely as an engine's --served-model-name. So the engine

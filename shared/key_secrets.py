@@ -2,12 +2,12 @@
 as a keyed hash.
 
 `lp_<key id>_<secret>`: 12 hex digits of key id (public: the row's name) and 43 characters of URL-safe
-randomness (256 bits). Nobody guesses that, so a slow password hash protects nothing; it only made every
-wrong guess cost the verifier tens of CPU-milliseconds, free to an attacker. The stored hash is therefore
+randomness (256 bits). Nobody guesses that, so a slow password hash protects nothing; it would only make
+every wrong guess cost the verifier far more CPU than the guess costs an attacker. The stored hash is
 `$hmac-sha256$<base64url>`: HMAC-SHA256 of the whole key under a server-side pepper
 (LORAPLANE_KEY_PEPPER or LORAPLANE_KEY_PEPPER_FILE), which the control plane and every router share, as
-API-key issuers do. A verification costs about a microsecond and compares in constant time; a table read
-without the pepper is of no use.
+API-key issuers do. A verification is one HMAC (docs/performance.md#router-and-fleet) and compares in
+constant time; a table read without the pepper is of no use.
 
 Hashes made earlier (argon2id PHC strings, `$argon2…`: `is_legacy`) still verify, slowly and off the
 event loop (`check`), and are rewritten as HMAC on their next successful use. Without a pepper a process

@@ -5,10 +5,10 @@ presigned URL per file, so the bytes bypass the control plane). `GET /v1/artifac
 streams one file from the store, a single `Range: bytes=a-b` answered with 206. Engine tokens may call
 both (any engine: the control plane decides what goes where), as may admin and read tokens.
 
-Pacing (no rate limit here): a file is sent as fast as the engine takes it. Engines read it from an
-idle-priority thread behind a 1 MiB receive window (data_plane/adapters/artifacts/download.py), so TCP flow
-control stops this process from sending, and from taking a CPU, whenever the engine's forward pass
-has the cores; on an idle engine the same fetch runs at full speed. A fixed rate limit would slow the
+Pacing (no rate limit here): a file is sent as fast as the engine takes it. Engines read it from a
+low-priority, paced thread behind a 1 MiB receive window (data_plane/adapters/artifacts/download.py), so
+TCP flow control stops this process from sending, and from taking a CPU, whenever the engine's forward
+pass has the cores; on an idle engine the same fetch runs at full speed. A fixed rate limit would slow the
 cold load of an idle engine as much as it spared a busy one (bench/artifacts.py measures both).
 """
 

@@ -97,7 +97,7 @@ class ArtifactStore:
 
     async def _local_ranges(self, sha256: str, start: int, end: int | None) -> AsyncIterator[bytes]:
         """A local blob as one ranged read per chunk: obstore's get stream of a local file reads 8 KiB at a
-        time (about 230 MB/s here, below what engines fetch), a 1 MiB range is one read (GB/s)."""
+        time, slower than engines fetch; a 1 MiB range is one read (docs/performance.md#artifacts)."""
         key = blob_key(sha256)
         try:
             if end is None:

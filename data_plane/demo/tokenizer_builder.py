@@ -36,7 +36,7 @@ def chat_template() -> str:
 
 @functools.lru_cache(maxsize=4)
 def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
-    """Train on corpus.txt and return the tokenizer.json text (cached: training takes about a second)."""
+    """Train on corpus.txt and return the tokenizer.json text (cached: training is the slow part)."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(

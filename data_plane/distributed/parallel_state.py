@@ -41,7 +41,7 @@ def init_group(rank: int, world_size: int, device: torch.device, init_method: st
 
 def set_cpu_threads(num_threads: int | None, tp_size: int) -> None:
     """Intra-op threads of this rank: as configured, else the cores split among the ranks on CPU, so
-    that N ranks do not each start one thread per core and thrash (oversubscription costs 10x here)."""
+    that N ranks do not each start one thread per core and thrash (docs/performance.md#tensor-parallel)."""
     if num_threads:
         torch.set_num_threads(num_threads)
     elif tp_size > 1:

@@ -21,10 +21,9 @@ The share at most doubles from one step to the next: an estimate of c from a few
 noise is most of the figure, cannot jump it to the whole token budget and stall the decodes at once.
 
 Only prompts with more than `LONG_PREFILL_TOKENS` tokens (--long-prefill-token-threshold, vLLM's
-flag) are paced: a chat turn's prompt is admitted whole as before (pacing it would add steps to every
-request's time to first token), and the stall the issue is about comes from the long ones. On a slow
-CPU even a short prompt beside running decodes costs a long step (bench/hot_load.py: a 28-token prompt
-beside 16 decodes takes a step of about 31 ms against 24 on a 2-CPU host); threshold 0 paces every
+flag) are paced: a chat turn's prompt is admitted whole (pacing it would add steps to every request's
+time to first token), and the long stalls come from the long ones. On a slow CPU even a short prompt
+beside running decodes costs a long step (docs/performance.md#chunked-prefill); threshold 0 paces every
 prompt, for an operator who prefers steady inter-token latency to early first tokens. Without running
 decodes nothing is paced.
 """

@@ -13,9 +13,8 @@ loaded.
 
 While the engine serves, `prepare_soon` makes an image on the pool's image thread instead, paced
 (IMAGE_BUSY_CPU_SHARE of one CPU, resting after each piece of PACE_PIECE_S), and the scheduler leaves
-the adapter's requests waiting until it is kept (`is_pending`): made between two steps, it delayed
-every running stream's next token by its whole time (1.7-2.6 ms for bench/hot_load.py's rank-16
-adapter on 2 CPUs), which was the largest part left of a hot load's cost to the steps beside it.
+the adapter's requests waiting until it is kept (`is_pending`): made between two steps, it would delay
+every running stream's next token by its whole time (why: see docs/performance.md#hot-loads).
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ from data_plane.lora.weights import LoRAAdapterWeights
 
 logger = logging.getLogger(__name__)
 
-# what the image thread may use of one CPU while the engine serves: an image of bench/hot_load.py's adapter
-# (about 2 ms of CPU) is then kept within a step or two, and no step loses more than a share of a CPU to it
+# what the image thread may use of one CPU while the engine serves: an image is then kept within a step or
+# two, and no step loses more than a share of a CPU to it
 IMAGE_BUSY_CPU_SHARE = 0.25
 
 

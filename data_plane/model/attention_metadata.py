@@ -37,9 +37,8 @@ class AttentionMetadata:
 # A continuing prompt's chunk of at most this many tokens attends as that many decode tokens when the
 # decode kernel reads the cache in place: query i of a chunk after num_computed cached tokens sees the
 # first num_computed + i + 1 positions, exactly a decode row of that context length. Gathering the
-# chunk's whole context per layer for SDPA costs more than its few queries: on 2 cores, 2,048 cached
-# tokens, per layer, 4 queries 0.21 ms as kernel rows against 0.45 ms gathered, 8: 0.41 against ~0.6,
-# 16: 0.72 against 0.79 (the two meet there, and the kernel's cost grows with queries × context).
+# chunk's whole context per layer for SDPA costs more than its few queries up to about this many, where the
+# two meet (the kernel's cost grows with queries × context). Why: docs/performance.md#chunked-prefill
 FOLDED_CHUNK_TOKENS = 16
 
 

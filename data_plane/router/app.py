@@ -7,7 +7,8 @@ key or a tenant key (tenancy.py), and the model list shows a tenant key what it 
 /metrics stay open.
 
 The two inference routes are the hot path, and Litestar's per-request machinery (request object, guards,
-kwargs, response object) cost more than the proxying itself (~0.3 ms of CPU a request). Litestar still
+kwargs, response object) costs more than the proxying itself (docs/performance.md#router-and-fleet;
+measure with bench/router_overhead.py). Litestar still
 routes them and documents them from their handlers, but `fast_path`, the handlers' own ASGI middleware,
 answers them from the raw ASGI messages (RouterService.complete, which checks the client key itself) and
 the handler bodies never run. Errors it raises before answering go through the app's exception handlers

@@ -4,7 +4,7 @@ Without --require-api-key the router's static keys (LORAPLANE_API_KEYS) are all 
 With it, a key is either a static key (an operator's: every model, no quota) or a tenant key
 `lp_<key id>_<secret>`: its record comes from the control plane by key id (GET /v1/tenancy/keys/{id})
 and the secret is verified against the record's hash (shared/key_secrets.py: an HMAC under
-LORAPLANE_KEY_PEPPER, a microsecond; a legacy argon2 hash off the event loop, after which the control
+LORAPLANE_KEY_PEPPER, cheap; a legacy argon2 hash off the event loop, after which the control
 plane is asked to rewrite it as HMAC: POST /v1/tenancy/keys/{id}/rehash). The record and the verified
 secret are kept for `ttl_s`; within it, the key's holder costs a sha256 and a constant-time compare,
 and any other secret offered for that id is refused without a hash (a key id has one secret). After

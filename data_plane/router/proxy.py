@@ -16,8 +16,9 @@ A client that goes away cancels the relay (service.py races it against the ASGI 
 engine's response then closes its connection, which the engine takes as an abort.
 
 Every answer of an engine carries `x-loraplane-engine: <its name>`. One pooled aiohttp session (its C
-HTTP parser: about a quarter of httpx's CPU per request) serves all requests; the engines' inference key
-(`Authorization: Bearer`) is the only credential sent, never the client's, and no cookie is kept.
+HTTP parser: a fraction of httpx's CPU per request, docs/performance.md#router-and-fleet) serves all
+requests; the engines' inference key (`Authorization: Bearer`) is the only credential sent, never the
+client's, and no cookie is kept.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class Proxy:
         self.balancer = balancer
         self.metrics = metrics
         self.max_attempts = max_attempts
-        # built once: aiohttp would otherwise parse the URL and copy the headers on every request (~80 µs)
+        # built once: aiohttp would otherwise parse the URL and copy the headers on every request
         self._headers = CIMultiDict({"Content-Type": "application/json"})
         if engine_api_key:
             self._headers["Authorization"] = f"Bearer {engine_api_key}"

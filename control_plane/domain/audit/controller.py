@@ -39,7 +39,7 @@ class AuditController(Controller):
                                           "name@version); empty: any")] = "",
         actor: Annotated[str, Parameter(max_length=32, pattern=_NO_NUL, description="a token id as the rows name it")] = "",
         action: Annotated[str, Parameter(max_length=64, pattern=_NO_NUL, description="e.g. load_lora_adapter")] = "",
-        # a string checked here (the framework's datetime also took a bare number, since=0.5, as a time);
+        # a string checked here (the framework's datetime would take a bare number, since=0.5, as a time);
         # Optional, as a default "" would have to pass min_length: left out is any time, since= a 400
         since: Annotated[str | None, Parameter(min_length=20, max_length=64, pattern=_RFC3339,
                                         schema_extra={"format": "date-time"},

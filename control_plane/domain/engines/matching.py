@@ -1,4 +1,4 @@
-"""Which engines serve an adapter's base model (issue 11, §1).
+"""Which engines serve an adapter's base model.
 
 An adapter names its base model as the operator gave it, or as its adapter_config.json's
 `base_model_name_or_path` says: often a hub id (`meta-llama/Llama-3.2-1B`) or the local path the adapter

@@ -4,11 +4,11 @@ change anything.
 The engine row is locked FOR NO KEY UPDATE for the whole round (see reconcile.py), so that two replicas
 never reconcile one engine at once. A round that finds it locked waits for it at most LOCK_WAIT_MS and
 then skips the engine: another replica's round holds it for seconds, but a heartbeat of the engine holds
-it for the milliseconds of its commit, and SKIP LOCKED skipped an engine whose heartbeat was committing
-(at 200 engines beating every 3 s, one to five engines a pass). SQLite (one replica) takes no row lock.
+it for the milliseconds of its commit, and SKIP LOCKED would skip every engine whose heartbeat is
+committing (docs/performance.md#control-plane). SQLite (one replica) takes no row lock.
 
 A round reads every placement of its engine (hundreds at fleet scale, every interval) as columns, not ORM
-objects (two objects a row were most of a steady round's time in the control plane). Its answers are
+objects, which would be most of a steady round's time in the control plane. Its answers are
 compared with what the rows say already: an answer that would write nothing (`record_answers` leaves a row
 that already says so) is not sent to the database at all, so a steady round over an engine that still
 holds what it should writes nothing but its demand. This is decided on the round's own read: a writer in

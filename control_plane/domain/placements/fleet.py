@@ -94,7 +94,7 @@ class _Writes:
 class _Room:
     """Per base model and rank: how many engines can take such an adapter, their ids and those with room,
     kept while no load changes. A steady pass then scans the engines once per base model instead of once
-    per adapter (adapters × engines was most of a pass at 200 engines and 20,000 adapters)."""
+    per adapter (adapters × engines, most of a pass at fleet scale: docs/performance.md#control-plane)."""
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, int], tuple[int, frozenset[int], frozenset[int]]] = {}

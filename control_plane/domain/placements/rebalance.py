@@ -6,9 +6,10 @@ way) from the fullest engine to the emptiest one, under two rules that make the 
 
 - only where the target's free capacity exceeds the source's by the gap: `MIN_GAP`, or `REL_GAP` of the
   mean an engine holds, whichever is more. Rendezvous hashing spreads N adapters over E engines with
-  a natural spread of about 6·sqrt(N/E) between the fullest and the emptiest (123 at 100,000 over 200);
-  a fixed gap of 2 took that spread for imbalance and moved 4 placements every other pass for ever. A
-  gap relative to the mean leaves the natural spread alone and still sees an engine that came back empty;
+  a natural spread of about 6·sqrt(N/E) between the fullest and the emptiest; a small fixed gap would
+  take that spread for imbalance and move placements every other pass without end
+  (docs/performance.md#control-plane). A gap relative to the mean leaves the natural spread alone and
+  still sees an engine that came back empty;
 - only an adapter that ranks the target above the source in rendezvous order (by the names' hash
   alone): a move takes an adapter nearer its own first choice, so no later pass wants its reverse, and
   since every move strictly lowers the adapters' total distance from their first choices, the moves run

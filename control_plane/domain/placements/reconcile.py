@@ -134,8 +134,9 @@ class Reconciler:
                 logger.exception("reconcile round failed")
 
     async def plan_from_now(self) -> None:
-        """A fleet pass that begins after this call, shared with every caller waiting meanwhile: 10 engines
-        registering at once ran 10 full passes (seconds each at 100,000 adapters) where one serves them all."""
+        """A fleet pass that begins after this call, shared with every caller waiting meanwhile: engines
+        registering at once would each run a full pass (docs/performance.md#control-plane) where one serves
+        them all."""
         wanted = self._passes_begun + 1
         async with self._planning:
             if self._passes_begun >= wanted:

@@ -101,7 +101,8 @@ async def holders(session: AsyncSession, adapter_ids: Collection[int] | None = N
 @dataclass(frozen=True, slots=True)
 class ActiveRow:
     """An adapter with an active version as the fleet pass's unlocked read sees it: the columns placement
-    decides on, not ORM objects (building 100,000 pairs of those took a third of a steady pass). It
+    decides on, not ORM objects (building those at fleet scale is a large part of a steady pass:
+    docs/performance.md#control-plane). It
     stands for both the adapter and its version where placement_of takes them."""
 
     id: int

@@ -1,9 +1,9 @@
 """The encoded routing table, kept while the registry's routing-relevant rows are unchanged.
 
-Building the table for 100,000 adapters × 200 engines takes seconds (reading 300,000 placement rows
-and encoding 15 MB), and every router revalidates every second; nearly always nothing has changed.
-So each call first takes a fingerprint (two aggregate queries over `adapters` and `placements`,
-~0.1 s at that scale, plus the healthy engines it reads anyway) and rebuilds only when the fingerprint
+Building the table at fleet scale is costly (reading every placement row and encoding them all), and
+every router revalidates every second; nearly always nothing has changed. So each call first takes a
+fingerprint (two aggregate queries over `adapters` and `placements`, far cheaper than a build:
+docs/performance.md#control-plane; plus the healthy engines it reads anyway) and rebuilds only when it
 differs from the one the cached table was built under, or when the cached table is older than
 `max_age_s` (the fingerprint is a hash sum: two changes that cancel out are improbable, not
 impossible, and the age bounds how long such a coincidence could last).

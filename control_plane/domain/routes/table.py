@@ -108,7 +108,7 @@ async def _holders(session: AsyncSession, engines: dict[int, Engine], active: se
                    narrow: bool) -> dict[int, list[tuple[int, Residency]]]:
     """Active version id -> [(engine id, residency)] ordered by engine name, for placements desired held
     on the given engines and not failed. The versions are filtered here, not joined in SQL (a join on
-    adapters.active_version_id, which has no index, took seconds on SQLite at 100,000 adapters); only
+    adapters.active_version_id, which has no index, is slow on SQLite at fleet scale); only
     a `narrow` call (a few adapters) names them in the query."""
     stmt = (select(Placement.adapter_version_id, Placement.engine_id, Placement.observed, Placement.residency)
             .where(Placement.desired.in_(HOLDING), Placement.engine_id.in_(list(engines))))

@@ -10,5 +10,5 @@ Buffer = bytearray | mmap.mmap
 
 def new_buffer(size: int) -> Buffer:
     """`size` zero bytes whose pages are not touched yet (an anonymous mapping), for a receive to fill.
-    `bytearray(size)` writes every page first: 0.26 s for 200 MB on this VM before the first byte came."""
+    `bytearray(size)` would write every page before the first byte came (docs/performance.md#artifacts)."""
     return mmap.mmap(-1, size) if size >= mmap.PAGESIZE else bytearray(size)

@@ -8,10 +8,10 @@
   fetched the version has taken its weights from the held bytes (or WRITE_DELAY_S), then until the
   engine has had no request for WRITE_QUIET_S (at most WRITE_IDLE_WAIT_S, and not at all once
   something waits for it: shutdown, room for another fetch, a discard); it runs in a low-priority
-  thread that rests while the engine is busy (data_plane.background.BackgroundPace). A 200 MB write
-  took 0.5-0.8 s here, and beside the first request of the adapter just loaded it tripled that request's time to its
-  first token (0.43 s against 0.14 s with the write held back), even paced: on a VM the disk's
-  emulation takes host CPU. A crash before it ends only means the next start fetches it again.
+  thread that rests while the engine is busy (data_plane.background.BackgroundPace). Beside the first
+  request of the adapter just loaded, the write would delay that request's first token, even paced: on a
+  VM the disk's emulation takes host CPU (docs/performance.md#artifacts). A crash before it ends only
+  means the next start fetches it again.
 - A digest in the cache is never fetched again, also after a restart (the folders are scanned at open).
   Reuse is checked cheaply, the files present with their manifest sizes, and not re-hashed here: the
   load hashes them anyway (the PEFT loader digests what it reads and the registry refuses another
@@ -204,7 +204,7 @@ class ArtifactCache:
 
     async def _fetch(self, ref: ArtifactRef) -> Path:
         """Fetch and verify in memory; the bytes are held for the loader and written into the cache in
-        the background, so that the load does not wait for 200 MB to reach the disk first."""
+        the background, so that the load does not wait for the files to reach the disk first."""
         manifest = await self.fetcher.manifest(ref)
         size = manifest.size_bytes
         await self._make_room(size)
@@ -233,7 +233,8 @@ class ArtifactCache:
         fetches it again."""
         digest, size = manifest.digest, manifest.size_bytes
         try:
-            partial.mkdir()  # at once: its appearance is when the version was verified (bench/artifacts.py)
+            # at once: its appearance is when the version was verified (bench/artifacts.py times by it)
+            partial.mkdir()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(loaded.wait(), WRITE_DELAY_S)
             await self._quiet_engine()

@@ -1,13 +1,14 @@
 """One artifact file downloaded and hashed in memory by a single low-priority, paced thread (blocking code).
 
 Why not the API's event loop (httpx, as the manifest is fetched): httpx hands a download to Python in
-64 KiB pieces, each parsed and copied while holding the GIL, on the thread that also serves requests.
-That ran at about 250 MB/s here and took the GIL from the engine's step thread thousands of times per
-adapter. Here the stdlib HTTP client reads the body straight into the file's own buffer, allocated
-once at its listed size (`readinto` in 1 MiB steps: the socket copies into it without the GIL), and
-the sha256 update of each step releases the GIL too. Nothing is written to disk here: the caller gets
-the verified bytes, parses them in memory and writes the cache's copy (cache.py), so a cold load
-neither waits for a file write inside the receive loop nor reads back the file it has just written.
+64 KiB pieces, each parsed and copied while holding the GIL, on the thread that also serves requests:
+slow, and it takes the GIL from the engine's step thread thousands of times per adapter
+(docs/performance.md#artifacts). Here the stdlib HTTP client reads the body straight into the file's
+own buffer, allocated once at its listed size (`readinto` in 1 MiB steps: the socket copies into it
+without the GIL), and the sha256 update of each step releases the GIL too. Nothing is written to disk
+here: the caller gets the verified bytes, parses them in memory and writes the cache's copy (cache.py),
+so a cold load neither waits for a file write inside the receive loop nor reads back the file it has
+just written.
 The weights file may also be staged (`Download.stage`, a `Stage`: loading/staging.py's TensorStage in the
 engine, which copies each tensor into the adapter's host layout on a second thread once its bytes are in,
 so that the load has nothing left to copy); the stage is handed on only with bytes whose sha256 matched,
@@ -44,7 +45,7 @@ from shared.errors import LoraplaneError
 from shared.peft import AdapterFilesError
 
 # one readinto and one hash update (the cancel and deadline checks between them): as large as the receive
-# window, so the sender refills the window while this thread hashes (694 MB/s here against 632 for 4 MiB)
+# window, so the sender refills the window while this thread hashes (docs/performance.md#artifacts)
 STEP_BYTES = 1 << 20
 RECEIVE_BUFFER_BYTES = 1 << 20  # SO_RCVBUF: the most the sender can put in flight ahead of this thread
 

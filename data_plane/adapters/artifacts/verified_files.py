@@ -3,8 +3,8 @@ unchanged, and, right after a fetch, the verified bytes themselves, which the lo
 the file.
 
 An adapter fetched by digest is hashed as it arrives (download.py) and published into the cache;
-the PEFT loader digests the files it reads, so without this memo every cold load would hash 200 MB twice
-within a second (about 0.15 s of a 0.6 s load here). The memo answers the loader instead, for files
+the PEFT loader digests the files it reads, so without this memo every cold load would hash its files
+twice within a second (docs/performance.md#artifacts). The memo answers the loader instead, for files
 whose size, mtime (ns), inode and device are those recorded right after verification: any write through
 the file system changes the mtime, so an edited file is hashed again and, differing, refused. It lives
 in memory only: after a restart the first load of a cached version hashes it once more.

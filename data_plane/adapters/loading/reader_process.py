@@ -2,9 +2,9 @@
 
 A load reads and validates a few hundred tensors: Python between torch ops, on a thread of the API
 process, holding the GIL one slice at a time. Meanwhile the event loop, which hands every stream its
-next token, waits for the GIL at each wake-up (bench/hot_load.py: streams' p99 inter-token latency
-1.8-2.7x steady while adapters loaded, the core's own steps near steady). So the reading runs in an
-adapter reader process: `python -m data_plane.adapters.loading.reader_process_main`, started by the
+next token, waits for the GIL at each wake-up, while the core's own steps stay near steady (why: see
+docs/performance.md#hot-loads; measure with bench/hot_load.py). So the reading runs in an adapter reader
+process: `python -m data_plane.adapters.loading.reader_process_main`, started by the
 first load and a second when two loads meet running requests (until one is ready, a load reads on its own
 thread), at lower priority (data_plane.background.READER_NICENESS), with one torch thread and the API's
 environment minus its secrets (shared.secret_env.without_secrets: it calls nobody). It writes the
@@ -13,8 +13,8 @@ with its layout only (transfer.SharedAdapter, a few KB); the API process maps th
 then on (transfer.adopt_adapter), exactly as if it had read it itself. Up to WORKERS loads run at once,
 one per reader process.
 A load that meets running requests while every ready reader is busy waits for one (at most BUSY_WAIT_S)
-instead of reading on its own thread: a paced read takes a fifth of a second or so, and a burst of
-loads read on the API's threads was what still slowed the streams once readers were up.
+instead of reading on its own thread: a paced read is short, and a burst of loads read on the API's
+threads would slow the streams as much as having no readers.
 While the engine has requests, a reader rests between small pieces of its work, so that it takes at most
 data_plane.background.READER_BUSY_CPU_SHARE of a CPU and never a core's whole step from the engine
 (CpuPace).
@@ -54,9 +54,8 @@ logger = logging.getLogger(__name__)
 READER_MODULE = "data_plane.adapters.loading.reader_process_main"  # how a reader shows in a process list
 WORKERS = 2  # as many loads at once as the reader threads (data_plane/background.py) run
 MAX_START_FAILURES = 3  # readers that exit while starting before loads stop starting them (they read here)
-# how long a load that meets running requests waits for a busy reader before reading on its own thread: a
-# paced read of bench/hot_load.py's adapter takes 0.15-0.25 s, so six loads at once on two readers wait
-# at most about 0.75 s
+# how long a load that meets running requests waits for a busy reader before reading on its own thread:
+# several paced reads' time, so a burst of loads on two readers all find one (docs/performance.md#hot-loads)
 BUSY_WAIT_S = 2.0
 
 
@@ -66,12 +65,12 @@ class AdapterReaderProcess:
     --no-adapter-reader-process reads).
 
     Readers are there for loads that meet running requests, so they start on demand: the first load starts
-    one beside it (it imports torch: about 1.5 s of CPU, at its low priority), so that it is ready when
-    traffic comes (started by the first load that met traffic instead, it imported torch for 15-30 s on 2
-    CPUs the engine kept busy, and every load meanwhile read here: bench/hot_load.py's first hot windows at
-    2-3x steady); more start, up to `workers`, when loads that meet running requests (`busy()`) find none
-    free. Loads never wait for a reader to start: until one is ready they read here. An engine that never
-    loads an adapter from files never starts one."""
+    one beside it (it imports torch, at its low priority), so that it is ready when traffic comes: started
+    by the first load that met traffic, it would import torch for many times as long on CPUs the engine
+    keeps busy, and every load meanwhile would read here (docs/performance.md#hot-loads); more start, up
+    to `workers`, when loads that meet running requests (`busy()`) find none free. Loads never wait for a
+    reader to start: until one is ready they read here. An engine that never loads an adapter from files
+    never starts one."""
 
     def __init__(self, reading: AdapterReading, verified: VerifiedFiles | None = None,
                  workers: int = WORKERS, busy: Callable[[], bool] = lambda: True) -> None:
@@ -119,7 +118,7 @@ class AdapterReaderProcess:
     def start(self, import_first: bool = False) -> None:
         """Start a reader now if none runs (a warm reader for the next load). `import_first`: it imports torch
         at the calling thread's priority and only then lowers its own (an engine starting up, which serves
-        nothing yet: ready in about 1.5 s instead of many once traffic keeps the CPUs busy)."""
+        nothing yet: ready sooner than once traffic keeps the CPUs busy)."""
         with self._changed:
             if not self._readers and not self._closed:
                 self._start_reader(import_first)
@@ -158,9 +157,9 @@ class AdapterReaderProcess:
         """The most recently used reader free, if any (warm). When none is free, one more starts for the loads
         after this one: the first whatever the engine does, more (up to `workers`) while it has requests
         (`busy`). And while it has requests and a reader that is ready reads another load, this one waits for
-        a reader to free (at most BUSY_WAIT_S) instead of reading here, on the API process's GIL
-        (data_plane/background.py: 2.3-2.6x the streams' p99 inter-token latency). None: read here (the engine is idle, no reader is
-        ready yet, or the wait ran out)."""
+        a reader to free (at most BUSY_WAIT_S) instead of reading here, on the API process's GIL, which
+        would stall the streams (docs/performance.md#hot-loads). None: read here (the engine is idle, no
+        reader is ready yet, or the wait ran out)."""
         dead: list[_Reader] = []
         deadline = time.monotonic() + BUSY_WAIT_S
         try:

@@ -34,7 +34,8 @@
 #include <vector>
 
 // 256-bit vectors also where the build targets AVX-512: a decode step streams the weights from memory,
-// and 512-bit loads made it slower on this EPYC (Zen 4); AVX-512VL's 32 registers still hold bigger tiles
+// and 512-bit loads measured slower (docs/performance.md#lora-kernels); AVX-512VL's 32 registers
+// still hold bigger tiles
 #if defined(__AVX2__) && defined(__FMA__)
 #pragma GCC target("f16c")  // every AVX2 CPU has F16C (vcvtph2ps); after the headers, for this file only
 #include <immintrin.h>
@@ -310,8 +311,8 @@ void shrink_tile(Scratch& s, const Tile& tile, const int64_t* rows, const TW* co
 // The expand of TT tokens of TT slots (a lone token or a pair), B read in its memory's order: row r of
 // every lane, then row r + 1, so that each slot's B is one sequential stream, the pair's two side by
 // side; the sums wait in s.ys (a token's lanes side by side, an L1-sized row). Blocks of columns over
-// the rank rows, as the shared tiles read B, made `rank` short strided streams per block: a decode
-// step's expand measured 7-12% slower that way.
+// the rank rows, as the shared tiles read B, would make `rank` short strided streams per block, slower
+// for a decode step's expand (docs/performance.md#lora-kernels; measure with bench/lora_ops.py).
 template <int TT, typename TA, typename TW>
 void expand_rows(Scratch& s, const int64_t* rows, const float* const* vs, const TW* const* bs, TA* yp,
                  int64_t y_row, int64_t b_row, int64_t rank, at::IntArrayRef offsets, at::IntArrayRef widths) {

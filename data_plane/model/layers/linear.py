@@ -65,9 +65,9 @@ class LinearBase(nn.Module):
 def store_weights_column_major(model: nn.Module) -> None:
     """Lay every linear weight out column-major: the same [out, in] tensor, strides (1, out).
 
-    F.linear(x, W) is then x @ Wᵀ over a contiguous Wᵀ, which CPU BLAS multiplies 15-30 % faster at
-    decode batch sizes (measured on 32 x 512 by 512..2816 here; a 2,048-token prefill is unchanged).
-    Shapes, slicing, loading and the LoRA wrappers see the same [out, in] weight.
+    F.linear(x, W) is then x @ Wᵀ over a contiguous Wᵀ, which CPU BLAS multiplies faster at decode batch
+    sizes (why: see docs/performance.md#engine-throughput; a long prefill is unchanged). Shapes, slicing,
+    loading and the LoRA wrappers see the same [out, in] weight.
     """
     with torch.no_grad():
         for module in model.modules():
