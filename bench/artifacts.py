@@ -1,4 +1,4 @@
-"""Adapter artifacts over loopback (issue 10 §5): a ~200 MB PEFT adapter uploaded into the control plane's
+"""Adapter artifacts over loopback: a ~200 MB PEFT adapter uploaded into the control plane's
 store, fetched and verified by an engine, and what that costs the first token and other adapters' decoding.
 Prints one JSON object.
 
@@ -21,12 +21,12 @@ in alternating order:
   idle-class download thread did, is counted in loads_outliving_the_1500_token_decode).
 Figures are medians over the repeats, with [min, max].
 
---prefault-mib: on a virtual machine whose host backs guest memory lazily (Firecracker here), the first
-write into a page the guest never touched costs a host fault (about 3.5 s per GB here against 1 s
-for memory touched before), paid by whichever path happens to write new memory first (new files' page
-cache, the loaded tensors). Touching that much memory once before the run and freeing it lets the
-kernel hand those pages out again, so that the figures measure loraplane rather than the hypervisor;
-0 measures the machine as it comes. The JSON says which.
+--prefault-mib: on a virtual machine whose host backs guest memory lazily (Firecracker, for one), the
+first write into a page the guest never touched costs a host fault, several times a write into memory
+touched before (docs/performance.md#artifacts), paid by whichever path happens to write new memory
+first (new files' page cache, the loaded tensors). Touching that much memory once before the run and
+freeing it lets the kernel hand those pages out again, so that the figures measure loraplane rather
+than the hypervisor; 0 measures the machine as it comes. The JSON says which.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Replays the hardening audit's attacks (issue 8, section 1) against a real control plane and engine and
+"""Replays known attacks on the admin and inference APIs against a real control plane and engine and
 prints one JSON object: per attack, the status answered, the seconds it took, and whether the engine
 still served a normal request and answered /health afterwards.
 

@@ -1,4 +1,4 @@
-"""The fleet behind the router (issue 11 §5): adapter affinity vs spreading requests blindly. One JSON object.
+"""The fleet behind the router: adapter affinity vs spreading requests blindly. One JSON object.
 
     .venv/bin/python bench/fleet.py [--repeats 3] [--requests 240] [--concurrency 48] [--engine-threads 1]
         [--max-loras 4] [--omp-threads-bind nobind]
@@ -15,8 +15,7 @@ two CPUs, each parallel region waiting at its barrier for a thread the scheduler
 gets --omp-threads-bind nobind (as `loraplane up --engines N` gives them), so every process may run on every
 CPU; the engine's default, auto, would bind all six cores to the last CPU and their API processes to the
 others, and the busy stack's three cores would then share one CPU while the client, the router, the control
-plane and the API processes left the other partly idle (stop 27's figures at one thread per engine were
-measured that way; `--omp-threads-bind auto` reproduces it).
+plane and the API processes left the other partly idle (`--omp-threads-bind auto` runs that layout).
 
 One request list (Zipf(1.0) over the 48 adapters, streamed completions of --max-tokens tokens) is sent
 (a) through the router (stack A), (b) round-robin over stack B's engines, (c) to a random engine of
@@ -35,9 +34,8 @@ Then the router's own cost, against the engine that holds the adapter (stack A),
 1-token non-streaming completion, and streaming throughput of --streams concurrent long streams (two runs
 each way per repeat, in ABBA order; the ratio is the repeat's summed tokens/s). Both use one more adapter,
 `solo`, loaded with replicas {min 1, max 1} and sent no other traffic, so that the router has exactly the
-one engine to choose that the direct side calls. (Until stop 29 they used a00, the hottest adapter, which
-demand scaling gives two or three replicas: the router could then spread the streams over engines the
-direct side did not use.)
+one engine to choose that the direct side calls (a hot adapter, which demand scaling gives two or three
+replicas, would let the router spread the streams over engines the direct side does not use).
 Figures are medians over the repeats with [min, max], but each side's streaming tokens/s, which are over
 every run (two per repeat). `slot_loads_offline_floor` is no measurement: the
 fewest loads the same request lists allow (bench/fleet_floor.py: optimal eviction on --max-loras slots, requests
@@ -335,7 +333,7 @@ def main() -> int:
                         help="torch threads of each engine core (default 1: six engines share this host's CPUs, and "
                              "an engine alone would take one per CPU, so three busy ones would oversubscribe them)")
     parser.add_argument("--max-loras", type=int, default=4,
-                        help="device slots of every engine (default 4, the issue's; --max-loras 48, a slot for every "
+                        help="device slots of every engine (default 4; --max-loras 48, a slot for every "
                              "adapter, gives the stacks' ceiling with no slot ever loaded twice)")
     parser.add_argument("--omp-threads-bind", default="nobind", type=bind_value,
                         help="every engine's --omp-threads-bind (default nobind, as `loraplane up --engines N` starts "

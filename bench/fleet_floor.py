@@ -16,17 +16,12 @@ for every way:
 - any_routing: the whole fleet as one engine of E x slots slots whose requests all wait together within
   E x window (the client's whole concurrency). Splitting the slots over engines only adds constraints, so
   no routing, placement or eviction, online or not, makes fewer loads than this under the window's
-  model: at 240 requests 49-52 loads (the lists name 41-43 distinct adapters for 12 slots), 0.37-0.40 of
-  the 131 round-robin loads bench/fleet.py measures.
+  model.
 
-`demand_placed / round_robin` is then about what routing can reach at best against round-robin: at 48
-adapters, Zipf(1.0), 3 engines of 4 slots and a window of 16 it is 0.53 [0.49, 0.53] at 240 requests,
-0.44 at 960 and 0.43 at 4,800 (the 36 coldest adapters carry 30% of the requests and miss nearly every
-time on any engine), so bench/fleet.py's target of 1/4 of round-robin's slot loads is below what any
-routing or placement reaches in that setup, steady state included. (Weighted rendezvous placement of
-a00-a47 over fleet-0..2 gives the same floor as demand placement here, 50-54 loads at 240 requests.
-Replicas cost loads: with the hottest 1, 2 or 3 adapters on all three engines, their requests spread
-evenly, the floor rises to 55-57, 58-62 and 62-68: each replica takes a slot on every engine holding it.)
+`demand_placed / round_robin` is then about what routing can reach at best against round-robin, and
+`any_routing` what no routing beats: the figures at bench/fleet.py's setting (48 adapters, Zipf(1.0), 3
+engines of 4 slots, a window of 16) are in docs/performance.md#router-and-fleet. Replicas cost loads:
+each replica takes a slot on every engine holding it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The control plane at fleet scale, by simulation (issue 11 §5). Prints one JSON object; progress on stderr.
+"""The control plane at fleet scale, by simulation. Prints one JSON object; progress on stderr.
 
     flock /tmp/iss/bench.lock timeout 1200 .venv/bin/python bench/fleet_scale.py [--engines 200] [--adapters 100000]
 
@@ -9,14 +9,13 @@ an engine) and --adapters adapters with replicas {min 1, max 3}.
 
 Registering adapters: --api-adapters of them go through the real API (`POST /v1/load_lora_adapter` of a
 PEFT folder under --lora-roots: files validated, copied into the artifact store, placed and pushed to the
-simulated engines); a load takes tens of milliseconds, so 100,000 would take over an hour here, and the
-rest are SEEDED WITH SQL straight into `adapters` and `adapter_versions` (one row each, active, replicas
-{1, 3}, a version recorded without artifact-store files, as versions from before the store are). Their
-first placement is SEEDED WITH SQL too by default (--place-seeded sql: one `placements` row each, desired
-loaded on its first engine in rendezvous order, observed absent, so the first pass's engine rounds load
-them all): the control plane's own first pass places 10,000 new adapters in about 100 s here, so 100,000
-would take most of the run (--place-seeded control-plane measures it). From there on every placement
-change is the control plane's.
+simulated engines); 100,000 loads that way would take an hour or more (docs/performance.md#control-plane),
+and the rest are SEEDED WITH SQL straight into `adapters` and `adapter_versions` (one row each, active,
+replicas {1, 3}, a version recorded without artifact-store files, as versions from before the store are).
+Their first placement is SEEDED WITH SQL too by default (--place-seeded sql: one `placements` row each,
+desired loaded on its first engine in rendezvous order, observed absent, so the first pass's engine rounds
+load them all): the control plane's own first pass over 100,000 new adapters would take most of the run
+(--place-seeded control-plane measures it). From there on every placement change is the control plane's.
 
 Reconcile passes: the control plane's own timer is set out of the way (LORAPLANE_RECONCILE_INTERVAL_S=3600)
 and the bench runs each pass with `POST /v1/engines/reconcile`, which runs exactly what the timer runs

@@ -13,9 +13,9 @@ repeat, after an uncounted warm-up round):
 - arrivals: six short requests (2 tokens) of the two other registered adapters, already in slots,
   50 ms apart: their prefills, no file read, no slot write (the baseline of the same arrivals). Each
   prompt starts with a number of its own, so the prefix cache holds none of it, as it holds none of a
-  new adapter's first prompt (its cache namespace is new): until stop 29 they sent the streams'
-  prompt, 16 of its 28 tokens were cached, and a step with an arrival computed 12 prompt tokens
-  against a hot load's 28;
+  new adapter's first prompt (its cache namespace is new): with the streams' prompt, 16 of its 28
+  tokens would be cached, and a step with an arrival would compute 12 prompt tokens against a hot
+  load's 28;
 - hot: six adapters never seen are loaded (POST /v1/load_lora_adapter: the engine reads and checks
   their files) and get one short request each, 50 ms apart: each is read, handed to the engine core,
   and written into a slot by the step that admits it, beside the running streams;
@@ -29,7 +29,7 @@ loads still did (0 when every one found a reader, waiting for a busy one if need
 The arrival windows end when the last arrival has its answer. An inter-token latency is the time between
 two consecutive tokens of one running stream, counted when the gap begins in the window (all streams share
 each step, so one slow step is `--streams` long gaps). Reported per mode:
-p50/p99 over the repeats (median, range), and per repeat the ratios hot/steady (the issue's) and
+p50/p99 over the repeats (median, range), and per repeat the ratios hot/steady (target <= 1.5) and
 hot/arrivals (what the loads add beside the arrivals' own prefills); and the p99 of all repeats' gaps
 together, with its hot/steady ratio (an arrivals window has 10-20 steps, so its own p99 is its slowest one).
 

@@ -12,7 +12,7 @@ process. Prints one JSON object.
 (e) serves 16 decoding requests three ways on one engine: steady (nothing else), with six short requests
 of adapters already in slots arriving (their prefills, no file read, no slot write: the baseline of the
 same arrivals), and with six adapters hot-loading (read on a low-priority thread, then the admitting step
-writes each into a slot). `ratio` is hot-loading p99 / steady p99, as the issue defined it; its
+writes each into a slot). `ratio` is hot-loading p99 / steady p99 (target <= 1.5); its
 `load_ratio` = hot-loading p99 / arrivals p99 is what the loads themselves add to the steps beside them.
 """
 

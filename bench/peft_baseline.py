@@ -1,6 +1,7 @@
-"""The usual way to serve LoRA adapters without a LoRA server, the baseline of issue 13's (d):
-transformers + PEFT, every adapter loaded into one PeftModel, one request at a time with its adapter
-set, greedy `generate`. Test-only libraries (transformers, peft), imported here only.
+"""The usual way to serve LoRA adapters without a LoRA server, the naive-PEFT baseline of
+bench/lora_throughput.py's (d) and bench/serving.py --peft: transformers + PEFT, every adapter loaded
+into one PeftModel, one request at a time with its adapter set, greedy `generate`. Test-only libraries
+(transformers, peft), imported here only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The router's own cost in front of a real engine (issue 11 §5): 1-token latency and streaming throughput.
+"""The router's own cost in front of a real engine: 1-token latency and streaming throughput.
 
     .venv/bin/python bench/router_overhead.py [--repeats 3] [--requests 200] [--streams 8] [--stream-tokens 128]
 
@@ -11,7 +11,7 @@ request by request (1-token) or run by run (streams), so that both see the same 
   their difference (target ≤ 2 ms);
 - output tokens/s of --streams concurrent streams of --stream-tokens tokens, via the router over direct
   (target ≥ 0.95);
-- tenant keys (issue 14 §4): a second router with --require-api-key and Redis (127.0.0.1:6379, a prefix of
+- tenant keys: a second router with --require-api-key and Redis (127.0.0.1:6379, a prefix of
   its own, deleted at the end) serves a tenant key whose tenant and key have requests, tokens and
   concurrency quotas (large enough never to refuse); the p50 of 1-token completions through it and
   through the plain router, alternated request by request: what key checks and quotas add (target ≤ 1 ms);

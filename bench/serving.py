@@ -4,14 +4,15 @@
         [--torch-threads 1 2] [--servers core thread] [--adapters N --rank R [--peft]] [--repeats 3] [--quick]
 
 Starts real `loraplane engine` processes (`core`: the engine-core process, the default; `thread`: the
-old engine thread in the API process, --no-engine-core-process), one per torch thread count, and
+engine on a thread of the API process, --no-engine-core-process), one per torch thread count, and
 drives them over HTTP (/v1/completions, token-id prompts, greedy, ignore_eos) from a separate client
 process with 1, 8 and 32 concurrent clients, streaming and not. The in-process figure is LLMEngine
 in this process at the same torch thread count, fed the same way (a new request as soon as one of
 the `clients` finishes), with the core's OpenMP spin (bench/core_openmp.py). Each repeat runs every
-case once, alternating in-process and HTTP, on fresh prompts; medians and ranges are reported, ratios per repeat. --peft adds the baseline of issue 13's (d):
-transformers + PEFT serving the same number of requests one at a time (bench/peft_baseline.py), run in
-each repeat before its cases, and every side's ratio over it. Prints one JSON object; progress on stderr.
+case once, alternating in-process and HTTP, on fresh prompts; medians and ranges are reported, ratios
+per repeat. --peft adds the naive-PEFT baseline of bench/lora_throughput.py's (d): transformers + PEFT
+serving the same number of requests one at a time (bench/peft_baseline.py), run in each repeat before
+its cases, and every side's ratio over it. Prints one JSON object; progress on stderr.
 """
 
 from __future__ import annotations
@@ -220,7 +221,7 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--peft", action="store_true",
                         help="with --adapters: also transformers + PEFT one adapter (and request) at a time, in this "
-                        "process, once per repeat and torch thread count, alternated with the runs (issue 13's (d))")
+                        "process, once per repeat and torch thread count, alternated with the runs")
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)

@@ -4,7 +4,7 @@
         [--prompt-len 128] [--output-len 128]
 
 Without --model a demo model is generated in a temporary directory: the demo shape, or --shape
-(hidden,intermediate,layers,heads,kv_heads,vocab; issue 13's model is 512,1408,6,8,2,384).
+(hidden,intermediate,layers,heads,kv_heads,vocab; the other benches' default is 512,1408,6,8,2,384).
 LORAPLANE_ATTENTION_KERNELS=torch runs the engine's decode attention on the torch path (gather + SDPA)
 instead of the CPU kernel, for a before/after. Prints one JSON object.
 """
