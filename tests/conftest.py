@@ -6,7 +6,7 @@ left. tests/faults/ is one unit as a whole: its tests share a package-scoped fle
 across its files (tests/faults/conftest.py). Without xdist, or with another --dist, nothing changes here.
 
 (xdist's own `--dist loadgroup` marks cannot say this under pytest 9.2: it renames items through an
-attribute pytest no longer reads, so every test became a unit of its own and tests/faults/ was split.)
+attribute pytest no longer reads, so every test becomes a unit of its own and tests/faults/ is split.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A PostgreSQL connection terminated under a call (issue 8 § 3: `pg_terminate_backend`, as a failover or a
-restart does) is retried on a fresh connection where that is safe, and otherwise answers a documented 503
-in the OpenAI error shape; never a 500 (before: asyncpg's ConnectionDoesNotExistError went out as 500).
+"""A PostgreSQL connection terminated under a call (`pg_terminate_backend`, as a failover or a restart
+does) is retried on a fresh connection where that is safe, and otherwise answers a documented 503 in the
+OpenAI error shape; never a 500 (asyncpg's ConnectionDoesNotExistError must not go out as one).
 
 The killer is deterministic: a listener on the app's own engine terminates, for real, the backend of the
 connection that is about to run the n-th statement from now (or to COMMIT), and waits until it is gone.
@@ -201,8 +201,8 @@ async def test_a_commit_cut_off_answers_503_for_a_mutation_and_is_retried_for_a_
 async def test_a_connection_terminated_after_the_last_statement_keeps_the_answer(
         cp: tuple[AsyncTestClient, Killer], demo: dict, pg_settings: ControlPlaneSettings) -> None:
     """The handler is done and its answer built; the server then ends the connection, so the rollback
-    that closing the request's session sends fails (before: that close failure turned the answer into a
-    500). The answer stands, and the broken connection is discarded rather than returned to the pool."""
+    that closing the request's session sends fails, which must not turn the answer into a 500. The answer
+    stands, and the broken connection is discarded rather than returned to the pool."""
     client, killer = cp
     await _setup(client, demo, pg_settings.database_url)
     for call in ("get adapter", "list adapters", "list engines"):  # reads: their transaction is still open

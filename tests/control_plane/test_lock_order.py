@@ -1,14 +1,14 @@
 """Placement rows are locked in one order, ascending id, by every writer (domain/placements/planner.py).
 
-The deadlock the fault suite logged: the reconciler on one replica updated an engine's placements in id
-order while a push recorded on the other replica updated the loaded row first and then the adapter's
-older rows on that engine (lower ids): each held a row the other wanted. Here a push is recorded while
+The deadlock this guards against: the reconciler on one replica updates an engine's placements in id
+order while a push recorded on the other replica updates the loaded row first and then the adapter's
+older rows on that engine (lower ids): each holds a row the other wants. Here a push is recorded while
 another connection holds the higher row; recording in ascending id, it already holds the lower one while
-it waits (before: it waited holding nothing, and took the lower row after the higher, the other order).
+it waits (in the other order it would wait holding nothing and take the lower row after the higher).
 
 The reconciler holds its engine's row for a whole round (engine calls included) FOR NO KEY UPDATE, which a
-load inserting a placement for that engine (a key-share lock on it) does not wait for; FOR UPDATE made
-every load for the engine wait for the round, with the load's own placement rows locked meanwhile.
+load inserting a placement for that engine (a key-share lock on it) does not wait for; FOR UPDATE would
+make every load for the engine wait for the round, with the load's own placement rows locked meanwhile.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""The engine ↔ control plane channel over loopback, with real processes (issue 8, items 1.3 and 1.4).
+"""The engine ↔ control plane channel over loopback, with real processes.
 
 - resolve path injection: an anonymous `model: "../lora_stats"` at an engine started with
-  --control-plane makes no call to the control plane (before: the engine called GET /v1/lora_stats
-  there with its token, and answered 500);
+  --control-plane makes no call to the control plane (not a GET /v1/lora_stats there with its token)
+  and is no 500;
 - an unknown name asked 50 times makes one resolve call within the negative-cache TTL;
 - names with `/` are resolved quoted (`%2F`) and pulled;
 - --no-resolve-adapters: the engine never asks;
@@ -121,8 +121,8 @@ def test_names_with_a_slash_are_resolved_quoted_and_pulled(stack: SimpleNamespac
 
 def test_a_pull_serves_the_recorded_bytes_whatever_became_of_the_folder(stack: SimpleNamespace) -> None:
     """The pull fetches the version from the control plane's artifact store by digest, so a folder edited
-    (or removed) since the version was recorded is never served under it (issue 8, item 1.6, on the pull
-    path; issue 10: engines never read lora_path)."""
+    (or removed) since the version was recorded is never served under it (engines never read
+    lora_path)."""
     folder = stack.paths["demo-short"].parent / "edited-short"
     shutil.copytree(stack.paths["demo-short"], folder)
     r = stack.admin.post(stack.cp + "/v1/load_lora_adapter", json={

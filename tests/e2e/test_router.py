@@ -42,7 +42,7 @@ openai = pytest.importorskip("openai")
 ROUTER_TOKEN, ENGINE_KEY, CLIENT_KEY = "e2e-router-token", "e2e-engine-api-key", "e2e-client-key"
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
 ENGINES = ("e1", "e2", "e3")
-# 12 adapters of one replica (issue 11 §4): the demo folders under several names, 4 per engine's 4 slots
+# 12 adapters of one replica: the demo folders under several names, 4 per engine's 4 slots
 ONE_REPLICA = {"demo-pirate": "demo-pirate", "demo-poet": "demo-poet",
                **{f"{folder}-{i}": folder for i in (2, 3, 4) for folder in ("demo-pirate", "demo-poet", "demo-short")},
                "demo-short-5": "demo-short"}

@@ -1,4 +1,4 @@
-"""Tenants end to end over loopback (issue 14 §3): `loraplane control` (SQLite) publishing to the real Redis
+"""Tenants end to end over loopback: `loraplane control` (SQLite) publishing to the real Redis
 at 127.0.0.1:6379, one real engine registered with it, and routers with --require-api-key in front: in a
 thread of this process (serve_router) or, where two replicas must share a quota, as processes of their own.
 

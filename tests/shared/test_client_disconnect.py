@@ -1,5 +1,5 @@
 """A client that disconnects while sending its body (a caller killed mid-call) is no server error: the
-app answers the (unread) 400 and logs one line, not a 500 with a traceback (issue 8, what was left)."""
+app answers the (unread) 400 and logs one line, not a 500 with a traceback."""
 
 from __future__ import annotations
 

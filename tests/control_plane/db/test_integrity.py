@@ -1,5 +1,5 @@
-"""A damaged SQLite database stops the control plane's start with a clear message (issue 8, item 1.8):
-before, a file whose pages were overwritten still answered /health 200 (`SELECT 1` needs no table)."""
+"""A damaged SQLite database stops the control plane's start with a clear message: a file whose pages
+were overwritten must not start and answer /health 200 (`SELECT 1` needs no table)."""
 
 from __future__ import annotations
 

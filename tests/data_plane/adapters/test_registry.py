@@ -402,7 +402,7 @@ async def test_loading_state_is_visible_and_requests_wait_for_the_load(registry,
     registry._loader = slow
     task = asyncio.ensure_future(registry.load("demo-poet", str(adapters["demo-poet"])))
     await wait_until(lambda: "demo-poet" in registry.loading())
-    waiting = asyncio.ensure_future(registry.acquire("demo-poet"))  # before: 404 "still loading"
+    waiting = asyncio.ensure_future(registry.acquire("demo-poet"))  # waits for the load, no 404 "still loading"
     await asyncio.sleep(0.05)
     assert not waiting.done()
     gate.set()

@@ -1,5 +1,5 @@
 """vLLM's `stream_options.continuous_usage_stats` through the official openai client: every chunk of a
-stream carries the usage so far (the router meters tenants' streams by it, issue 14). The oracle is the
+stream carries the usage so far (the router meters tenants' streams by it). The oracle is the
 engine's own token ids (return_token_ids): each chunk's completion_tokens is the count of the ids
 streamed so far, its prompt_tokens the prompt's ids, and the last chunk's usage the non-streamed one."""
 

@@ -201,8 +201,8 @@ async def test_lora_stats_combine_the_engines(cp: httpx.AsyncClient, engines: li
 
 async def test_files_edited_after_registration_do_not_change_the_version(
         cp: httpx.AsyncClient, engines: list[EngineServer], demo: dict, request: pytest.FixtureRequest) -> None:
-    # issue 8, 1.6, now answered by the artifact store: edit v1's adapter_config.json (alpha 4096) after
-    # registering it, then activate v1 again: the engines load the recorded bytes, fetched from the store
+    # edit v1's adapter_config.json (alpha 4096) after registering it, then activate v1 again: the engines
+    # load the recorded bytes, fetched from the artifact store
     name = unique(request, "integrity")
     v1_dir = Path(shutil.copytree(demo["demo-short"], demo["root"] / "integrity" / name))
     r = await cp.post("/v1/load_lora_adapter", headers=admin(),
@@ -225,7 +225,7 @@ async def test_files_edited_after_registration_do_not_change_the_version(
 async def test_a_corrupted_blob_is_refused_by_a_fresh_engine_and_recorded(
         cp: httpx.AsyncClient, settings, engines: list[EngineServer], demo: dict,
         request: pytest.FixtureRequest) -> None:
-    """Issue 10 § 4: a blob damaged in the store is refused by an engine that has not cached it (the
+    """A blob damaged in the store is refused by an engine that has not cached it (the
     checksum error lands on the placement) and the engine keeps serving everything else."""
     name = unique(request, "corrupt")
     folder = Path(shutil.copytree(demo["demo-pirate"], demo["root"] / "corrupt" / name))

@@ -1,5 +1,5 @@
-"""An engine may not serve a base model named like a registered adapter (issue 8, 1.8: the mirror of the
-adapters' rule). Engines answer `model` = their base model's name with the base itself, so such an engine
+"""An engine may not serve a base model named like a registered adapter (the mirror of the adapters'
+rule). Engines answer `model` = their base model's name with the base itself, so such an engine
 would silently serve the base to requests meant for the adapter, and the adapter never there."""
 
 from __future__ import annotations

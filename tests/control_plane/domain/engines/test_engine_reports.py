@@ -1,4 +1,4 @@
-"""What engines report, end to end against the control plane over HTTP (issue 11, §1): a real engine
+"""What engines report, end to end against the control plane over HTTP: a real engine
 registers every name its base model goes by and what it can hold, and its heartbeats the room of its
 artifact cache; an engine whose step loop dies, or that starts draining, says so at once rather than
 at its next heartbeat, and leaves the listing's healthy engines and the routing table."""

@@ -1,6 +1,6 @@
 """The engine role (LORAPLANE_ENGINE_CREDENTIALS), engine URL checks, honest heartbeats and draining.
 
-SSRF (issue 8, 1.3): an engine URL is where the control plane sends its engine admin token and every
+SSRF: an engine URL is where the control plane sends its engine admin token and every
 load body, so registration refuses URLs that reach elsewhere; and an engine holds only a token bound
 to its own name, which can do an engine's bookkeeping and nothing else.
 """

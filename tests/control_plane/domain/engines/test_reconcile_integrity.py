@@ -1,6 +1,6 @@
-"""The reconciler restores only the recorded bytes (issue 8, item 1.6): since the artifact store (issue 10),
-they come from the store by digest, so files edited or removed after registration change nothing: an
-engine that lost the adapter gets the version back exactly as it was recorded."""
+"""The reconciler restores only the recorded bytes: they come from the artifact store by digest, so files
+edited or removed after registration change nothing: an engine that lost the adapter gets the version
+back exactly as it was recorded."""
 
 from __future__ import annotations
 

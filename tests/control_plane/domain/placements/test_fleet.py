@@ -1,5 +1,5 @@
-"""The fleet pass against real engines (issue 11, §1–2), with the timings the issue names: engines stale
-after 3 s, a reconcile every 1 s.
+"""The fleet pass against real engines, with short timings so that the tests run in seconds: engines
+stale after 3 s, a reconcile every 1 s.
 
 - a load no engine serves answers with a warning, and is placed when a matching engine registers;
 - an engine that dies (SIGKILL) has its adapters held elsewhere within stale-after + 2 intervals, and

@@ -1,5 +1,5 @@
-"""Every role against every guarded route: admin, read, engine and router tokens (issue 11, §3: the
-router's credential may read routes, report demand and ask for placement, nothing else).
+"""Every role against every guarded route: admin, read, engine and router tokens (the router's
+credential may read routes, report demand and ask for placement, nothing else).
 
 The policy is written out here, per operation, and must cover every guarded handler of the app, so a
 new route without a line here fails the test instead of inheriting a role by accident (a line for a
