@@ -29,7 +29,7 @@ MAX_VERSION = (1 << 31) - 1  # a version number the database's integer column ho
 LabelFilter = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_LABEL_KEY + 1 + MAX_LABEL_VALUE,
                                           pattern="^[^\\x00]*$")]
 MAX_NAMED_ENGINES = 1024  # engine names follow the adapter name rule (shared.names)
-# A folder path: no NUL (the OS cannot take one; it used to be a 500) and bounded in length.
+# A folder path: no NUL (the OS cannot take one: a 400 here, not an error deeper down) and bounded in length.
 AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=1024, pattern="^[^\\x00]*$",
                                           description="the adapter folder, under the adapter roots")]
 

@@ -2,7 +2,7 @@
 interface over a file on disk (safetensors' own `safe_open`), so that the PEFT loader reads either alike.
 
 Why not `safetensors.torch.load(bytes)`: it copies every tensor twice (into `bytes`, then into a
-`bytearray`), about 0.1 s for a 200 MB adapter. A fetched adapter arrives in one buffer whose sha256
+`bytearray`; docs/performance.md#artifacts). A fetched adapter arrives in one buffer whose sha256
 the engine has just checked (adapters/artifacts/download.py); the tensors are views of that buffer, which the
 caller never writes again.
 
@@ -86,8 +86,8 @@ def span_tensor(buffer: Buffer, span: Span) -> torch.Tensor:
 
 def all_finite(tensor: torch.Tensor) -> bool:
     """No NaN or infinity in `tensor`: its min and max (one pass that allocates nothing; NaN propagates
-    through both) are finite. `isfinite(t).all()` builds a bool tensor as long as the weights first,
-    about a quarter of the load's time on a fresh VM page here."""
+    through both) are finite. `isfinite(t).all()` would build a bool tensor as long as the weights first
+    (docs/performance.md#artifacts)."""
     if tensor.numel() == 0:
         return True
     if tensor.dtype.itemsize == 1:  # float8: no min/max kernels

@@ -1,14 +1,14 @@
 """A fetched weights file copied into its adapter's host layout while it arrives, on a thread of its own.
 
-Why: a cold load received and hashed the weights (one thread: 0.29 s for 200 MB here), then the PEFT
-loader allocated the adapter's shared-memory file and copied every tensor into it transposed (0.17 s),
-one after the other, while the second CPU mostly waited. Here a second low-priority thread follows
-the receiving one: it parses the safetensors header once its bytes are in, allocates the shared file,
-and copies each tensor (transposed, in STAGED_DTYPE) as soon as its span has arrived, noting whether its
-values are finite. After the last byte the loader adopts that copy (`adopt`) instead of making it.
+Why: otherwise a cold load receives and hashes the weights on one thread, then the PEFT loader
+allocates the adapter's shared-memory file and copies every tensor into it transposed, one after the
+other, while the second CPU mostly waits (docs/performance.md#artifacts; measure with bench/artifacts.py).
+Here a second low-priority thread follows the receiving one: it parses the safetensors header once its
+bytes are in, allocates the shared file, and copies each tensor (transposed, in STAGED_DTYPE) as soon as
+its span has arrived, noting whether its values are finite. After the last byte the loader adopts that
+copy (`adopt`) instead of making it.
 TensorStage is the artifacts side's download.Stage: the engine gives it to the fetcher where it wires the
 cache (adapters/artifact_source.py); the download never imports it.
-(bench/artifacts.py, profiled per phase: the load after verification went from 0.17-0.20 s to a few ms.)
 
 Trust: the stage reads bytes not yet verified, so nothing it made is used before the whole file's sha256
 matched: the download hands it on only then, and otherwise `discard`s it (the shared file is removed;
@@ -21,10 +21,9 @@ and refuses what it refuses for a file.
 Only while the engine is idle: the stage overlaps the copy with the receive to use a CPU nobody uses.
 While the engine has requests there is none to spare (the download rests so as to take at most a
 quarter of one, data_plane.background.BackgroundPace), and staging would only move the copy into the
-download's window and beside its work; so a stage that finds the engine busy gives up, removes what it made, and the
-loader copies after the last byte as it did before (bench/artifacts.py --repeats 3, three runs each: the
-other adapter's p99 inter-token latency while fetching was 1.51, 1.62 and 1.66x steady with a stage that
-waited for the last byte and copied paced, 1.11, 1.41 and 1.42x without one).
+download's window and beside its work, raising the other streams' inter-token latency while it fetches
+(docs/performance.md#artifacts); so a stage that finds the engine busy gives up, removes what it made,
+and the loader copies after the last byte.
 """
 
 from __future__ import annotations
