@@ -48,6 +48,7 @@ from shared.engine_admin import (
 )
 
 BASE_MODEL = "sim-base"
+SIM_RANK = 8  # what a simulated engine says it loaded (no files are read)
 
 
 @dataclass
@@ -112,7 +113,8 @@ class Simulator:
             version = e.held[name][1] + (e.held[name][0] != sha) if name in e.held else 1
             e.held[name] = (sha, version)
             e.next_id += 1
-            return _json(200, LoadedAdapter(name=name, id=e.next_id, version=version, sha256=sha,
+            return _json(200, LoadedAdapter(name=name, id=e.next_id, version=version, sha256=sha, rank=SIM_RANK,
+                                            alpha=2.0 * SIM_RANK, target_modules=["q_proj"], size_bytes=0,
                                             residency="host"))
         if method == "POST" and path == "/v1/unload_lora_adapter":
             name = json.loads(body)["lora_name"]

@@ -1,5 +1,8 @@
 """Wire shapes between engines and the control plane, defined once for both sides (msgspec, torch-free).
 
+- AdapterDescription: what one version of an adapter is. Every message and record that describes a
+  version embeds it (a Struct subclass keeps its fields flat in JSON): the engine's replies below, the
+  control plane's answers, the engine's in-memory adapters and the control plane's inspection of a folder.
 - The engine's LoRA admin replies (`POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter`,
   `GET /v1/lora_adapters`, `GET /v1/lora_stats`): the engine builds them, the control plane decodes
   every reply with them, so that an engine answering `[1,2,3]` or garbage is one failed engine call
@@ -8,7 +11,8 @@
   back from `GET /v1/resolve/{name}`.
 
 Unknown fields are ignored on decode (msgspec's default), so either side may add fields without
-breaking the other; a field one side relies on is required, everything else has a default. Extend
+breaking the other; a field one side relies on is required, everything else has a default (the
+description is whole wherever a version is described: every engine has always sent it). Extend
 additively.
 """
 
@@ -34,18 +38,31 @@ ContextLength = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
 Reason = Annotated[str, msgspec.Meta(max_length=512)]
 
 
+class AdapterDescription(msgspec.Struct, kw_only=True):
+    """One version of an adapter: the manifest digest of its files (shared.manifest: its identity), the
+    largest rank of any module, lora_alpha, the projections it adapts (short names, shared.peft's
+    TARGET_MODULES order) and its files' total size. Where its files lie is not part of it."""
+
+    sha256: Sha256
+    rank: Count
+    alpha: float
+    target_modules: list[Text]
+    size_bytes: Count
+
+
+def _unknown_yet(struct: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    """`struct`'s fields, each `T | None` and None by default: for a row that may not know them yet."""
+    fields = [(f.name, f.type | None, None) for f in msgspec.structs.fields(struct)]
+    return msgspec.defstruct(f"Partial{struct.__name__}", fields, kw_only=True, module=__name__)
+
+
 # ---- engine replies (engine → control plane) ---------------------------------------------------
-class LoadedAdapter(msgspec.Struct, kw_only=True):
+class LoadedAdapter(AdapterDescription, kw_only=True):
     """Reply of POST /v1/load_lora_adapter: the version now active under `name`."""
 
     name: Text
     id: Count
     version: Count
-    sha256: Sha256
-    rank: Count = 0
-    alpha: float = 0.0
-    target_modules: list[Text] = msgspec.field(default_factory=list)
-    size_bytes: Count = 0
     residency: Text | None = None  # device | host | disk
 
 
@@ -57,7 +74,7 @@ class UnloadedAdapter(msgspec.Struct, kw_only=True):
     aborted: Count = 0
 
 
-class AdapterListing(msgspec.Struct, kw_only=True):
+class AdapterListing(_unknown_yet(AdapterDescription), kw_only=True):  # type: ignore[misc]
     """One row of GET /v1/lora_adapters. A first load still reading its files has only name, path and
     state (`loading`); the other fields are None then."""
 
@@ -65,12 +82,7 @@ class AdapterListing(msgspec.Struct, kw_only=True):
     state: Text  # loading | ready | draining
     id: Count | None = None
     version: Count | None = None
-    sha256: Sha256 | None = None
     path: Text | None = None  # may be left out of unauthenticated listings
-    rank: Count | None = None
-    alpha: float | None = None
-    target_modules: list[Text] | None = None
-    size_bytes: Count | None = None
     residency: Text | None = None
     pinned: bool = False
     in_flight: Count = 0

@@ -1,5 +1,6 @@
-"""The PEFT LoRA folder format, as both halves read it: file names, the projections loraplane adapts, and
-which modules a LoraConfig targets with what rank and alpha (peft 0.21's rules, without peft or torch).
+"""The PEFT LoRA folder format, as both halves read it: file names, adapter_config.json (`read_config`), the
+tensor names (`parse_lora_key`), the projections loraplane adapts, and which modules a LoraConfig targets
+with what rank and alpha (peft 0.21's rules, without peft or torch).
 
 The rules mirrored (peft/tuners/tuners_utils.py `check_target_module_exists`, peft/utils/other.py
 `get_pattern_key`), applied to the module names transformers gives a Llama-family CausalLM:
@@ -14,10 +15,12 @@ peft_targets.py); the control plane checks what it can without one (control_plan
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from shared.errors import InvalidRequestError
 from shared.regex import LinearRegex, RegexError, compile_regex
@@ -61,7 +64,7 @@ _UNSUPPORTED_FIELDS = {
 # These initialisations rewrite the base weights: the adapter only works on the base saved with it.
 _BASE_CHANGING_INITS = ("pissa", "corda", "olora", "loftq", "lora_ga")
 _FIRST_INDEX = compile_regex(r".*?\.[^.]*\.(?P<idx>\d+)\.")  # peft's layer index without layers_pattern
-_SHOWN_CHARS = 200  # of a refused regex, in the error
+_SHOWN_CHARS = 200  # of a refused value (a regex, a peft_type), in the error
 
 
 def resolve_under_roots(path: str | Path, roots: Iterable[str]) -> Path | None:
@@ -90,7 +93,62 @@ def layer_index(digits: str) -> int | None:
 
 def module_name(layer: int, short: str) -> str:
     """The module's name in transformers' Llama-family CausalLM, as peft matches it."""
-    return f"model.layers.{layer}.{'self_attn' if short in _ATTENTION else 'mlp'}.{short}"
+    return f"model.layers.{layer}.{_parent(short)}.{short}"
+
+
+def _parent(short: str) -> str:
+    return "self_attn" if short in _ATTENTION else "mlp"
+
+
+def read_config(data: bytes) -> dict[str, Any]:
+    """adapter_config.json's bytes as a dict: a JSON object whose peft_type is "LORA", else
+    AdapterFilesError. Its other fields are TargetSpec.from_peft_config's to check."""
+    try:
+        config = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # the message gives a position, never the text
+        raise AdapterFilesError(f"{CONFIG_NAME} is not valid JSON ({exc}); re-save the adapter with peft") from None
+    except (ValueError, RecursionError):  # an integer of over 4300 digits, nesting too deep for Python's json
+        raise AdapterFilesError(f"{CONFIG_NAME} cannot be parsed (a number too long or nesting too deep); "
+                                "re-save the adapter with peft") from None
+    if not isinstance(config, dict):
+        raise AdapterFilesError(f"{CONFIG_NAME} must hold a JSON object; re-save the adapter with peft")
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        raise AdapterFilesError(f"peft_type {_shown(repr(peft_type))} is not supported; only LoRA adapters "
+                                "(peft_type \"LORA\") can be served")
+    return config
+
+
+# peft saves `base_model.model.<module>.lora_A.weight`; in-memory state dicts also carry the adapter name.
+# ASCII only, as transformers names modules (and as TargetSpec matches them).
+_LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.[^.]+)?\.weight$")
+_PROJECTION = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$", re.ASCII)
+
+
+class LoraKey(NamedTuple):
+    """A PEFT LoRA tensor name, parsed. `short` (one of TARGET_MODULES) and `digits` (the layer index as
+    the name spells it) are set when the module is a decoder layer's projection loraplane adapts."""
+
+    module: str  # the module's name, as TargetSpec.matches takes it
+    ab: str  # "lora_A" | "lora_B"
+    short: str | None
+    digits: str | None
+
+    @property
+    def layer(self) -> int | None:
+        """The layer index; None when there is none, or more digits than any model has layers."""
+        return None if self.digits is None else layer_index(self.digits)
+
+
+def parse_lora_key(key: str) -> LoraKey | None:
+    """`base_model.model.<module>.lora_A|lora_B[.<adapter name>].weight`, parsed; None for any other name."""
+    m = _LORA_KEY.match(key)
+    if m is None:
+        return None
+    p = _PROJECTION.match(m["module"])
+    if p is None or p["short"] not in TARGET_MODULES or _parent(p["short"]) != p["parent"]:
+        return LoraKey(m["module"], m["ab"], None, None)
+    return LoraKey(m["module"], m["ab"], p["short"], p["layer"])
 
 
 @dataclass(frozen=True)
@@ -189,11 +247,14 @@ class TargetSpec:
             try:
                 compiled = self._regexes[pattern] = compile_regex(pattern)
             except RegexError as exc:
-                text = pattern if shown is None else shown
-                text = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+                text = _shown(pattern if shown is None else shown)
                 raise AdapterFilesError(f"the regex {text!r} in {name} of {CONFIG_NAME} {exc}; rewrite it, or "
                                         "list the module names instead") from None
         return compiled
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
 def _is_int(value: Any) -> bool:

@@ -4,18 +4,17 @@ The engine checks shapes against its base when it loads; here the control plane 
 alone: the path lies under an adapter root, both files exist, adapter_config.json is a LoRA config
 loraplane serves (shared.peft.TargetSpec), and the safetensors header (read without
 the tensor data) names exactly A/B pairs of the targeted projections with shapes consistent with the
-config's ranks. Blocking file I/O: call it off the event loop.
+config's ranks. The header is checked as safetensors checks it (shared.safetensors_header: every tensor's
+data inside the file, the data tiled without gap or overlap), so a file the engine would refuse as
+truncated or corrupt is refused before anything is recorded. Blocking file I/O: call it off the event loop.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from shared.engine_admin import AdapterDescription
 from shared.manifest import files_digest
 from shared.peft import (
     CONFIG_NAME,
@@ -24,26 +23,18 @@ from shared.peft import (
     WEIGHTS_NAME,
     AdapterFilesError,
     TargetSpec,
-    layer_index,
+    module_name,
+    parse_lora_key,
+    read_config,
     resolve_under_roots,
 )
-
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.[^.]+)?\.weight$")
-# ASCII only, as transformers names modules (and as shared.peft matches them)
-_MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$", re.ASCII)
-_PARENT = {s: ("self_attn" if s.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp") for s in TARGET_MODULES}
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
-_MAX_HEADER = 100 << 20  # safetensors' own limit
+from shared.safetensors_header import DTYPES, HeaderError, TensorInfo, read_header
 
 
 @dataclass(frozen=True)
 class InspectedAdapter:
     path: str
-    sha256: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    size_bytes: int
+    description: AdapterDescription
     base_model_hint: str | None  # adapter_config.json's base_model_name_or_path
 
 
@@ -73,17 +64,17 @@ def _inspect(path: str, roots: tuple[str, ...], sha256: str | None) -> Inspected
         raise AdapterFilesError(f"{WEIGHTS_NAME} is missing in {path!r}{hint}", param="lora_path")
     for f in (config_path, weights_path):  # a file may itself be a symlink leading out of the roots
         _inside_roots(str(f), roots)
-    config = _read_config(config_path)
+    config = read_config(config_path.read_bytes())
     spec = TargetSpec.from_peft_config(config)  # refusals are AdapterFilesError (param lora_path)
-    ranks = _check_header(_read_header(weights_path), spec)
+    ranks = _check_tensors(_read_tensors(weights_path), spec)
     targets = sorted({short for _, short in ranks}, key=TARGET_MODULES.index)
     files = [config_path, weights_path]
     hint = config.get("base_model_name_or_path")
-    return InspectedAdapter(
-        path=str(folder), sha256=sha256 or files_digest(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
-        target_modules=targets, size_bytes=sum(f.stat().st_size for f in files),
-        base_model_hint=hint if isinstance(hint, str) and hint else None,
-    )
+    description = AdapterDescription(
+        sha256=sha256 or files_digest(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
+        target_modules=targets, size_bytes=sum(f.stat().st_size for f in files))
+    return InspectedAdapter(path=str(folder), description=description,
+                            base_model_hint=hint if isinstance(hint, str) and hint else None)
 
 
 def _inside_roots(path: str, roots: tuple[str, ...]) -> Path:
@@ -97,63 +88,39 @@ def _inside_roots(path: str, roots: tuple[str, ...]) -> Path:
     return resolved
 
 
-def _read_config(config_path: Path) -> dict[str, Any]:
+def _read_tensors(weights_path: Path) -> dict[str, TensorInfo]:
+    """The header, checked as safetensors checks it (the data's offsets included), and every tensor a float."""
     try:
-        config = json.loads(config_path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AdapterFilesError(f"{CONFIG_NAME} is not valid JSON ({exc})", param="lora_path") from None
-    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        raise AdapterFilesError(f"{CONFIG_NAME} is not a LoRA config (peft_type must be \"LORA\")",
-                                param="lora_path")
-    return config
-
-
-def _read_header(weights_path: Path) -> dict[str, Any]:
-    size = weights_path.stat().st_size
-    with weights_path.open("rb") as fh:
-        prefix = fh.read(8)
-        n = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
-        if not 0 < n <= min(_MAX_HEADER, size - 8):
-            raise AdapterFilesError(f"{WEIGHTS_NAME} has no valid safetensors header", param="lora_path")
-        try:
-            header = json.loads(fh.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise AdapterFilesError(f"{WEIGHTS_NAME} has a corrupt safetensors header", param="lora_path") from None
-    if not isinstance(header, dict):
-        raise AdapterFilesError(f"{WEIGHTS_NAME} has a corrupt safetensors header", param="lora_path")
-    header.pop("__metadata__", None)
-    data_size = size - 8 - n
-    for key, info in header.items():
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and 0 <= offsets[0] <= offsets[1] <= data_size):
-            raise AdapterFilesError(f"tensor {key} in {WEIGHTS_NAME} lies outside the file (truncated?)",
+        tensors = read_header(weights_path)
+    except HeaderError as exc:
+        raise AdapterFilesError(f"{WEIGHTS_NAME} is not a valid safetensors file: {exc}; save the adapter again",
+                                param="lora_path") from None
+    for key, info in tensors.items():
+        if not DTYPES[info.dtype].floating:
+            raise AdapterFilesError(f"tensor {key} has dtype {info.dtype}; LoRA weights must be floating point",
                                     param="lora_path")
-        if info.get("dtype") not in _FLOAT_DTYPES:
-            raise AdapterFilesError(f"tensor {key} has dtype {info.get('dtype')}; LoRA weights must be floating point",
-                                    param="lora_path")
-    return header
+    return tensors
 
 
-def _check_header(header: dict[str, Any], spec: TargetSpec) -> dict[tuple[int, str], int]:
+def _check_tensors(tensors: dict[str, TensorInfo], spec: TargetSpec) -> dict[tuple[int, str], int]:
     """(layer, short) -> rank, after checking names, pairing and shapes against the config."""
     shapes: dict[tuple[int, str, str], list[int]] = {}
-    for key, info in header.items():
-        m = _KEY.match(key)
-        mod = _MODULE.match(m["module"]) if m else None
-        if not mod or _PARENT.get(mod["short"]) != mod["parent"]:
+    for key, info in tensors.items():
+        parsed = parse_lora_key(key)
+        if parsed is None or parsed.short is None:
             raise AdapterFilesError(f"tensor {key} is not a LoRA A/B weight of a decoder projection "
                                     f"({'/'.join(TARGET_MODULES)})", param="lora_path")
-        if not spec.matches(m["module"]):
+        if not spec.matches(parsed.module):
             raise AdapterFilesError(f"tensor {key} is for a module {CONFIG_NAME} does not target", param="lora_path")
-        layer = layer_index(mod["layer"])
+        layer = parsed.layer
         if layer is None:
-            raise AdapterFilesError(f"tensor {key[:200]}… names a layer index of {len(mod['layer'])} digits; no "
-                                    "model has that many layers", param="lora_path")
-        shapes[(layer, mod["short"], m["ab"])] = list(info.get("shape", []))
+            raise AdapterFilesError(f"tensor {key[:200]}… names a layer index of {len(parsed.digits or '')} digits; "
+                                    "no model has that many layers", param="lora_path")
+        shapes[(layer, parsed.short, parsed.ab)] = list(info.shape)
     ranks: dict[tuple[int, str], int] = {}
     for layer, short, _ in shapes:
         a, b = shapes.get((layer, short, "lora_A")), shapes.get((layer, short, "lora_B"))
-        name = f"model.layers.{layer}.{_PARENT[short]}.{short}"
+        name = module_name(layer, short)
         if a is None or b is None:
             raise AdapterFilesError(f"{name} lacks {'lora_A' if a is None else 'lora_B'} in {WEIGHTS_NAME}",
                                     param="lora_path")

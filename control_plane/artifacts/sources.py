@@ -97,7 +97,7 @@ def _from_folder(spool: Spool, path: str, roots: tuple[str, ...]) -> InspectedAd
         raise InvalidRequestError(f"the adapter files in {path!r} cannot be read ({exc.strerror or type(exc).__name__})",
                                   param="lora_path") from None
     copied = spool.inspect()
-    if copied.sha256 != there.sha256:
+    if copied.description.sha256 != there.description.sha256:
         raise changed
     return dataclasses.replace(copied, path=there.path)
 

@@ -40,7 +40,7 @@ class ArtifactSource:
         self.registry = registry
         self.cache = cache
         # the digests the registry serves (any state): their files may be re-read, so never evicted
-        cache.in_use = lambda: {entry.sha256 for entry in registry.entries()}
+        cache.in_use = lambda: {entry.description.sha256 for entry in registry.entries()}
 
     async def open(self) -> None:
         await read_off_loop(self.cache.open)

@@ -15,7 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from data_plane.lora.weights import LoRAAdapterWeights
+from shared.engine_admin import AdapterDescription
 from shared.errors import LoraplaneError
 
 BASE_ADAPTER_ID = 0
@@ -38,12 +41,8 @@ class AdapterEntry:
     name: str
     adapter_id: int
     version: int  # how many times this name got new content
-    path: str
-    sha256: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    size_bytes: int
+    path: str  # where its files are re-read from
+    description: AdapterDescription
     cache_namespace: int
     pinned: bool
     weights: LoRAAdapterWeights | None  # host copy; None once the host cache dropped it
@@ -68,27 +67,19 @@ class AdapterEntry:
             adapter_id=adapter_id,
             version=version,
             path=weights.path,
-            sha256=weights.sha256,
-            rank=weights.rank,
-            alpha=weights.alpha,
-            target_modules=list(weights.target_modules),
-            size_bytes=weights.size_bytes,
+            description=weights.description,
             cache_namespace=weights.cache_namespace,
             pinned=pinned,
             weights=weights,
         )
 
     def info(self, residency: Residency) -> dict[str, Any]:
-        """The body of a load reply (vLLM-style field names)."""
+        """The body of a load reply (vLLM-style field names; shared.engine_admin.LoadedAdapter)."""
         return {
+            **msgspec.structs.asdict(self.description),
             "name": self.name,
             "id": self.adapter_id,
             "version": self.version,
-            "sha256": self.sha256,
-            "rank": self.rank,
-            "alpha": self.alpha,
-            "target_modules": self.target_modules,
-            "size_bytes": self.size_bytes,
             "residency": str(residency),
         }
 

@@ -115,25 +115,27 @@ class LoRARegistry:
                 weights = await read_off_loop(self._loader, path)
             finally:
                 del self._loading[name]
-            if expected_sha256 is not None and weights.sha256 != expected_sha256:
+            digest = weights.description.sha256
+            if expected_sha256 is not None and digest != expected_sha256:
                 raise LoRAConflictError(
                     f"adapter_config.json or its weights changed since the version was recorded: sha256 "
-                    f"{expected_sha256[:16]}… expected, {weights.sha256[:16]}… found; nothing was loaded",
+                    f"{expected_sha256[:16]}… expected, {digest[:16]}… found; nothing was loaded",
                     param="expected_sha256", code="sha256_mismatch")
             current = self._active.get(name)
-            if current is not None and current.sha256 == weights.sha256:
+            if current is not None and current.description.sha256 == digest:
                 await self._redeclare(current, weights, pinned)
                 return current.info(self.residency(current))
             if current is not None and not load_inplace:
                 raise LoRAConflictError(
-                    f"adapter {name} is already loaded with different content (sha256 {current.sha256[:12]}…, "
-                    f"new files {weights.sha256[:12]}…); pass load_inplace=true to replace it",
+                    f"adapter {name} is already loaded with different content (sha256 "
+                    f"{current.description.sha256[:12]}…, new files {digest[:12]}…); pass load_inplace=true to "
+                    "replace it",
                     param="lora_name",
                 )
             entry = AdapterEntry.from_weights(name, next(self._ids), self._next_version(name, weights), weights, pinned)
             if pinned:
                 await self._pin_replacing(entry, current)
-            self._versions[name] = (entry.sha256, entry.version)
+            self._versions[name] = (entry.description.sha256, entry.version)
             self._by_id[entry.adapter_id] = entry
             self._active[name] = entry
             self._host.put(entry)
@@ -172,7 +174,7 @@ class LoRARegistry:
         last = self._versions.get(name)
         if last is None:
             return 1
-        return last[1] if last[0] == weights.sha256 else last[1] + 1
+        return last[1] if last[0] == weights.description.sha256 else last[1] + 1
 
     # ---- requests ------------------------------------------------------------------------------
     async def acquire(self, name: str) -> Lease:
@@ -210,10 +212,11 @@ class LoRARegistry:
             if entry.weights is not None:  # another request re-read it meanwhile
                 return
             weights = await read_off_loop(self._loader, entry.path)
-            if weights.sha256 != entry.sha256:
+            was, now = entry.description.sha256, weights.description.sha256
+            if now != was:
                 raise LoRAConflictError(
                     f"adapter {entry.name}: files changed since load; reload with load_inplace "
-                    f"(sha256 {entry.sha256[:12]}… at load, {weights.sha256[:12]}… now)",
+                    f"(sha256 {was[:12]}… at load, {now[:12]}… now)",
                     param="model",
                 )
             entry.weights = weights

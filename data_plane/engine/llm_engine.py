@@ -104,7 +104,7 @@ class LLMEngine:
         if request.adapter_id != 0:
             if self.lora_slots is None:
                 raise InvalidRequestError("LoRA is not enabled on this engine; start it with --enable-lora.")
-            if request.lora is None or request.lora.rank > self.config.max_lora_rank:
+            if request.lora is None or request.lora.description.rank > self.config.max_lora_rank:
                 raise InvalidRequestError(f"Adapter {request.adapter_id} has no weights that fit the LoRA slots.")
         blocks = self.block_manager.blocks_needed(prompt_len + 1)
         if blocks > self.block_manager.num_blocks - self.block_manager.watermark:

@@ -87,10 +87,11 @@ class SlotPool:
         `pace` is called after each LoRA linear's part of it."""
         if self.pool is None:
             return None
+        digest = weights.description.sha256
         with self._lock:
-            image = self._images.get(weights.sha256)
+            image = self._images.get(digest)
             if image is not None:
-                self._images.move_to_end(weights.sha256)
+                self._images.move_to_end(digest)
                 return image
         # built on the host in the slots' dtype (rounded once here), then one transfer (a no-op on the CPU)
         host = torch.zeros(self.per_slot, dtype=self.pool.dtype)
@@ -102,7 +103,7 @@ class SlotPool:
                     pace()
         image = host.to(self.pool.device)
         with self._lock:
-            self._images[weights.sha256] = image
+            self._images[digest] = image
             while len(self._images) > self.kept_images:
                 self._images.popitem(last=False)
         return image
@@ -111,10 +112,11 @@ class SlotPool:
         """Have the image thread make the adapter's image, paced, unless it is kept or being made."""
         if self.pool is None:
             return
+        digest = weights.description.sha256
         with self._lock:
-            if weights.sha256 in self._images or weights.sha256 in self._pending:
+            if digest in self._images or digest in self._pending:
                 return
-            self._pending.add(weights.sha256)
+            self._pending.add(digest)
             if self._image_thread is None:
                 self._image_thread = ThreadPoolExecutor(1, "lora-slot-image", initializer=one_torch_thread)
         self._image_thread.submit(self._prepare_paced, weights)
@@ -123,20 +125,20 @@ class SlotPool:
         try:
             self.prepare(weights, pace=CpuPace(self._pace))
         except Exception:  # the step that loads the adapter makes it again, and fails the request there
-            logger.exception("making the slot image of %s failed", weights.sha256[:12])
+            logger.exception("making the slot image of %s failed", weights.description.sha256[:12])
         finally:
             with self._lock:
-                self._pending.discard(weights.sha256)
+                self._pending.discard(weights.description.sha256)
 
     def is_pending(self, weights: LoRAAdapterWeights) -> bool:
         """Whether the image thread is still making this content's image."""
         with self._lock:
-            return weights.sha256 in self._pending
+            return weights.description.sha256 in self._pending
 
     def is_prepared(self, weights: LoRAAdapterWeights) -> bool:
         """Whether this content's image is kept, so that writing it is one copy."""
         with self._lock:
-            return weights.sha256 in self._images
+            return weights.description.sha256 in self._images
 
     @torch.no_grad()
     def write(self, slot: int, weights: LoRAAdapterWeights | None) -> None:

@@ -174,7 +174,7 @@ class LoRASlotManager:
         self.write_slot(slot, weights)
         self.slot_owner[slot] = adapter_id
         self.slot_of[adapter_id] = slot
-        self.digest_of[adapter_id] = weights.sha256
+        self.digest_of[adapter_id] = weights.description.sha256
         stats = self._stats(adapter_id)
         stats.loads += 1
         stats.last_load_seconds = time.perf_counter() - start
@@ -185,4 +185,4 @@ class LoRASlotManager:
         if self.mirror is not None:
             self.mirror(slot, weights)
         self.pool.write(slot, weights)
-        self.slot_rank[slot] = weights.rank if weights is not None else 0
+        self.slot_rank[slot] = weights.description.rank if weights is not None else 0

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from data_plane.lora.shared_layout import SharedLayout
+from shared.engine_admin import AdapterDescription
 from shared.peft import TARGET_MODULES
 
 __all__ = ["TARGET_MODULES", "LoRAAdapterWeights", "LoRAModuleWeights"]
@@ -49,12 +50,8 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 class LoRAAdapterWeights:
     """A PEFT adapter validated against the base model: per layer, per projection, A and B."""
 
-    path: str
-    sha256: str  # over adapter_config.json and the weights file: the content identity of this version
-    rank: int  # the largest rank of any module (rank_pattern may vary it)
-    alpha: float
-    target_modules: list[str]  # short names among TARGET_MODULES
-    size_bytes: int
+    path: str  # the folder it was read from
+    description: AdapterDescription  # sha256 over adapter_config.json and the weights file: its identity
     layers: dict[int, dict[str, LoRAModuleWeights]] = field(default_factory=dict)  # layer -> module -> weights
     # The shared-memory file holding the tensors, keyed (layer, module, "a_t" | "b_t"; shared_layout.py):
     # handing the adapter to the engine-core process sends only this. The PEFT loader's weights are views
@@ -65,7 +62,7 @@ class LoRAAdapterWeights:
     @property
     def cache_namespace(self) -> int:
         """Seed of the first KV block hash: derived from the content, never 0 (0 is the base model)."""
-        return int(self.sha256[:16], 16) or 1
+        return int(self.description.sha256[:16], 16) or 1
 
     def __getstate__(self) -> dict[str, object]:
         # a copy in another process (tensor-parallel broadcast) is not backed by the file and must not own it

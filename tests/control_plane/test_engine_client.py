@@ -16,7 +16,8 @@ import pytest
 from control_plane.engine_client import EngineCallError, EngineClient, safe_url, sanitize
 from tests.control_plane.domain.engines.peers import Reply, always, json_reply, serve
 
-LOADED = {"name": "a", "id": 1, "version": 1, "sha256": "ab" * 32}
+LOADED = {"name": "a", "id": 1, "version": 1, "sha256": "ab" * 32, "rank": 8, "alpha": 16.0,
+          "target_modules": ["q_proj"], "size_bytes": 1024}
 
 
 def scripted(*answers: int | type[Exception]) -> tuple[httpx.MockTransport, list[httpx.Request]]:

@@ -1,7 +1,8 @@
 """adapter_versions: immutable content of an adapter, numbered 1, 2, … per adapter.
 
 Registering identical files again (same sha256) returns the existing row; the unique constraints are what
-make concurrent identical registrations converge on one version.
+make concurrent identical registrations converge on one version. The columns sha256 … size_bytes hold the
+version's shared.engine_admin.AdapterDescription (a table declares its columns; `as_description` gives it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from advanced_alchemy.base import IdentityBase
 from advanced_alchemy.types import DateTimeUTC, JsonB
 from sqlalchemy import BigInteger, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
+
+from shared.engine_admin import AdapterDescription
 
 
 def _now() -> dt.datetime:
@@ -36,3 +39,7 @@ class AdapterVersion(IdentityBase):
     created_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True), default=_now)
     # who registered it: `<role>:<token id>` as audit rows name actors (None: made before revision 0006)
     created_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    def as_description(self) -> AdapterDescription:
+        return AdapterDescription(sha256=self.sha256, rank=self.rank, alpha=self.alpha,
+                                  target_modules=list(self.target_modules), size_bytes=self.size_bytes)

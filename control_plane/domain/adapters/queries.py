@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+import msgspec
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -80,11 +81,9 @@ async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPla
     return schemas.AdapterDetail(
         **_fields(adapter, active),
         pinned=any(p.desired == DesiredState.PINNED.value for p, *_ in placements),
-        versions=[schemas.AdapterVersion(
-            number=v.number, uri=v.uri, sha256=v.sha256, rank=v.rank, alpha=v.alpha,
-            target_modules=list(v.target_modules), size_bytes=v.size_bytes, created_at=v.created_at,
-            created_by=v.created_by)
-            for v in versions],
+        versions=[schemas.AdapterVersion(**msgspec.structs.asdict(v.as_description()), number=v.number, uri=v.uri,
+                                         created_at=v.created_at, created_by=v.created_by)
+                  for v in versions],
         placements=[schemas.Placement(engine=engine, version=number, desired=p.desired, observed=p.observed,
                                       last_error=p.last_error, residency=p.residency, updated_at=p.updated_at)
                     for p, engine, number, _ in placements],

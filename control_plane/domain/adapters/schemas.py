@@ -13,6 +13,7 @@ import msgspec
 
 from control_plane.domain.placements.push import EngineOutcome
 from shared.artifacts import ArtifactRef
+from shared.engine_admin import AdapterDescription
 from shared.names import AdapterName
 
 # Labels are bounded in number and size (the schema says so, and msgspec enforces it before any work):
@@ -90,13 +91,9 @@ def push_status(engines: list[EngineOutcome]) -> int:
     return 502 if failed == len(engines) else 207
 
 
-class AdapterLoaded(msgspec.Struct, kw_only=True):
+class AdapterLoaded(AdapterDescription, kw_only=True):
     name: str
     version: int
-    sha256: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
     created: bool  # False when identical files were registered before: the existing version was reused
     engines: list[EngineOutcome]
     # set when no engine could take it yet (none serves its base model, or none is healthy): it is placed
@@ -109,14 +106,9 @@ class AdapterUnloaded(msgspec.Struct, kw_only=True):
     engines: list[EngineOutcome]
 
 
-class AdapterVersion(msgspec.Struct, kw_only=True):
+class AdapterVersion(AdapterDescription, kw_only=True):
     number: int
     uri: str
-    sha256: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    size_bytes: int
     created_at: dt.datetime
     # who registered it: `<role>:<token id>`, as audit events name actors; null for versions made before
     # the control plane recorded it

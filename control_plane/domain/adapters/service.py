@@ -116,15 +116,14 @@ class AdapterService:
             if req.replicas is not None:
                 set_replicas(adapter, req.replicas, self.planner.defaults)
             version = await session.scalar(select(AdapterVersion).where(
-                AdapterVersion.adapter_id == adapter.id, AdapterVersion.sha256 == found.sha256))
+                AdapterVersion.adapter_id == adapter.id, AdapterVersion.sha256 == found.description.sha256))
             created = version is None
             if version is None:
                 last = await session.scalar(
                     select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id))
                 version = AdapterVersion(
-                    adapter_id=adapter.id, number=(last or 0) + 1, uri=found.path, sha256=found.sha256,
-                    rank=found.rank, alpha=found.alpha, target_modules=found.target_modules,
-                    size_bytes=found.size_bytes, created_by=f"{actor.kind}:{actor.token_id}")
+                    **msgspec.structs.asdict(found.description), adapter_id=adapter.id, number=(last or 0) + 1,
+                    uri=found.path, created_by=f"{actor.kind}:{actor.token_id}")
                 session.add(version)
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
             await blobs.reference(session, self.store, version.id, files.files.values())
@@ -137,9 +136,8 @@ class AdapterService:
                 if not orders and req.engines is None:
                     warning = await self._unplaced_warning(session, adapter)
             return schemas.AdapterLoaded(
-                name=adapter.name, version=version.number, sha256=version.sha256, rank=version.rank,
-                alpha=version.alpha, target_modules=list(version.target_modules), created=created,
-                engines=[], warning=warning), orders
+                **msgspec.structs.asdict(version.as_description()), name=adapter.name, version=version.number,
+                created=created, engines=[], warning=warning), orders
 
         try:
             loaded, orders = await self.mutation.run(actor, action, name, work, prepare)

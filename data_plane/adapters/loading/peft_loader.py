@@ -9,9 +9,7 @@ targets here exactly the modules it targets under transformers + peft.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,14 +28,17 @@ from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.shared_layout import TensorKey
 from data_plane.lora.weights import TARGET_MODULES, LoRAAdapterWeights, LoRAModuleWeights
 from data_plane.model.config import ModelConfig
+from shared.engine_admin import AdapterDescription
 from shared.manifest import ManifestEntry, entries_of, manifest_digest
-from shared.peft import CONFIG_NAME, PICKLE_NAME, WEIGHTS_NAME, layer_index, resolve_under_roots
-
-# peft saves `base_model.model.<module>.lora_A.weight`; in-memory state dicts also carry the adapter name.
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<ab>lora_A|lora_B)(?:\.(?P<name>[^.]+))?\.weight$")
-_MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<parent>self_attn|mlp)\.(?P<short>\w+)$")
-_PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
-           "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+from shared.peft import (
+    CONFIG_NAME,
+    PICKLE_NAME,
+    WEIGHTS_NAME,
+    LoraKey,
+    parse_lora_key,
+    read_config,
+    resolve_under_roots,
+)
 
 
 def load_peft_adapter(
@@ -67,7 +68,7 @@ def load_peft_adapter(
             config_path, weights_path = _locate_files(folder, path, allowed_roots)
             config_bytes = config_path.read_bytes()
             weights, weights_sha256 = weights_path, verified.sha256_of(weights_path) if verified else None
-        config = _read_config(config_bytes)
+        config = read_config(config_bytes)
     except OSError as exc:  # a name too long for the file system, permissions, a file vanishing
         shown = repr(str(path)[:128]) + ("…" if len(str(path)) > 128 else "")
         raise LoRAAdapterError(f"adapter path {shown} cannot be read ({exc.strerror or type(exc).__name__}); "
@@ -125,16 +126,12 @@ def _load(
             weights_entry = ManifestEntry(WEIGHTS_NAME, size, weights_sha256)
         entries = [ManifestEntry(CONFIG_NAME, len(config_bytes), hashlib.sha256(config_bytes).hexdigest()),
                    weights_entry]
-        return LoRAAdapterWeights(
-            path=str(folder),
-            sha256=manifest_digest(entries),
-            rank=rank,
-            alpha=float(spec.lora_alpha),
+        description = AdapterDescription(
+            sha256=manifest_digest(entries), rank=rank, alpha=float(spec.lora_alpha),
             target_modules=sorted({s for _, s in targets}, key=TARGET_MODULES.index),
             size_bytes=sum(e.size for e in entries),
-            layers=layers,
-            shared=shared,
         )
+        return LoRAAdapterWeights(path=str(folder), description=description, layers=layers, shared=shared)
     except BaseException:
         shared.remove()
         raise
@@ -191,22 +188,6 @@ def _locate_files(folder: Path, given: str | Path, allowed_roots: list[str]) -> 
                 f"{f.name} in {str(given)!r} links outside the allowed LoRA roots; copy the file instead"
             )
     return config_path, weights_path
-
-
-def _read_config(data: bytes) -> dict[str, Any]:
-    try:
-        config = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        # the decoder's message gives a position only, never the file's text
-        raise LoRAAdapterError(f"{CONFIG_NAME} is not valid JSON ({exc}); re-save the adapter with peft") from None
-    if not isinstance(config, dict):
-        raise LoRAAdapterError(f"{CONFIG_NAME} must hold a JSON object; re-save the adapter with peft")
-    peft_type = config.get("peft_type")
-    if peft_type != "LORA":
-        raise LoRAAdapterError(
-            f"peft_type {peft_type!r} is not supported; only LoRA adapters (peft_type \"LORA\") can be served"
-        )
-    return config
 
 
 Loaded = dict[tuple[int, str, str], tuple[str, torch.Tensor]]  # (layer, short, "lora_A"/"lora_B") -> (name, tensor)
@@ -266,17 +247,16 @@ def _check_names_and_shapes(
     """(layer, short, "lora_A"/"lora_B") -> tensor name, for exactly the targeted modules."""
     keys: dict[tuple[int, str, str], str] = {}
     for key in sorted(shapes):
-        module, ab = _parse_key(key)
-        m = _MODULE.match(module)
-        if not m or _PARENT.get(m["short"]) != m["parent"]:
+        parsed = _parse_key(key)
+        module, ab, short, layer = parsed.module, parsed.ab, parsed.short, parsed.layer
+        if short is None:
             raise LoRAAdapterError(
                 f"tensor {key} is for module {module}, which loraplane cannot adapt; only the "
-                f"{'/'.join(_PARENT)} projections of the decoder layers are supported"
+                f"{'/'.join(TARGET_MODULES)} projections of the decoder layers are supported"
             )
-        layer, short = layer_index(m["layer"]), m["short"]
         if layer is None or layer >= cfg.num_hidden_layers:
             raise LoRAAdapterError(
-                f"tensor {key} is for layer {m['layer'] if layer is None else layer}, but the base model has "
+                f"tensor {key} is for layer {parsed.digits if layer is None else layer}, but the base model has "
                 f"{cfg.num_hidden_layers} layers "
                 f"(0-{cfg.num_hidden_layers - 1}); the adapter was made for another base model"
             )
@@ -312,10 +292,10 @@ def _check_names_and_shapes(
     return keys
 
 
-def _parse_key(key: str) -> tuple[str, str]:
-    m = _KEY.match(key)
-    if m:
-        return m["module"], m["ab"]
+def _parse_key(key: str) -> LoraKey:
+    parsed = parse_lora_key(key)
+    if parsed is not None:
+        return parsed
     # Name what the tensor is, since the config checks may have been passed by a hand-edited config.
     if "lora_magnitude_vector" in key:
         cause = "a DoRA magnitude vector (use_dora is not supported)"

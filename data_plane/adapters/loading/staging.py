@@ -28,17 +28,17 @@ and the loader copies after the last byte.
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections.abc import Mapping
 
 import torch
 
 from data_plane.adapters.artifacts.buffers import Buffer
-from data_plane.adapters.loading.safetensors_memory import Span, all_finite, parse_header, span_tensor
+from data_plane.adapters.loading.safetensors_memory import all_finite, span_tensor
 from data_plane.adapters.loading.shared_tensors import allocate
 from data_plane.background import BackgroundPace, lower_thread_priority
 from data_plane.lora.shared_layout import SharedLayout, TensorKey
+from shared.safetensors_header import DTYPES, TensorInfo, header_length, parse
 
 # the PEFT loader's host dtype (spec.AdapterReading keeps host copies float32); `adopt` checks it
 STAGED_DTYPE = torch.float32
@@ -65,7 +65,7 @@ class TensorStage:
         self._arrived = 0
         self._complete = self._stopped = False
         self._failed = False  # bytes it cannot stage: the loader copies them itself
-        self._spans: dict[str, Span] | None = None
+        self._spans: dict[str, TensorInfo] | None = None
         self._pending: list[tuple[int, str]] = []  # (end, name) not yet copied, the last end first
         self._views: dict[str, torch.Tensor] = {}
         self._finite: dict[str, bool] = {}
@@ -143,7 +143,7 @@ class TensorStage:
     def _ready(self, available: int) -> bool:
         """Whether `available` bytes let it make progress (so it does not wake for every piece)."""
         if self._spans is None:
-            return available >= 8 and 8 + _header_length(self._buffer) <= available
+            return available >= 8 and 8 + header_length(memoryview(self._buffer)) <= available
         return bool(self._pending) and self._pending[-1][0] <= available
 
     def _advance(self, available: int) -> None:
@@ -162,8 +162,8 @@ class TensorStage:
 
     def _start(self) -> None:
         """The header is in: the shared file for every tensor, or `_failed` if any is not a 2-D float."""
-        spans = parse_header(memoryview(self._buffer))
-        if not spans or any(len(s.shape) != 2 or not s.dtype.is_floating_point for s in spans.values()):
+        spans = parse(self._buffer)
+        if not spans or any(len(s.shape) != 2 or not DTYPES[s.dtype].floating for s in spans.values()):
             self._failed = True
             return
         views, self._layout = allocate({name: s.shape[::-1] for name, s in spans.items()}, STAGED_DTYPE)
@@ -171,6 +171,3 @@ class TensorStage:
         self._spans = spans
         self._pending = sorted(((s.start + s.nbytes, name) for name, s in spans.items()), reverse=True)
 
-
-def _header_length(buffer: Buffer) -> int:
-    return int(struct.unpack("<Q", memoryview(buffer)[:8])[0])

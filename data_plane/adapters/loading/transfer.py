@@ -25,6 +25,7 @@ import torch
 from data_plane.adapters.loading.shared_tensors import allocate, map_file, view
 from data_plane.lora.shared_layout import SharedLayout, TensorKey, TensorSpan
 from data_plane.lora.weights import LoRAAdapterWeights, LoRAModuleWeights
+from shared.engine_admin import AdapterDescription
 
 
 class TensorRef(msgspec.Struct, array_like=True):
@@ -45,11 +46,7 @@ class SharedAdapter(msgspec.Struct, array_like=True):
     size: int
     dtype: str  # torch dtype name, e.g. "float32"
     path: str
-    sha256: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    size_bytes: int
+    description: AdapterDescription
     layers: dict[int, dict[str, ModuleRef]]
 
 
@@ -68,8 +65,7 @@ def share_adapter(weights: LoRAAdapterWeights) -> SharedAdapter:
     }
     return SharedAdapter(
         file=layout.file, size=layout.size, dtype=str(layout.dtype).removeprefix("torch."), path=weights.path,
-        sha256=weights.sha256, rank=weights.rank, alpha=weights.alpha, target_modules=list(weights.target_modules),
-        size_bytes=weights.size_bytes, layers=layers,
+        description=weights.description, layers=layers,
     )
 
 
@@ -118,7 +114,4 @@ def open_adapter(shared: SharedAdapter) -> LoRAAdapterWeights:
         }
         for index, modules in shared.layers.items()
     }
-    return LoRAAdapterWeights(
-        path=shared.path, sha256=shared.sha256, rank=shared.rank, alpha=shared.alpha,
-        target_modules=list(shared.target_modules), size_bytes=shared.size_bytes, layers=layers,
-    )
+    return LoRAAdapterWeights(path=shared.path, description=shared.description, layers=layers)

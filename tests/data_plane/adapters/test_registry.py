@@ -292,8 +292,8 @@ async def test_host_cache_drops_lru_to_disk_and_rereads(engine, base_dir, roots)
     }
     assert held["residency"] == "device" and in_use_info["residency"] == "host"
     lease = await registry.acquire(names[2])  # re-read from disk, in a thread
-    assert lease.weights is not None and lease.weights.sha256 == next(
-        e.sha256 for e in registry.entries() if e.name == names[2]
+    assert lease.weights is not None and lease.weights.description.sha256 == next(
+        e.description.sha256 for e in registry.entries() if e.name == names[2]
     )
     assert registry.residency(lease.entry) is Residency.HOST
     lease.release()

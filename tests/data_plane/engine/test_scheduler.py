@@ -15,13 +15,15 @@ from data_plane.engine.scheduler import Scheduler, SchedulerOutput
 from data_plane.engine.sequence import Request, Sequence
 from data_plane.lora.slots import LoRASlotManager
 from data_plane.lora.weights import LoRAAdapterWeights
+from shared.engine_admin import AdapterDescription
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
 
 
 def _weights(adapter_id: int) -> LoRAAdapterWeights:
-    return LoRAAdapterWeights(path=f"/adapters/{adapter_id}", sha256=f"{adapter_id:064x}", rank=4, alpha=8.0,
-                              target_modules=["q_proj"], size_bytes=0)
+    description = AdapterDescription(sha256=f"{adapter_id:064x}", rank=4, alpha=8.0, target_modules=["q_proj"],
+                                     size_bytes=0)
+    return LoRAAdapterWeights(path=f"/adapters/{adapter_id}", description=description)
 
 
 class Drive:

@@ -60,7 +60,7 @@ def test_slots_hold_the_peft_weights_padded_and_are_replaced_whole(setup):
     assert not pool[slot].any()
     attention = weights["attention"]
     slots.pin(2, attention, busy=set())
-    assert slots.slot(2) == slot and slots.slot_rank[slot] == attention.rank
+    assert slots.slot(2) == slot and slots.slot_rank[slot] == attention.description.rank
     assert not gate_up.lora_a[slot].any() and not gate_up.lora_b[slot].any()
     q = attention.layers[1]["q_proj"]
     a, b = _lane(slots.layers[1][0], "q_proj", slot)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from data_plane.lora.slots import HEAT_HALF_LIFE, LoRASlotManager
 from data_plane.lora.weights import LoRAAdapterWeights
+from shared.engine_admin import AdapterDescription
 
 
 def _weights(adapter_id: int) -> LoRAAdapterWeights:
-    return LoRAAdapterWeights(path=f"/adapters/{adapter_id}", sha256=f"{adapter_id:064x}", rank=4, alpha=8.0,
-                              target_modules=["q_proj"], size_bytes=0)
+    description = AdapterDescription(sha256=f"{adapter_id:064x}", rank=4, alpha=8.0, target_modules=["q_proj"],
+                                     size_bytes=0)
+    return LoRAAdapterWeights(path=f"/adapters/{adapter_id}", description=description)
 
 
 def _admit(slots: LoRASlotManager, adapter_id: int, busy: frozenset[int] = frozenset()) -> bool:

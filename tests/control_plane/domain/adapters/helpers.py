@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import struct
 import uuid
 from pathlib import Path
 
@@ -53,13 +54,79 @@ async def add_engines(url: str, *specs: tuple[str, str, str]) -> None:
         await engine.dispose()
 
 
+HUGE = "9" * 5000  # an integer Python's json refuses with a plain ValueError (over 4300 digits)
+DEEP = "[" * 100_000 + "]" * 100_000  # nesting Python's json refuses with a RecursionError
+
+
+def _split(weights: Path) -> tuple[dict, bytes]:
+    raw = weights.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def _write(weights: Path, header_text: str, data: bytes) -> None:
+    raw = header_text.encode()
+    weights.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def _take_out(header: dict, data: bytes, begin: int, count: int) -> bytes:
+    """The data without its `count` bytes at `begin`; the spans past them moved back by as many."""
+    for key, info in header.items():
+        if key != "__metadata__" and info["data_offsets"][0] > begin:
+            info["data_offsets"] = [o - count for o in info["data_offsets"]]
+    return data[:begin] + data[begin + count:]
+
+
+def bad_spans(weights: Path, kind: str) -> str:
+    """Rewrite a safetensors file so that every tensor still lies inside it but the spans are wrong:
+    `overlap`, a tensor's data is the same bytes as another's of its shape (its own bytes are gone);
+    `short-span`, the first tensor has 4 bytes fewer than its shape needs. The tensor made wrong."""
+    header, data = _split(weights)
+    order = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])
+    if kind == "overlap":
+        first = {}
+        for key in order:
+            info = header[key]
+            twin = first.setdefault((info["dtype"], tuple(info["shape"])), key)
+            if twin != key:
+                begin, end = info["data_offsets"]
+                data = _take_out(header, data, begin, end - begin)
+                info["data_offsets"] = list(header[twin]["data_offsets"])
+                break
+        else:
+            raise AssertionError("no two tensors of one shape")
+    else:
+        key = order[0]
+        end = header[key]["data_offsets"][1]
+        data = _take_out(header, data, end - 4, 4)
+        header[key]["data_offsets"][1] = end - 4
+    _write(weights, json.dumps(header), data)
+    return key
+
+
+def fresh_copy(source: Path, root: Path, label: str) -> Path:
+    """A copy of an adapter folder under `root`, in a folder of its own."""
+    out = root / "broken" / f"{label}-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(source, out)
+    return out
+
+
 def broken_copy(source: Path, root: Path, kind: str) -> Path:
     """A copy of a good adapter folder under `root`, broken in one way."""
-    out = root / "broken" / f"{kind}-{uuid.uuid4().hex[:8]}"
-    shutil.copytree(source, out)
+    out = fresh_copy(source, root, kind)
     config_path, weights = out / "adapter_config.json", out / "adapter_model.safetensors"
     config = json.loads(config_path.read_text())
-    if kind == "no-weights":
+    if kind in ("overlap", "short-span"):
+        bad_spans(weights, kind)
+    elif kind in ("header-huge-integer", "header-deep-nesting"):
+        header, data = _split(weights)
+        value = HUGE if kind == "header-huge-integer" else DEEP
+        _write(weights, json.dumps(header)[:-1] + f', "x": {{"dtype": "F32", "shape": [{value}]}}}}', data)
+    elif kind in ("config-huge-integer", "config-deep-nesting"):
+        value = HUGE if kind == "config-huge-integer" else DEEP
+        config_path.write_text(json.dumps(config)[:-1] + f', "x": {value}}}')
+        return out
+    elif kind == "no-weights":
         weights.unlink()
     elif kind == "truncated":
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])

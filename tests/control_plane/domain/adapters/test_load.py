@@ -8,12 +8,20 @@ from pathlib import Path
 import httpx
 import pytest
 from litestar.testing import AsyncTestClient
+from safetensors import SafetensorError, safe_open
 
 from control_plane.app import create_app
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from tests.control_plane.conftest import admin, reader
-from tests.control_plane.domain.adapters.helpers import add_engines, audit, broken_copy, versions
+from tests.control_plane.domain.adapters.helpers import (
+    add_engines,
+    audit,
+    bad_spans,
+    broken_copy,
+    fresh_copy,
+    versions,
+)
 
 
 def load_body(name: str, path: Path, **extra: object) -> dict:
@@ -99,7 +107,8 @@ async def test_concurrent_loads_of_different_files_number_versions_without_gaps(
 
 
 BROKEN = ["no-weights", "truncated", "garbage-header", "not-lora", "dora", "rank-mismatch", "fewer-targets",
-          "bad-json"]
+          "bad-json", "overlap", "short-span", "header-huge-integer", "header-deep-nesting", "config-huge-integer",
+          "config-deep-nesting"]
 
 
 @pytest.mark.parametrize("kind", BROKEN)
@@ -112,6 +121,23 @@ async def test_a_bad_adapter_is_refused_and_nothing_is_recorded(client: AsyncTes
     assert (await client.get("/v1/lora_adapters", headers=reader())).json()["total"] == 0
     assert await versions(settings.database_url) == []
     assert await audit(settings.database_url) == [("load_lora_adapter", "bad", "400 invalid_request_error")]
+
+
+@pytest.mark.parametrize("kind", ["overlap", "short-span"])
+async def test_tensors_whose_data_is_not_theirs_are_refused_naming_the_tensor(
+        client: AsyncTestClient, demo: dict, settings, kind: str) -> None:
+    """Every tensor lies inside the file, but its bytes overlap another's or are fewer than its shape
+    needs: safetensors, which the engine reads with, refuses the file; so does the load, before any record."""
+    path = fresh_copy(demo["demo-pirate"], demo["root"], kind)
+    tensor = bad_spans(path / "adapter_model.safetensors", kind)
+    with pytest.raises(SafetensorError):  # the oracle: the engine's reader
+        safe_open(str(path / "adapter_model.safetensors"), framework="pt")
+    r = await client.post("/v1/load_lora_adapter", json=load_body("bad", path), headers=admin())
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "lora_path")
+    assert f"tensor {tensor}" in error["message"] and "adapter_model.safetensors" in error["message"], error
+    assert await versions(settings.database_url) == []
 
 
 async def test_paths_outside_the_roots_are_refused_without_saying_whether_they_exist(

@@ -38,5 +38,4 @@ def unshared(weights: LoRAAdapterWeights) -> LoRAAdapterWeights:
     """A copy of the adapter built without a shared file (as a test or another loader builds weights)."""
     layers = {index: {name: LoRAModuleWeights(w.lora_a.clone(), w.lora_b.clone(), w.scaling) for name, w in mods.items()}
               for index, mods in weights.layers.items()}
-    return LoRAAdapterWeights(weights.path, weights.sha256, weights.rank, weights.alpha, list(weights.target_modules),
-                              weights.size_bytes, layers)
+    return LoRAAdapterWeights(weights.path, weights.description, layers)

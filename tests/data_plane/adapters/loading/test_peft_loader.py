@@ -46,7 +46,7 @@ def _assert_matches_peft(ours: LoRAAdapterWeights, base: Path, adapter: Path) ->
     """Per module A, B and scaling equal peft's; base + scaling * B @ A equals peft's merged weight."""
     model = PeftModel.from_pretrained(load_base(base), adapter).eval()
     theirs = {name.removeprefix(PREFIX): m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
-    assert ours.rank == max(m.r["default"] for m in theirs.values())
+    assert ours.description.rank == max(m.r["default"] for m in theirs.values())
     ours_flat = {module_name(layer, s): w for layer, mods in ours.layers.items() for s, w in mods.items()}
     assert set(ours_flat) == set(theirs)
     for name, w in ours_flat.items():
@@ -71,9 +71,9 @@ def test_matches_peft(family: str, kind: str, tiny_checkpoints, peft_adapters) -
     ours = _load(adapter, tiny_checkpoints[family])
     _assert_matches_peft(ours, tiny_checkpoints[family], adapter)
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert ours.alpha == config["lora_alpha"] and ours.path == str(adapter.resolve())
+    assert ours.description.alpha == config["lora_alpha"] and ours.path == str(adapter.resolve())
     files = ("adapter_config.json", "adapter_model.safetensors")  # peft also writes a README.md model card
-    assert ours.size_bytes == sum((adapter / f).stat().st_size for f in files)
+    assert ours.description.size_bytes == sum((adapter / f).stat().st_size for f in files)
 
 
 @pytest.mark.parametrize(("kind", "changes"), [
@@ -152,6 +152,13 @@ def _truncate(adapter: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
 
+def _config_text(edit: Callable[[str], str]) -> Callable[[Path], None]:
+    def apply(adapter: Path) -> None:
+        path = adapter / "adapter_config.json"
+        path.write_text(edit(path.read_text().strip()))
+    return apply
+
+
 Q0 = PREFIX + "model.layers.0.self_attn.q_proj"
 REFUSALS = {  # mutation of a copy of the llama "attention" adapter (r=4, q/k/v/o) -> cause in the message
     "missing config": (lambda a: (a / "adapter_config.json").unlink(), "adapter_config.json is missing"),
@@ -160,6 +167,14 @@ REFUSALS = {  # mutation of a copy of the llama "attention" adapter (r=4, q/k/v/
     "garbage": (lambda a: (a / "adapter_model.safetensors").write_bytes(b"\0" * 999), "corrupt or truncated"),
     "invalid json": (lambda a: (a / "adapter_config.json").write_text('{"r": 4, "secret-x'), "not valid JSON"),
     "not lora": (lambda a: edit_config(a, peft_type="IA3"), "peft_type 'IA3' is not supported"),
+    "an integer of 5000 digits in the config": (_config_text(lambda t: t[:-1] + ', "x": ' + "9" * 5000 + "}"),
+                                                "cannot be parsed"),
+    "config nesting too deep": (_config_text(lambda t: t[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                                "cannot be parsed"),
+    # non-ASCII digits: int() reads "٠" as 0, but transformers names no module so and peft loads none there
+    "non-ASCII layer digits": (_tensors(lambda t: [t.update({k.replace("layers.0.", "layers.\u0660."): t.pop(k)})
+                                                   for k in [k for k in t if k.startswith(Q0)]]),
+                               "module model.layers.\u0660.self_attn.q_proj, which loraplane cannot adapt"),
     "bias": (lambda a: edit_config(a, bias="all"), "bias 'all' is not supported"),
     "pissa": (lambda a: edit_config(a, init_lora_weights="pissa_niter_4"), "changes the base weights"),
     "bad regex": (lambda a: edit_config(a, target_modules="(q_proj"), "regex .* is invalid"),
@@ -246,21 +261,21 @@ def test_path_must_stay_inside_the_roots(tiny_checkpoints, peft_adapters, tmp_pa
     with pytest.raises(LoRAAdapterError, match="is not a directory"):
         _load(inner / "adapter_config.json", tiny_checkpoints["llama"], roots=[str(root)])
     # inside via a symlinked root, and through `..` that stays inside: allowed
-    assert _load(root / "x" / ".." / "link", tiny_checkpoints["llama"], roots=[str(root), str(outside)]).rank == 4
+    assert _load(root / "x" / ".." / "link", tiny_checkpoints["llama"], roots=[str(root), str(outside)]).description.rank == 4
 
 
 def test_sha256_is_content_identity(tiny_checkpoints, peft_adapters, tmp_path) -> None:
     base, src = tiny_checkpoints["llama"], peft_adapters("llama", "attention")
     first = _load(src, base)
-    assert _load(src, base).sha256 == first.sha256 and len(first.sha256) == 64
+    assert _load(src, base).description.sha256 == first.description.sha256 and len(first.description.sha256) == 64
     copy = shutil.copytree(src, tmp_path / "copy")
-    assert _load(copy, base).sha256 == first.sha256  # the folder's name or place is not part of it
+    assert _load(copy, base).description.sha256 == first.description.sha256  # the folder's name or place is not part of it
     _tensors(lambda t: t[Q0 + ".lora_A.weight"][0, 0].add_(1e-3))(copy)
     changed = _load(copy, base)
-    assert changed.sha256 != first.sha256 and changed.cache_namespace != first.cache_namespace
+    assert changed.description.sha256 != first.description.sha256 and changed.cache_namespace != first.cache_namespace
     edited = shutil.copytree(src, tmp_path / "edited")
     edit_config(edited, lora_alpha=9)
-    assert _load(edited, base).sha256 not in (first.sha256, changed.sha256)
+    assert _load(edited, base).description.sha256 not in (first.description.sha256, changed.description.sha256)
 
 
 def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoints, peft_adapters) -> None:
@@ -269,9 +284,9 @@ def test_sha256_is_the_manifest_digest_the_control_plane_records(tiny_checkpoint
 
     src = peft_adapters("llama", "attention")
     ours = _load(src, tiny_checkpoints["llama"])
-    assert ours.sha256 == files_digest([src / "adapter_config.json", src / "adapter_model.safetensors"])
-    assert inspect_adapter(str(src), (str(src.parent),)).sha256 == ours.sha256
-    assert ours.cache_namespace == int(ours.sha256[:16], 16)
+    assert ours.description.sha256 == files_digest([src / "adapter_config.json", src / "adapter_model.safetensors"])
+    assert inspect_adapter(str(src), (str(src.parent),)).description.sha256 == ours.description.sha256
+    assert ours.cache_namespace == int(ours.description.sha256[:16], 16)
 
 
 def test_a_paced_read_rests_between_every_tensor_and_every_mib_and_reads_the_same(tiny_checkpoints,
@@ -290,7 +305,7 @@ def test_a_paced_read_rests_between_every_tensor_and_every_mib_and_reads_the_sam
     tensors = sum(2 for mods in ours.layers.values() for _ in mods)
     mib = -(-(src / WEIGHTS_NAME).stat().st_size // (1 << 20))
     assert calls[0] == 2 * tensors + mib  # read, checked and copied; hashed
-    assert ours.sha256 == unpaced.sha256
+    assert ours.description.sha256 == unpaced.description.sha256
     for layer, mods in unpaced.layers.items():
         for short, w in mods.items():
             assert torch.equal(ours.layers[layer][short].lora_a, w.lora_a)
@@ -362,7 +377,7 @@ def test_demo_adapters_load_here_and_in_peft_and_change_answers(demo_dir) -> Non
     for name, spec in DEMO_ADAPTERS.items():
         adapter = demo_dir / "adapters" / name
         ours = _load(adapter, demo_dir, max_rank=16)
-        assert (ours.rank, ours.target_modules) == (spec.r, list(spec.target_modules))
+        assert (ours.description.rank, ours.description.target_modules) == (spec.r, list(spec.target_modules))
         assert {w.scaling for mods in ours.layers.values() for w in mods.values()} == {spec.scaling}
         _assert_matches_peft(ours, demo_dir, adapter)
         answers[name] = greedy(PeftModel.from_pretrained(load_base(demo_dir), adapter).eval())
@@ -425,7 +440,7 @@ def test_held_bytes_load_as_the_files_do(kind, staged, tiny_checkpoints, peft_ad
     ours = _load_held(adapter, base, tmp_path, staged, on_staged=lambda: made.append(own_shared_files() - before))
     assert not (tmp_path / "fetched").exists()
     _assert_matches_peft(ours, base, adapter)
-    assert ours.sha256 == _load(adapter, base).sha256  # the same version digest as from disk
+    assert ours.description.sha256 == _load(adapter, base).description.sha256  # the same version digest as from disk
     assert ours.shared is not None and own_shared_files() - before == {Path(ours.shared.file)}  # one host copy
     if staged:  # ... which is the stage's: the load adopted it, copying nothing
         assert made == [{Path(ours.shared.file)}]

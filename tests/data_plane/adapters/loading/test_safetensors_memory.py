@@ -11,7 +11,8 @@ import torch
 from safetensors import SafetensorError, deserialize
 from safetensors.torch import load, save
 
-from data_plane.adapters.loading.safetensors_memory import BufferTensors
+from data_plane.adapters.loading.safetensors_memory import TORCH_DTYPES, BufferTensors
+from shared.safetensors_header import DTYPES
 
 
 def test_tensors_equal_safetensors_own_and_are_views_of_the_buffer() -> None:
@@ -31,6 +32,12 @@ def test_tensors_equal_safetensors_own_and_are_views_of_the_buffer() -> None:
     if aligned.data_ptr() % 4 == 0:  # aligned spans are views, not copies
         base = torch.frombuffer(buffer, dtype=torch.uint8).data_ptr()
         assert base <= aligned.data_ptr() < base + len(buffer)
+
+
+def test_each_dtype_of_the_shared_table_has_its_torch_dtype() -> None:
+    assert TORCH_DTYPES.keys() == DTYPES.keys()
+    for name, dtype in TORCH_DTYPES.items():
+        assert (DTYPES[name].itemsize, DTYPES[name].floating) == (dtype.itemsize, dtype.is_floating_point), name
 
 
 def _file(header: object, data: bytes, length: int | None = None) -> bytes:
