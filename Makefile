@@ -43,6 +43,7 @@ run-engine: $(STAMP) $(DEMO_DIR)/config.json
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/pylint control_plane data_plane shared
 
 # The tests run on TEST_WORKERS processes (pytest-xdist), a test module per unit (tests/conftest.py): most
 # of the suite waits on servers it started (run one at a time it kept 0.8 of 2 CPUs busy), so two
@@ -52,6 +53,7 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/pylint control_plane data_plane shared
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 bench: $(STAMP) $(DEMO_DIR)/config.json
