@@ -44,6 +44,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pylint control_plane data_plane shared
+	$(BIN)/mypy
 
 # The tests run on TEST_WORKERS processes (pytest-xdist), a test module per unit (tests/conftest.py): most
 # of the suite waits on servers it started (run one at a time it kept 0.8 of 2 CPUs busy), so two
@@ -54,6 +55,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pylint control_plane data_plane shared
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 bench: $(STAMP) $(DEMO_DIR)/config.json
