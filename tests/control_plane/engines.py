@@ -50,11 +50,15 @@ def engine_pair(demo: dict[str, Path], logs: Path, control_plane: str) -> Iterat
 
 
 async def register_pair(client: httpx.AsyncClient, engines: list[EngineServer], headers: dict[str, str]) -> None:
-    """Wait until `engine_pair`'s engines have registered themselves at `client`'s control plane (a fresh
-    database answers their heartbeat 404, and they register). Not a registration written here: one that
-    said less than theirs (no host-cache slots) would change each engine's capacity when theirs arrived,
+    """Wait until `engine_pair`'s engines have registered themselves at `client`'s control plane."""
+    await registered_themselves(client, {"ea": engines[0].url, "eb": engines[1].url}, headers)
+
+
+async def registered_themselves(client: httpx.AsyncClient, want: dict[str, str], headers: dict[str, str]) -> None:
+    """Wait until the engines of `want` (name -> URL) have registered themselves at `client`'s control plane
+    (a fresh database answers their heartbeat 404, and they register). Not a registration written here: one
+    that said less than theirs (no host-cache slots) would change each engine's capacity when theirs arrived,
     and the fleet pass would rebalance adapters onto the one that registered itself first."""
-    want = {"ea": engines[0].url, "eb": engines[1].url}
     deadline = time.monotonic() + 30
     while True:
         r = await client.get("/v1/engines", headers=headers)

@@ -4,7 +4,9 @@ a drift of one and a reconcile load, and the round after it as converged with no
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,13 @@ import httpx
 import pytest
 
 from tests.control_plane.conftest import admin
-from tests.control_plane.engines import ENGINE_TOKEN, engine_credentials, lora_engine, served_control_plane
+from tests.control_plane.engines import (
+    ENGINE_TOKEN,
+    engine_credentials,
+    lora_engine,
+    registered_themselves,
+    served_control_plane,
+)
 from tests.data_plane.api.conftest import EngineServer, scrape_metric
 from tests.e2e.test_control_plane_engines import _free_port as free_port
 
@@ -40,9 +48,15 @@ async def test_push_and_reconcile_outcomes_and_drift(settings, engine: EngineSer
             return scrape_metric(url, name, labels)
 
         calls = "loraplane_control_engine_calls_total"
+        rounds = "loraplane_control_reconcile_rounds_total"
         assert metric(calls, 'source="reconcile",action="unload",outcome="failed"') == 0  # zeros from the start
-        body = {"name": "ea", "url": engine.url, "base_model": "demo", "slots_total": 4}
-        assert (await cp.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
+        # the engine registers itself here, which kicks one round: wait for both, so that no round but
+        # those the test asks for runs from now on (a kicked round beside them would fix the drift first)
+        await registered_themselves(cp, {"ea": engine.url}, admin())
+        deadline = time.monotonic() + 30
+        while metric(rounds, 'result="changed"') + metric(rounds, 'result="converged"') < 1:
+            assert time.monotonic() < deadline, "the registration's reconcile round did not run"
+            await asyncio.sleep(0.05)
         name = f"metrics-{uuid.uuid4().hex[:8]}"  # the engine outlives each database of the module
         r = await cp.post("/v1/load_lora_adapter", headers=admin(),
                           json={"lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo"})
@@ -54,7 +68,6 @@ async def test_push_and_reconcile_outcomes_and_drift(settings, engine: EngineSer
         auth = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
         assert httpx.post(engine.api + "/unload_lora_adapter", json={"lora_name": name}, headers=auth,
                           timeout=30).status_code == 200
-        rounds = "loraplane_control_reconcile_rounds_total"
         changed, converged = metric(rounds, 'result="changed"'), metric(rounds, 'result="converged"')
         report = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
         assert [(e["engine"], e["loaded"]) for e in report] == [("ea", [name])]
