@@ -40,7 +40,8 @@ def _usage() -> str:
 
 
 def _load(module_name: str) -> Callable[[list[str]], int]:
-    return importlib.import_module(module_name).main
+    main: Callable[[list[str]], int] = importlib.import_module(module_name).main  # each command's entry point
+    return main
 
 
 def run(argv: list[str]) -> int:

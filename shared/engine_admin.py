@@ -18,7 +18,7 @@ additively.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
 
@@ -74,7 +74,20 @@ class UnloadedAdapter(msgspec.Struct, kw_only=True):
     aborted: Count = 0
 
 
-class AdapterListing(_unknown_yet(AdapterDescription), kw_only=True):  # type: ignore[misc]
+if TYPE_CHECKING:
+    # What _unknown_yet(AdapterDescription) makes, spelled out for the checker (which cannot follow a class
+    # made at run time): AdapterDescription's fields, each `T | None` and None by default.
+    class _PartialAdapterDescription(msgspec.Struct, kw_only=True):
+        sha256: Sha256 | None = None
+        rank: Count | None = None
+        alpha: float | None = None
+        target_modules: list[Text] | None = None
+        size_bytes: Count | None = None
+else:
+    _PartialAdapterDescription = _unknown_yet(AdapterDescription)
+
+
+class AdapterListing(_PartialAdapterDescription, kw_only=True):
     """One row of GET /v1/lora_adapters. A first load still reading its files has only name, path and
     state (`loading`); the other fields are None then."""
 

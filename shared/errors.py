@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 class LoraplaneError(Exception):
@@ -17,7 +18,7 @@ class LoraplaneError(Exception):
         self.param = param
         self.code = code
 
-    def to_body(self) -> dict:
+    def to_body(self) -> dict[str, Any]:
         return {
             "error": {
                 "message": self.message,

@@ -42,13 +42,13 @@ def error_body(
     return Response(body, status_code=status, headers=headers)
 
 
-def handle_loraplane_error(request: Request, exc: LoraplaneError) -> Response[dict[str, Any]]:
+def handle_loraplane_error(request: Request[Any, Any, Any], exc: LoraplaneError) -> Response[dict[str, Any]]:
     if exc.status_code >= 500:
         logger.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
     return error_response(exc)
 
 
-def handle_http_exception(request: Request, exc: HTTPException) -> Response[dict[str, Any]]:
+def handle_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
     status = exc.status_code
     if status == 404 and not isinstance(exc, ValidationException):
         return error_response(NotFoundError(f"No route for {request.method} {request.url.path}."))
@@ -79,7 +79,7 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response[dict
     return handle_internal_error(request, exc)
 
 
-def handle_internal_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+def handle_internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     logger.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(LoraplaneError("Internal server error."))
 

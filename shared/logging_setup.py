@@ -101,7 +101,7 @@ class DemoteRoutineRequests(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args, at = record.args, self.layout
         if (record.levelno == logging.INFO and isinstance(args, tuple) and len(args) > max(at.path, at.status)
-                and isinstance(args[at.status], int) and args[at.status] < 400
+                and isinstance(status := args[at.status], int) and status < 400
                 and (str(args[at.method]) in at.routine_methods or is_routine(str(args[at.path])))):
             record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
         return True

@@ -8,7 +8,7 @@ and `document_app` rewrites the generated document once: schemas straight from m
 what the decoder enforces), errors as `ErrorResponse`, streams as `text/event-stream`.
 
     @post("/v1/things", opt=route_doc(request=ThingRequest, response=Thing, errors=(400, 401, 404)))
-    async def create_thing(request: Request) -> Response[Any]: ...
+    async def create_thing(request: Request[Any, Any, Any]) -> Response[Any]: ...
 
     app = Litestar(...); document_app(app)
 """
@@ -184,10 +184,10 @@ def _found(app: Litestar, path_item: dict[str, Any], handler: HTTPRouteHandler, 
     return [(path_item[m], doc, resolved) for m in methods if m in path_item]
 
 
-def _relocate(document: dict[str, Any], path_item: dict[str, Any], methods: list[str], doc: RouteDoc) -> dict:
+def _relocate(document: dict[str, Any], path_item: dict[str, Any], methods: list[str], doc: RouteDoc) -> dict[str, Any]:
     """Copy the generated operations to `doc.path`, their path parameters the ones `doc.path` names."""
     assert doc.path is not None
-    target = document.setdefault("paths", {}).setdefault(doc.path, {})
+    target: dict[str, Any] = document.setdefault("paths", {}).setdefault(doc.path, {})
     names = re.findall(r"\{(\w+)\}", doc.path)
     for method in methods:
         operation = copy.deepcopy(path_item[method])
@@ -204,7 +204,7 @@ def _relocate(document: dict[str, Any], path_item: dict[str, Any], methods: list
     return target
 
 
-def _event_schema(chunk: dict[str, Any], ref_of: dict[type, dict]) -> dict[str, Any]:
+def _event_schema(chunk: dict[str, Any], ref_of: dict[type, dict[str, Any]]) -> dict[str, Any]:
     """One server-sent event (before OpenAPI 3.2's itemSchema, a text/event-stream `schema` describes
     each event): its `data` is a chunk's JSON, an error's JSON, or the final literal `[DONE]`."""
     name = chunk["$ref"].rsplit("/", 1)[-1]
@@ -230,7 +230,7 @@ def _event_schema(chunk: dict[str, Any], ref_of: dict[type, dict]) -> dict[str, 
 
 
 def _rewrite(
-    operation: dict[str, Any], doc: RouteDoc, resolved: dict[str, type | None], ref_of: dict[type, dict]
+    operation: dict[str, Any], doc: RouteDoc, resolved: dict[str, type | None], ref_of: dict[type, dict[str, Any]]
 ) -> None:
     request, response, stream, example = resolved["request"], resolved["response"], resolved["stream"], doc.example
     if doc.request_content is not None:
@@ -262,7 +262,7 @@ def _rewrite(
 _METHODS = ("get", "put", "post", "delete", "patch")
 
 
-def options_response(request: Request) -> Response[None]:
+def options_response(request: Request[Any, Any, Any]) -> Response[None]:
     """An OPTIONS answer whose `Allow` lists the methods documented for the path asked: for one
     `{name:path}` route serving several documented paths (`…/{name}`, `…/{name}/activate`), where
     Litestar's own would list every method of the route."""
@@ -270,7 +270,7 @@ def options_response(request: Request) -> Response[None]:
     return Response(None, status_code=204, headers={"Allow": allow})
 
 
-async def refuse_undocumented_method(request: Request) -> Response[Any] | None:
+async def refuse_undocumented_method(request: Request[Any, Any, Any]) -> Response[Any] | None:
     """A controller's `before_request`: 405 with `Allow` for a method that no documented path matching
     the path asked lists (one `{name:path}` route serves several documented paths; where two of them
     match, as `…/x/versions/versions` does, the handler tells them apart)."""
@@ -281,7 +281,7 @@ async def refuse_undocumented_method(request: Request) -> Response[Any] | None:
     return method_not_allowed(request)
 
 
-def method_not_allowed(request: Request) -> Response[Any]:
+def method_not_allowed(request: Request[Any, Any, Any]) -> Response[Any]:
     """405 naming the methods the path's most literal documented template takes (also in `Allow`)."""
     allowed = documented_methods(request.app, request.url.path)
     return error_body(405, f"{request.method} is not allowed on {request.url.path[:200]}; this path takes "

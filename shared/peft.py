@@ -227,7 +227,10 @@ class TargetSpec:
         else:
             m = next(filter(None, (self._regex(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", "layers_pattern", p).match(key)
                                    for p in self.layers_pattern)), None)
-        return m is not None and layer_index(m["idx"]) in self.layers_to_transform
+        if m is None or (digits := m["idx"]) is None:
+            return False
+        index = layer_index(digits)
+        return index is not None and index in self.layers_to_transform
 
     def rank_and_alpha(self, key: str) -> tuple[int, int | float]:
         """peft's rank and alpha of module `key` (as `matches`, ASCII; off the event loop)."""

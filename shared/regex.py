@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import functools
 import re
-from re import _constants as sre  # Python's regex parse tree: the opcodes of re._parser's output
-from re import _parser
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # typeshed describes re's private modules under their public aliases (the same modules)
+    import sre_constants as sre
+    import sre_parse as _parser
+else:
+    from re import _constants as sre  # Python's regex parse tree: the opcodes of re._parser's output
+    from re import _parser
 
 import re2
 

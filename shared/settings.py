@@ -120,7 +120,7 @@ def log_format_setting() -> Any:
 class _Spec:
     """A field, its setting and its shape: `many` takes items (a repeatable flag, a split variable)."""
 
-    field: Field
+    field: Field[Any]
     setting: Setting
     kind: str  # "bool" | "scalar" | "many"
     parse: Callable[[Any], Any]
@@ -157,7 +157,7 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
 
 
-def _default(f: Field) -> Any:
+def _default(f: Field[Any]) -> Any:
     if f.default is not MISSING:
         return f.default
     return f.default_factory() if f.default_factory is not MISSING else None
@@ -191,7 +191,7 @@ def _from_text(spec: _Spec, variable: str, raw: str) -> Any:
 def _variable(spec: _Spec, env: Mapping[str, str]) -> tuple[str, str, Alias | None] | None:
     """(the variable, its text, the alias it is) of the first of the setting's variables that is set."""
     s = spec.setting
-    names = [(s.env, None)] if s.env else []
+    names: list[tuple[str, Alias | None]] = [(s.env, None)] if s.env else []
     names += [(a.name, a) for a in s.aliases if not a.name.startswith("--")]
     for name, alias in names:
         try:
@@ -239,7 +239,8 @@ def deprecations(args: argparse.Namespace) -> list[str]:
 
 def check_choices(config: object, error: type[Exception] = ValueError) -> None:
     """Each field that has choices holds one of them (or None): `--flag 'value': expected a, b or c`."""
-    for spec in _specs(type(config)):
+    config_type: type = type(config)  # (type[object] reads as unhashable to the checker)
+    for spec in _specs(config_type):
         value, choices = getattr(config, spec.name), spec.setting.choices
         if choices is not None and value is not None and value not in choices:
             raise error(f"{spec.setting.flag or spec.name} {value!r}: expected {_alternatives(choices)}")
@@ -248,7 +249,8 @@ def check_choices(config: object, error: type[Exception] = ValueError) -> None:
 def settings_repr(config: object) -> str:
     """`Cls(field=value, …)` with secrets hidden: `<hidden>`, `<N hidden>`, a mapping's keys only."""
     parts = []
-    for spec in _specs(type(config)):
+    config_type: type = type(config)
+    for spec in _specs(config_type):
         value, s = getattr(config, spec.name), spec.setting
         if s.secret and value is not None:
             if isinstance(value, Mapping):
@@ -356,10 +358,11 @@ class SettingsParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        namespace, extras = super().parse_known_args(args, namespace)
+        # argparse's own default (a new Namespace), passed here so that the result is typed a Namespace
+        parsed, extras = super().parse_known_args(args, argparse.Namespace() if namespace is None else namespace)
         if self.settings is not None:
-            self._resolve(self.settings, namespace)
-        return namespace, extras
+            self._resolve(self.settings, parsed)
+        return parsed, extras
 
     def _resolve(self, cls: type, namespace: argparse.Namespace) -> None:
         given: dict[str, Any] = {}
