@@ -144,7 +144,7 @@ def _token(env_names: tuple[str, ...], file_name: str, nbytes: int = 24) -> tupl
 
 
 def _wait(url: str, headers: dict[str, str], ok: Callable[[httpx.Response], bool], what: str,
-          processes: list[subprocess.Popen], timeout_s: float = 180) -> None:
+          processes: list[subprocess.Popen[bytes]], timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for process in processes:
@@ -316,7 +316,7 @@ def _run(launch: _Launch) -> int:
     return 0
 
 
-def _stop(*processes: subprocess.Popen) -> None:
+def _stop(*processes: subprocess.Popen[bytes]) -> None:
     """SIGTERM to all, wait, SIGKILL whoever is left after STOP_TIMEOUT_S; all reaped. A second stop signal
     meanwhile does not interrupt this (it would leave a child running)."""
     signals = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

@@ -43,7 +43,7 @@ def list_(session: Session, base_model: str, prefix: str, label: tuple[str, ...]
     return session.finish(session.api.get("/v1/lora_adapters", params), _page)
 
 
-def _page(body: dict) -> None:
+def _page(body: dict[str, Any]) -> None:
     rows = [(a["name"], a["base_model"], a["active_version"],
              ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items())), render.when(a["updated_at"]))
             for a in body["data"]]
@@ -59,7 +59,7 @@ def show(session: Session, name: str) -> int:
     return session.finish(session.api.get(adapter_path(name)), detail)
 
 
-def detail(body: dict) -> None:
+def detail(body: dict[str, Any]) -> None:
     replicas = body["replicas"]
     facts = render.table(("", ""), [
         ("name", body["name"]), ("base model", body["base_model"]), ("description", body["description"]),
@@ -125,7 +125,7 @@ def _labels(pairs: tuple[str, ...]) -> dict[str, str] | None:
     return dict(p.split("=", 1) for p in pairs)
 
 
-def _loaded(body: dict) -> None:
+def _loaded(body: dict[str, Any]) -> None:
     reused = "" if body["created"] else " (identical files: the existing version)"
     render.show(f"{body['name']} version {body['version']}{reused}: sha256 {body['sha256'][:12]}, rank "
                 f"{body['rank']}, {len(body['target_modules'])} target modules")

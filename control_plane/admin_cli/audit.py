@@ -41,7 +41,7 @@ def _with_offset(since: str | None) -> str | None:
     return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).isoformat()
 
 
-def _page(body: dict) -> None:
+def _page(body: dict[str, Any]) -> None:
     rows = [(render.when(e["at"]), e["actor"], e["action"], e["target"], e["outcome"]) for e in body["data"]]
     render.show(render.table(("AT", "ACTOR", "ACTION", "TARGET", "OUTCOME"), rows),
                 f"{len(rows)} of {body['total']} (offset {body['offset']})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 import click
@@ -22,13 +23,13 @@ def list_(session: Session) -> int:
     return session.finish(session.api.get("/v1/engines"), _list)
 
 
-def _list(body: dict) -> None:
+def _list(body: dict[str, Any]) -> None:
     rows = [(e["name"], e["state"], e["base_model"], f"{e['slots_used']}/{e['slots_total']}", e["device_kind"],
              render.when(e["last_heartbeat"]), e["url"]) for e in body["data"]]
     render.show(render.table(("NAME", "STATE", "BASE MODEL", "SLOTS", "DEVICE", "LAST HEARTBEAT", "URL"), rows))
 
 
-def _one(body: dict) -> None:
+def _one(body: dict[str, Any]) -> None:
     render.show(f"{body['name']}: {body['state']}")
 
 

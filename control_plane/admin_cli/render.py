@@ -37,7 +37,7 @@ def when(iso: str | None) -> str:
     return iso[:19].replace("T", " ") if iso else "-"
 
 
-def size(n: int) -> str:
+def size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -49,7 +49,7 @@ def seconds(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
 
-def engines(body: dict) -> None:
+def engines(body: dict[str, Any]) -> None:
     """A push's outcome per engine (load, unload, activate, pin...)."""
     rows = [(e["engine"], e["desired"], e["outcome"], e.get("error")) for e in body.get("engines", [])]
     if rows:

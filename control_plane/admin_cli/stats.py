@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Group
@@ -13,7 +15,7 @@ from control_plane.admin_cli.client import ERROR, Reply
 from control_plane.admin_cli.options import Session, connected, run
 
 
-def figures(body: dict) -> Group:
+def figures(body: dict[str, Any]) -> Group:
     adapters = render.table(
         ("ADAPTER", "REQUESTS", "TOKENS/S 1M", "TTFT P50", "TTFT P99", "E2E P99", "LOADS", "EVICTIONS", "ENGINES"),
         [(a["name"], sum(a["requests"].values()), f"{a['generated_tokens_per_second_1m']:.1f}",
@@ -46,7 +48,7 @@ def stats(session: Session, watch: bool, interval: float, count: int) -> int:
         return _each(session, interval, count, update)
 
 
-def _each(session: Session, interval: float, count: int, show) -> int:  # noqa: ANN001
+def _each(session: Session, interval: float, count: int, show: Callable[[Reply], None]) -> int:
     shown = 0
     try:
         while True:

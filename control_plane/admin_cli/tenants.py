@@ -3,6 +3,8 @@ keys, quotas and sources, and which tenant owns an adapter. A key's secret is pr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import quote
 
 import click
@@ -15,17 +17,17 @@ _LIMITS = (("requests_per_minute", "--rpm", "requests per minute"),
            ("concurrent_requests", "--concurrent", "requests in flight at once"))
 
 
-def limit_options(command):  # noqa: ANN001, ANN201 (a click decorator)
+def limit_options(command: Callable[..., int]) -> Callable[..., int]:
     for field, flag, what in reversed(_LIMITS):
         command = click.option(flag, field, type=click.IntRange(min=1), help=f"{what} (left out: unlimited)")(command)
     return command
 
 
-def _limits(values: dict) -> dict:
+def _limits(values: dict[str, int | None]) -> dict[str, int]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _show_limits(limits: dict) -> str:
+def _show_limits(limits: dict[str, Any]) -> str:
     shown = [f"{k.replace('_', ' ')} {v}" for k, v in limits.items() if v is not None]
     return ", ".join(shown) or "unlimited"
 
@@ -34,7 +36,7 @@ def _show_sources(sources: list[str]) -> str:
     return " ".join(sources) or "uploads only"
 
 
-def source_option(command):  # noqa: ANN001, ANN201 (a click decorator)
+def source_option(command: Callable[..., int]) -> Callable[..., int]:
     return click.option("--source", "sources", multiple=True, metavar="PREFIX",
                         help="where the tenant's admin keys may load adapters from: an absolute folder (under "
                              "--lora-roots) or a URL prefix (s3://bucket/prefix, gs://, az://, hf://org[/name]); "
@@ -83,7 +85,7 @@ def update(session: Session, name: str, display_name: str | None, sources: tuple
     """Set NAME's display name and/or sources (--source replaces them all); what is left out is kept."""
     if sources and no_sources:
         raise click.UsageError("give --source or --no-sources, not both")
-    body: dict = {} if display_name is None else {"display_name": display_name}
+    body: dict[str, Any] = {} if display_name is None else {"display_name": display_name}
     if sources or no_sources:
         body["sources"] = list(sources)
     if not body:
@@ -127,7 +129,7 @@ def keys(session: Session, name: str) -> int:
 def create_key(session: Session, tenant: str, key_name: str, scopes: tuple[str, ...], expires_at: str | None,
                **limits: int | None) -> int:
     """Create a key for TENANT; the key is printed this once and never shown again."""
-    body: dict = {"name": key_name, "scopes": list(scopes), "limits": _limits(limits)}
+    body: dict[str, Any] = {"name": key_name, "scopes": list(scopes), "limits": _limits(limits)}
     if expires_at:
         body["expires_at"] = expires_at
     reply = session.api.call("POST", f"/v1/tenants/{quote(tenant, safe='')}/keys", json=body)
