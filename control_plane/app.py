@@ -86,6 +86,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     # Sessions outside a handler's own (the plugin's is per request and only handlers get it).
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     reconciler = Reconciler(sessions, gate, engine_client, settings, app_metrics)
+    assert settings.artifact_store is not None  # ControlPlaneSettings.__post_init__ sets the default
     artifact_store = ArtifactStore(settings.artifact_store)
     stats_cache = StatsCache()
     history = HistorySampler(sessions, gate, settings, engine_client, stats_cache)  # the console's charts

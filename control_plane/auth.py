@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from litestar.connection import ASGIConnection
+from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
 
 from control_plane import audit
@@ -74,7 +75,7 @@ def authenticate(authorization: str | None, settings: ControlPlaneSettings) -> P
     return Principal(kind=found[0], token_id=token_id(offered), engine=found[1])
 
 
-async def principal_of(connection: ASGIConnection) -> Principal:
+async def principal_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Principal:
     """Authenticate once per request; guards and the `principal` dependency share the result. A tenant
     key (`lp_…`) is looked up in the database; any other bearer is compared with the role tokens."""
     cached = connection.scope.get("state", {}).get("loraplane_principal")
@@ -91,10 +92,12 @@ async def principal_of(connection: ASGIConnection) -> Principal:
     return cached
 
 
-async def _refuse(connection: ASGIConnection, handler: BaseRouteHandler, principal: Principal, message: str) -> None:
+async def _refuse(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler, principal: Principal,
+                  message: str) -> None:
     """403, audited (anonymous 401s are not: they would let anyone fill the table)."""
     state = connection.app.state
-    action = handler.opt.get("audit_action", handler.operation_id or connection.url.path)
+    operation_id = handler.operation_id if isinstance(handler, HTTPRouteHandler) else None
+    action = handler.opt.get("audit_action", operation_id or connection.url.path)
     async with state.audit_sessions() as session:
         row = audit.event(principal.token_id, action, connection.url.path, "403 permission_error")
         await audit.record_alone(session, state.write_gate, row)
@@ -107,7 +110,8 @@ _ROUTER_ONLY = "This is a router token: it may only read the routing table and r
 _READING = frozenset({"GET", "HEAD"})
 
 
-async def _refuse_narrow_roles(connection: ASGIConnection, handler: BaseRouteHandler, principal: Principal) -> None:
+async def _refuse_narrow_roles(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler,
+                               principal: Principal) -> None:
     """Engine and router tokens are refused outside their own routes (the admin and read guards' rule);
     tenant keys outside routes marked `tenant_role`, and there outside their own tenant."""
     if principal.kind == "engine":
@@ -121,7 +125,7 @@ async def _refuse_narrow_roles(connection: ASGIConnection, handler: BaseRouteHan
         await connection.app.state.tenant_auth.gate(connection, role, principal)
 
 
-async def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def read_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """A read or admin token; an engine token only on routes marked `opt={"engine_role": True}` (an
     engine's own calls, whose handlers check the name with `require_engine`); never a router token."""
     principal = await principal_of(connection)
@@ -130,7 +134,7 @@ async def read_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> N
     await _refuse_narrow_roles(connection, handler, principal)
 
 
-async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """An admin token; a read, engine or router token gets 403, and the attempt is audited."""
     principal = await principal_of(connection)
     if principal.kind == "admin":
@@ -142,7 +146,7 @@ async def admin_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> 
                   "This call changes state and needs an admin token; this is a read token.")
 
 
-async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def engine_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """An engine's own mutating calls (with `opt={"engine_role": True}`): an admin or engine token, the
     handler then checking the name with `require_engine`; a read or router token gets 403."""
     principal = await principal_of(connection)
@@ -151,7 +155,7 @@ async def engine_guard(connection: ASGIConnection, handler: BaseRouteHandler) ->
                       f"This call needs an admin token or the engine's own token; this is a {principal.kind} token.")
 
 
-async def router_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def router_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """The router's routes: reading them (GET) takes a router, read or admin token; the others (the
     demand report, which may place adapters) a router or admin token. An engine token gets 403."""
     principal = await principal_of(connection)
@@ -161,11 +165,11 @@ async def router_guard(connection: ASGIConnection, handler: BaseRouteHandler) ->
         await _refuse(connection, handler, principal, _ENGINE_ONLY)
     if principal.kind == "tenant":
         await _refuse(connection, handler, principal, _TENANT_ONLY)
-    if not handler.http_methods <= _READING:
+    if not (isinstance(handler, HTTPRouteHandler) and handler.http_methods <= _READING):
         await _refuse(connection, handler, principal, "This call needs a router or admin token; this is a read token.")
 
 
-async def router_only_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def router_only_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """A router's own reads that no other role needs (a key's record with its hash): router or admin."""
     principal = await principal_of(connection)
     if principal.kind not in ("admin", "router"):
@@ -180,5 +184,5 @@ def require_engine(principal: Principal, name: str) -> None:
                                     param="name")
 
 
-async def provide_principal(request: ASGIConnection) -> Principal:
+async def provide_principal(request: ASGIConnection[Any, Any, Any, Any]) -> Principal:
     return await principal_of(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -57,7 +58,7 @@ class ControlPlaneMetrics:
         """Counts every HTTP response by its route template (not the raw path: names are unbounded)."""
 
         async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
+            if scope["type"] != ScopeType.HTTP:  # a str enum: equal to the scope's "http"
                 await app(scope, receive, send)
                 return
             start, status = time.perf_counter(), 500
@@ -69,7 +70,7 @@ class ControlPlaneMetrics:
                 await send(message)
 
             try:
-                await app(scope, receive, send=capture)
+                await app(scope, receive, capture)
             finally:
                 route = scope.get("path_template") or "unmatched"
                 self.requests.labels(scope["method"], route, str(status)).inc()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from litestar import Controller, Response, get
 from litestar.datastructures import State
@@ -105,7 +105,7 @@ class ArtifactController(Controller):
                    digest: Annotated[str, Parameter(pattern=DIGEST_PATTERN)],
                    name: Annotated[str, Parameter(pattern=FILE_NAME_PATTERN)],
                    range_header: Annotated[str | None, Parameter(header="Range", required=False)] = None,
-                   ) -> Response:
+                   ) -> Response[Any]:
         """One file of the version, streamed from the store (engine tokens too). `Range: bytes=a-b` →
         206 with `Content-Range`; a range past the end → 416."""
         files = await read(db_session, lambda: _files(db_session, digest), f"artifact {digest[:12]}")

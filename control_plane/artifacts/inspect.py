@@ -69,12 +69,12 @@ def _inspect(path: str, roots: tuple[str, ...], sha256: str | None) -> Inspected
     ranks = _check_tensors(_read_tensors(weights_path), spec)
     targets = sorted({short for _, short in ranks}, key=TARGET_MODULES.index)
     files = [config_path, weights_path]
-    hint = config.get("base_model_name_or_path")
+    base_hint = config.get("base_model_name_or_path")
     description = AdapterDescription(
         sha256=sha256 or files_digest(files), rank=max(ranks.values()), alpha=float(spec.lora_alpha),
         target_modules=targets, size_bytes=sum(f.stat().st_size for f in files))
     return InspectedAdapter(path=str(folder), description=description,
-                            base_model_hint=hint if isinstance(hint, str) and hint else None)
+                            base_model_hint=base_hint if isinstance(base_hint, str) and base_hint else None)
 
 
 def _inside_roots(path: str, roots: tuple[str, ...]) -> Path:

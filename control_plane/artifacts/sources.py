@@ -21,7 +21,7 @@ import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 import obstore
@@ -118,7 +118,7 @@ def open_under(path: Path, roots: tuple[str, ...], changed: ConflictError) -> Bi
 
 async def _from_object_store(spool: Spool, url: str) -> None:
     prefix = url if url.endswith("/") else url + "/"
-    options: dict = {}
+    options: dict[str, Any] = {}
     if url.startswith("hf://"):
         prefix = hub_url(url)
         options = {"client_options": {"allow_http": prefix.startswith("http://")}}

@@ -15,10 +15,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import obstore
 from obstore.store import LocalStore, ObjectStore, S3Store, from_url
+
+if TYPE_CHECKING:
+    from obstore import GetOptions  # a type only (obstore's stubs: not importable at run time)
 
 BLOB_PREFIX = "blobs/"
 STREAM_CHUNK = 1 << 20
@@ -86,7 +90,7 @@ class ArtifactStore:
             if start == 0 and end is None:
                 result = await obstore.get_async(self._store, blob_key(sha256))
             else:
-                options: dict = {"range": (start, end) if end is not None else {"offset": start}}
+                options: GetOptions = {"range": (start, end) if end is not None else {"offset": start}}
                 result = await obstore.get_async(self._store, blob_key(sha256), options=options)
         except FileNotFoundError:
             raise
@@ -124,10 +128,11 @@ class ArtifactStore:
             raise self._error("delete", exc) from None
 
     async def presign(self, sha256: str) -> str | None:
-        if not self.presigns:
+        store = self._store
+        if not isinstance(store, S3Store):  # not self.presigns
             return None
         try:
-            return await obstore.sign_async(self._store, "GET", blob_key(sha256), PRESIGN_FOR)
+            return await obstore.sign_async(store, "GET", blob_key(sha256), PRESIGN_FOR)
         except Exception as exc:
             raise self._error("sign", exc) from None
 

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
 import multipart
 from litestar import Request
@@ -42,7 +43,7 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-async def receive(request: Request, limit_bytes: int, query: dict[str, str]) -> Upload:
+async def receive(request: Request[Any, Any, Any], limit_bytes: int, query: dict[str, str]) -> Upload:
     """The upload's files in a new Spool (the caller closes it) and its fields."""
     content_type, options = multipart.parse_options_header(request.headers.get("content-type", ""))
     upload = Upload(Spool(limit_bytes, param="file"))
@@ -65,7 +66,7 @@ async def receive(request: Request, limit_bytes: int, query: dict[str, str]) -> 
         raise
 
 
-async def _received(request: Request) -> AsyncIterator[bytes]:
+async def _received(request: Request[Any, Any, Any]) -> AsyncIterator[bytes]:
     try:
         async for chunk in request.stream():
             yield chunk
@@ -104,6 +105,7 @@ async def _multipart(body: AsyncIterator[bytes], boundary: str, upload: Upload) 
                         else:
                             text += event
                             if len(text) > MAX_FIELD_BYTES:
+                                assert part is not None  # the parser yields a part's header before its content
                                 raise InvalidRequestError(f"form field {part.name!r} is too long", param=part.name)
                     else:  # the part ended
                         if writer is not None:

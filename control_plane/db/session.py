@@ -26,8 +26,10 @@ from advanced_alchemy.extensions.litestar.plugins.init.config.common import SESS
 from litestar.types import Message, Scope
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from control_plane.settings import ControlPlaneSettings
 
@@ -83,7 +85,7 @@ def create_engine(settings: ControlPlaneSettings) -> AsyncEngine:
     engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
 
     @event.listens_for(engine.sync_engine, "connect")
-    def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
+    def _sqlite_pragmas(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
         cursor.execute("PRAGMA foreign_keys=ON")  # SQLite leaves them off unless asked, per connection

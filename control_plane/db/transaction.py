@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from litestar import Request, Response
+from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -133,7 +134,7 @@ async def transact(session: AsyncSession, gate: WriteGate, work: Callable[[Async
     raise AssertionError("unreachable")
 
 
-def handle_database_error(request: Request, exc: Exception) -> Response[dict[str, Any]]:
+def handle_database_error(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     """App exception handler: a database failure that escaped the retries above is a 503, not a 500."""
     if failure_kind(exc) is None:
         return handle_internal_error(request, exc)
@@ -141,6 +142,6 @@ def handle_database_error(request: Request, exc: Exception) -> Response[dict[str
     return error_response(DatabaseUnavailableError())
 
 
-def database_error_handlers() -> dict[type[Exception], Callable[[Request, Exception], Response[dict[str, Any]]]]:
+def database_error_handlers() -> ExceptionHandlersMap:
     """For the app's exception_handlers: database errors map to 503 when the connection failed."""
     return {DBAPIError: handle_database_error, ConnectionError: handle_database_error}

@@ -85,7 +85,7 @@ class ConsoleController(Controller):
                      cookies=[_cookie(_LOGIN_CSRF, token, 600)])
 
     @post("/login")
-    async def login(self, request: Request, codec: SessionCodec) -> Response[Any]:
+    async def login(self, request: Request[Any, Any, Any], codec: SessionCodec) -> Response[Any]:
         form = await request.form()
         sent, expected = str(form.get("csrf", "")), request.cookies.get(_LOGIN_CSRF, "")
         if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
@@ -100,7 +100,7 @@ class ConsoleController(Controller):
         return response
 
     @post("/logout")
-    async def logout(self, request: Request, codec: SessionCodec) -> Response[Any]:
+    async def logout(self, request: Request[Any, Any, Any], codec: SessionCodec) -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         form = await request.form()
         if session is None or not _csrf_ok(session, str(form.get("csrf", ""))):
@@ -110,8 +110,8 @@ class ConsoleController(Controller):
         return response
 
     @get("/fleet")
-    async def fleet(self, request: Request, state: State, codec: SessionCodec, engines: EngineService,
-                    db_session: AsyncSession,
+    async def fleet(self, request: Request[Any, Any, Any], state: State, codec: SessionCodec,
+                    engines: EngineService, db_session: AsyncSession,
                     live: bool = False) -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
@@ -121,9 +121,9 @@ class ConsoleController(Controller):
                      routers=await list_routers(db_session), stale_after_s=state.settings.engine_stale_after_s)
 
     @get("/adapters")
-    async def adapter_list(self, request: Request, codec: SessionCodec, adapters: AdapterService, live: bool = False,
-                           search: str = "", base_model: str = "", label: str = "", offset: int = 0
-                           ) -> Response[Any]:
+    async def adapter_list(self, request: Request[Any, Any, Any], codec: SessionCodec, adapters: AdapterService,
+                           live: bool = False, search: str = "", base_model: str = "", label: str = "",
+                           offset: int = 0) -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
             return Redirect("/ui/login", status_code=303)
@@ -138,9 +138,9 @@ class ConsoleController(Controller):
                      per_page=pages.ADAPTERS_PER_PAGE, query=urlencode(filters.__dict__))
 
     @get("/adapter")
-    async def adapter_page(self, request: Request, codec: SessionCodec, state: State, adapters: AdapterService,
-                           audit: AuditService, db_session: AsyncSession, name: str, live: str = "",
-                           notice: str = "", error: str = "") -> Response[Any]:
+    async def adapter_page(self, request: Request[Any, Any, Any], codec: SessionCodec, state: State,
+                           adapters: AdapterService, audit: AuditService, db_session: AsyncSession, name: str,
+                           live: str = "", notice: str = "", error: str = "") -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
             return Redirect("/ui/login", status_code=303)
@@ -158,15 +158,17 @@ class ConsoleController(Controller):
                      name_query=urlencode({"name": name}))
 
     @get("/audit")
-    async def audit_page(self, request: Request, codec: SessionCodec, audit: AuditService, live: bool = False,
-                         adapter: str = "", actor: str = "", action: str = "", offset: int = 0) -> Response[Any]:
+    async def audit_page(self, request: Request[Any, Any, Any], codec: SessionCodec, audit: AuditService,
+                         live: bool = False, adapter: str = "", actor: str = "", action: str = "",
+                         offset: int = 0) -> Response[Any]:
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
             return Redirect("/ui/login", status_code=303)
         filters = {"adapter": adapter[:256], "actor": actor[:32], "action": action[:64]}
         try:
             trail = await audit.page(AuditQuery(limit=pages.AUDIT_PER_PAGE, offset=max(0, offset),
-                                                **{k: v or None for k, v in filters.items()}))
+                                                adapter=filters["adapter"] or None, actor=filters["actor"] or None,
+                                                action=filters["action"] or None))
             events, total, error = trail.data, trail.total, ""
         except LoraplaneError as exc:
             events, total, error = [], 0, exc.message
@@ -175,7 +177,7 @@ class ConsoleController(Controller):
                      query=urlencode(filters))
 
     @post("/adapter")
-    async def act(self, request: Request, codec: SessionCodec, state: State,
+    async def act(self, request: Request[Any, Any, Any], codec: SessionCodec, state: State,
                   adapters: AdapterService) -> Response[Any]:
         """One admin form on the Adapters or Adapter page: load (name, path), unload, activate (version),
         rollback, pin, unpin; the service call the API's handler makes, as the signed-in token."""

@@ -60,7 +60,9 @@ class SessionCodec:
     def role_of(self, offered: str) -> Role | None:
         """The role of a token offered at sign-in (compared in constant time, every token each time)."""
         found: Role | None = None
-        for role, tokens in (("admin", self._settings.admin_tokens), ("read", self._settings.read_tokens)):
+        by_role: tuple[tuple[Role, tuple[str, ...]], ...] = (
+            ("admin", self._settings.admin_tokens), ("read", self._settings.read_tokens))
+        for role, tokens in by_role:
             for token in tokens:
                 if hmac.compare_digest(offered.encode(), token.encode()) and found is None:
                     found = role

@@ -75,7 +75,7 @@ class AdapterController(Controller):
     tags = ["adapters"]
     guards = [read_guard]
     dependencies = {"service": Provide(provide_adapter_service), "principal": Provide(provide_principal)}
-    before_request = refuse_undocumented_method
+    before_request = staticmethod(refuse_undocumented_method)  # a hook, not a method (Litestar reads either)
 
     @post("/load_lora_adapter", status_code=200, guards=[admin_guard], operation_id="loadLoraAdapter",
           opt={"audit_action": "load_lora_adapter", **_TENANT_ROLE,
@@ -83,7 +83,7 @@ class AdapterController(Controller):
                            errors=_MUTATION_ERRORS, example={"lora_name": "org/adapter",
                                                              "lora_path": "/srv/adapters/org/adapter"})})
     async def load(self, service: AdapterService, principal: Principal,
-                   request: Request) -> Response[schemas.AdapterLoaded]:
+                   request: Request[Any, Any, Any]) -> Response[schemas.AdapterLoaded]:
         """Register an adapter folder and pin it as the active version (idempotent), then push it.
 
         The files are validated (config, rank, targets, safetensors header, location under the adapter
@@ -106,7 +106,7 @@ class AdapterController(Controller):
                **route_doc(request=schemas.AdapterUnload, response=schemas.AdapterUnloaded, alternates=_PUSH,
                            errors=_MUTATION_ERRORS)})
     async def unload(self, service: AdapterService, principal: Principal,
-                     request: Request) -> Response[schemas.AdapterUnloaded]:
+                     request: Request[Any, Any, Any]) -> Response[schemas.AdapterUnloaded]:
         """Desire the adapter absent on every engine and tell them (they drain in-flight requests); the
         registry keeps its versions. Status as for loads: 200, 207 (some engines failed), 502 (all)."""
         unloaded = await service.unload(decode_body(await request.body(), schemas.AdapterUnload), principal)
@@ -142,7 +142,7 @@ class AdapterController(Controller):
                             errors=(400, 404, 409), path="/v1/lora_adapters/{name}", path_params=_NAME,
                             example={"replicas": {"min": 1, "max": 2}, "pinned": True})})
     async def update_adapter(self, service: AdapterService, principal: Principal, name: str,
-                             request: Request) -> Response[Any]:
+                             request: Request[Any, Any, Any]) -> Response[Any]:
         """Set the adapter's `replicas {min, max}` and/or `pinned` (at least one; one left out is kept).
 
         `replicas` (`max` may be "all"; a field left out or null is the control plane's default; 400 when
@@ -188,7 +188,8 @@ class AdapterController(Controller):
                         errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/versions", path_params=_NAME,
                         operation_id="uploadLoraAdapterVersion"))})
     async def activate_or_upload(self, service: AdapterService, principal: Principal, name: str,
-                                 request: Request) -> Response[schemas.AdapterActivated | schemas.AdapterLoaded]:
+                                 request: Request[Any, Any, Any]
+                                 ) -> Response[schemas.AdapterActivated | schemas.AdapterLoaded]:
         """`/v1/lora_adapters/{name}/activate`: make an existing version the pin, to roll back or forward.
         Engines holding the adapter load the version in place: new requests get it at once, in-flight
         ones finish on the old.
@@ -239,7 +240,7 @@ class AdapterController(Controller):
         return await service.delete(target, principal)
 
     @route("/lora_adapters/{name:path}", http_method="OPTIONS", include_in_schema=False)
-    async def _options(self, request: Request) -> Response[None]:
+    async def _options(self, request: Request[Any, Any, Any]) -> Response[None]:
         """The methods documented for this path (one route serves several documented paths). Named to
         sort first: Litestar gives the first handler registered on a path its own OPTIONS, which wins."""
         return options_response(request)

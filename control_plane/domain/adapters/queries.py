@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any, TypedDict, TypeVar
 
 import msgspec
 from sqlalchemy import Select, func, select
@@ -17,6 +18,8 @@ from control_plane.domain.placements.planner import PlacementPlanner
 from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
 from control_plane.domain.placements.view import unloaded
 from shared.errors import InvalidRequestError, NotFoundError
+
+_Select = TypeVar("_Select", bound=Select[Any])
 
 MAX_PAGE = 500
 
@@ -44,7 +47,7 @@ async def require_adapter(session: AsyncSession, name: str, *, for_update: bool 
     return adapter
 
 
-def _filtered(stmt: Select, query: AdapterQuery) -> Select:
+def _filtered(stmt: _Select, query: AdapterQuery) -> _Select:
     if query.base_model is not None:
         stmt = stmt.where(Adapter.base_model == query.base_model)
     if query.name_prefix:
@@ -98,14 +101,26 @@ def _replicas(adapter: Adapter, defaults: ReplicaDefaults, current: int) -> sche
     return schemas.Replicas(min=rule.min, max=rule.max or "all", target=rule.wanted(), current=current)
 
 
-def _decision(raw: dict | None) -> schemas.ScaleDecision | None:
+def _decision(raw: dict[str, Any] | None) -> schemas.ScaleDecision | None:
     if not raw:
         return None
     return schemas.ScaleDecision(at=dt.datetime.fromtimestamp(raw["at"], dt.UTC), from_=raw["from"], to=raw["to"],
                                  reason=raw["reason"], figures=raw.get("figures", {}))
 
 
-def _fields(adapter: Adapter, active: int | None) -> dict:
+class _AdapterFields(TypedDict):
+    """What schemas.Adapter and schemas.AdapterDetail both show of an adapter."""
+
+    name: str
+    base_model: str
+    description: str
+    labels: dict[str, str]
+    active_version: int | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+
+
+def _fields(adapter: Adapter, active: int | None) -> _AdapterFields:
     return {"name": adapter.name, "base_model": adapter.base_model, "description": adapter.description,
             "labels": dict(adapter.labels or {}), "active_version": active, "created_at": adapter.created_at,
             "updated_at": adapter.updated_at}

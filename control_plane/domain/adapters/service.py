@@ -65,17 +65,18 @@ class AdapterService:
 
         async def spool() -> Incoming:
             roots = self.settings.adapter_roots
-            if actor.tenant is not None:  # a tenant key reads only under its tenant's sources
-                sources = await read(self.session, lambda: tenant_rules.sources_of(self.session, actor.tenant),
-                                     f"sources of {actor.tenant!r}")
+            tenant = actor.tenant
+            if tenant is not None:  # a tenant key reads only under its tenant's sources
+                sources = await read(self.session, lambda: tenant_rules.sources_of(self.session, tenant),
+                                     f"sources of {tenant!r}")
                 await self.session.commit()  # end the read: the copy may take long, holding no transaction
-                roots = await asyncio.to_thread(tenant_sources.confine, req.lora_path, sources, roots, actor.tenant)
+                roots = await asyncio.to_thread(tenant_sources.confine, req.lora_path, sources, roots, tenant)
             spooled, found = await spool_source(req.lora_path, roots, self.settings.max_artifact_bytes)
             return Incoming(spooled, dataclasses.replace(found, path=_source_of(req.lora_path, found)), req)
 
         return await self.record_version("load_lora_adapter", req.lora_name, actor, spool)
 
-    async def upload(self, name: str, request: Request, actor: Principal) -> schemas.AdapterLoaded:
+    async def upload(self, name: str, request: Request[Any, Any, Any], actor: Principal) -> schemas.AdapterLoaded:
         """POST /v1/lora_adapters/{name}/versions: the body's files (multipart or .tar.gz) become a version
         as a load's folder does; `activate` (default true) pins and places it, as a load does."""
         _refuse_route_names(name)

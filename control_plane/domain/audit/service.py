@@ -70,8 +70,9 @@ def _conditions(query: AuditQuery) -> list[ColumnElement[bool]]:
 async def _page(session: AsyncSession, query: AuditQuery) -> schemas.AuditPage:
     where = _conditions(query)
     total = await session.scalar(select(func.count()).select_from(AuditEvent).where(*where))
-    stmt: Select = (select(AuditEvent).where(*where).order_by(AuditEvent.at.desc(), AuditEvent.id.desc())
-                    .limit(query.limit).offset(query.offset))
+    stmt: Select[tuple[AuditEvent]] = (
+        select(AuditEvent).where(*where).order_by(AuditEvent.at.desc(), AuditEvent.id.desc())
+        .limit(query.limit).offset(query.offset))
     rows = (await session.scalars(stmt)).all()
     return schemas.AuditPage(
         data=[schemas.AuditEvent(id=r.id, at=r.at, actor=r.actor, action=r.action, target=r.target,

@@ -8,6 +8,8 @@ routes take the rest of the path; heartbeat and drain are matched as paths endin
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Controller, Request, Response, delete, get, post, route
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -49,7 +51,8 @@ class EngineController(Controller):
                **route_doc(request=schemas.EngineCreate, response=schemas.Engine, errors=(400, 409, 413),
                            example={"name": "engine-1", "url": "http://10.0.0.7:8000", "base_model": "demo",
                                     "slots_total": 4})})
-    async def register(self, service: EngineService, principal: Principal, request: Request) -> schemas.Engine:
+    async def register(self, service: EngineService, principal: Principal,
+                       request: Request[Any, Any, Any]) -> schemas.Engine:
         """Register an engine (idempotent by name: a repeat updates everything it registers: url, served
         base model, the other names its base model goes by (`model_name_or_path`, `model_path`,
         `config_digest`: an adapter's base model matches any of them), device, capacities and context
@@ -71,7 +74,7 @@ class EngineController(Controller):
     @post("/{name:path}", status_code=200, guards=[engine_guard], operation_id="engineHeartbeatOrDrain",
           opt={"audit_action": "engine_heartbeat_or_drain", **_ENGINE_ROLE, **route_docs(_BEAT, _DRAIN_DOC)})
     async def heartbeat_or_drain(self, service: EngineService, principal: Principal, name: str,
-                                 request: Request) -> schemas.Engine:
+                                 request: Request[Any, Any, Any]) -> schemas.Engine:
         """`/v1/engines/{name}/heartbeat`: the engine is alive (404 if unknown: register again), and
         whether it is `healthy` and `draining`: either makes it get no new placements at once, as does
         missing heartbeats for `engine_stale_after_s`.
@@ -103,7 +106,7 @@ class EngineController(Controller):
         return await service.delete(name.lstrip("/"), principal)
 
     @route("/{name:path}", http_method="OPTIONS", include_in_schema=False)
-    async def _options(self, request: Request) -> Response[None]:
+    async def _options(self, request: Request[Any, Any, Any]) -> Response[None]:
         """The methods documented for this path (one route serves several documented paths). Named to
         sort first: Litestar gives the first handler registered on a path its own OPTIONS, which wins."""
         return options_response(request)

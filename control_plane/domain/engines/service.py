@@ -15,6 +15,7 @@ through `ReconcilerHooks`, which control_plane.app wires to it.
 
 from __future__ import annotations
 
+import builtins
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -155,7 +156,7 @@ class EngineService:
 
         return await self.mutation.run(actor, "delete_engine", name, work)
 
-    async def _all(self) -> list[Engine]:
+    async def _all(self) -> builtins.list[Engine]:  # (`list` here is the method above)
         return list((await self.session.scalars(select(Engine).order_by(Engine.name))).all())
 
     async def _require(self, name: str, session: AsyncSession | None = None, *, for_update: bool = False) -> Engine:

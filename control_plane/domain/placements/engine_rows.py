@@ -60,7 +60,8 @@ async def take_engine(session: AsyncSession, name: str, is_sqlite: bool) -> Engi
     round holds it (the transaction is then rolled back)."""
     stmt = select(Engine).where(Engine.name == name).with_for_update(key_share=True)  # FOR NO KEY UPDATE
     if is_sqlite:
-        return await session.scalar(stmt)
+        row = await session.scalar(stmt)  # (returned at once, the checker infers the row's type Any)
+        return row
     await session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'"))
     try:
         engine = await session.scalar(stmt)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import ColumnElement, exists, func, select, update
+from sqlalchemy import ColumnElement, SQLColumnExpression, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import (
@@ -80,7 +80,7 @@ async def lock_placements(session: AsyncSession, where: ColumnElement[bool]) -> 
     await session.execute(select(Placement.id).where(where).order_by(Placement.id).with_for_update())
 
 
-def in_store(version_id: ColumnElement[int] | int) -> ColumnElement[bool]:
+def in_store(version_id: SQLColumnExpression[int] | int) -> ColumnElement[bool]:
     """Whether the version's files are in the artifact store (it has a manifest)."""
     return exists().where(VersionFile.adapter_version_id == version_id)
 

@@ -60,6 +60,7 @@ class Pusher:
         return outcomes
 
     async def _one(self, order: PushOrder) -> EngineOutcome:
+        done: Literal["loaded", "unloaded"]
         try:
             if order.action == "load":
                 assert order.recorded is not None

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, SQLColumnExpression, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import (
@@ -40,7 +41,7 @@ UNLOADED = "unloaded"  # scale_state key: true after an unload, until a load
 MAX_LISTED = 10_000  # ids named in one IN (…): asyncpg sends at most 32,767 bound parameters a statement
 
 
-def among(column: ColumnElement[int], ids: Collection[int]) -> ColumnElement[bool]:
+def among(column: SQLColumnExpression[int], ids: Collection[int]) -> ColumnElement[bool]:
     """`column` in `ids`; more than MAX_LISTED ids (a pass placing 100,000 new adapters) as the range they
     span instead, a superset: callers lock or read a few rows more than they asked for, never fewer."""
     ids = list(ids)
@@ -53,7 +54,7 @@ def of_adapters(adapter_ids: Collection[int]) -> ColumnElement[bool]:
         select(AdapterVersion.id).where(among(AdapterVersion.adapter_id, adapter_ids)))
 
 
-def leaving_ids(scale_state: dict | None) -> set[int]:
+def leaving_ids(scale_state: dict[str, Any] | None) -> set[int]:
     return {int(i) for i in (scale_state or {}).get(LEAVING, ())}
 
 
@@ -108,7 +109,7 @@ class ActiveRow:
     id: int
     name: str
     base_model: str
-    scale_state: dict | None
+    scale_state: dict[str, Any] | None
     min_replicas: int | None
     max_replicas: int | None
     target_replicas: int | None

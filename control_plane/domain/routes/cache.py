@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 
 import msgspec
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, SQLColumnExpression, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import Adapter, Engine, Placement
@@ -56,11 +56,11 @@ class EncodedTable:
         return "*" in tags or self.etag in tags
 
 
-def _weight(column: ColumnElement[int]) -> ColumnElement[int]:
+def _weight(column: SQLColumnExpression[int]) -> ColumnElement[int]:
     return (column * _MULTIPLIER) % _PRIME
 
 
-def _code(column: ColumnElement[str | None], values: tuple[str, ...]) -> ColumnElement[int]:
+def _code(column: SQLColumnExpression[str | None], values: tuple[str, ...]) -> ColumnElement[int]:
     return case(*((column == v, i + 1) for i, v in enumerate(values)), else_=0)
 
 

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.di import Provide
@@ -38,7 +40,7 @@ class RoutesController(Controller):
     @get("/", operation_id="getRoutes", opt=route_doc(
         response=RoutesTable, bodiless=(304,),
         response_description="The routing table; its `ETag` header (a strong validator) equals `etag`."))
-    async def routes(self, service: RoutesService, request: Request) -> Response[bytes]:
+    async def routes(self, service: RoutesService, request: Request[Any, Any, Any]) -> Response[bytes]:
         """The routing table: the healthy engines, and for every base model and every servable adapter
         the engines that hold it with their residency (`device` > `host` > `loading`). Send the ETag back
         in `If-None-Match`: 304 with no body while the table is unchanged."""
@@ -53,7 +55,8 @@ class RoutesController(Controller):
                **route_doc(request=DemandReport, response=DemandAnswer, errors=(400, 413),
                            example={"demand": [{"model": "org/adapter", "waiting": 3, "running": 8}],
                                     "place": ["org/adapter"]})})
-    async def demand(self, service: RoutesService, principal: Principal, request: Request) -> DemandAnswer:
+    async def demand(self, service: RoutesService, principal: Principal,
+                     request: Request[Any, Any, Any]) -> DemandAnswer:
         """A router's per-model queue figures (they feed demand scaling) and the adapters it has requests
         for that nobody holds (`place`): each is placed now and pushed to its engines before the answer,
         which carries their routes; names that are no servable adapter come back in `unknown`."""

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 class EngineSnapshot:
     fetched_at: float  # time.monotonic()
     stats: engine_admin.LoraStats
-    residency: dict[str, str]
+    residency: dict[str, str | None]  # an adapter ready on the engine -> its residency (None: not said)
     buckets: histogram.Buckets
 
 

@@ -7,7 +7,7 @@ which adapter) and who owns an adapter (set with an admin token: moving adapters
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, put, route
@@ -57,7 +57,7 @@ class TenantController(Controller):
 
     @route(["/", "/{tenant:str}", "/{tenant:str}/keys", "/{tenant:str}/keys/{key_id:str}", "/{tenant:str}/adapters"],
            http_method="OPTIONS", include_in_schema=False)
-    async def _options(self, request: Request) -> Response[None]:
+    async def _options(self, request: Request[Any, Any, Any]) -> Response[None]:
         """The methods documented for the path (GET and POST of one path are two handlers here). Named to
         sort first: Litestar gives the first handler registered on a path its own OPTIONS, which wins."""
         return options_response(request)
@@ -69,7 +69,8 @@ class TenantController(Controller):
                                     "limits": {"requests_per_minute": 600, "tokens_per_minute": 100000,
                                                "concurrent_requests": 16, "adapters": 20},
                                     "sources": ["/srv/adapters/team-a", "s3://models/team-a/"]})})
-    async def create(self, service: TenantService, principal: Principal, request: Request) -> schemas.Tenant:
+    async def create(self, service: TenantService, principal: Principal,
+                     request: Request[Any, Any, Any]) -> schemas.Tenant:
         """Create a tenant with its quotas (requests and tokens per minute, concurrent requests, adapters
         owned; a quota left out is unlimited) and its `sources`, the folder and URL prefixes its admin
         keys may load from (none: they may only upload files). 409 when the name is taken."""
@@ -91,7 +92,7 @@ class TenantController(Controller):
                 **route_doc(request=schemas.TenantUpdate, response=schemas.Tenant, errors=(400, 404, 413),
                             path_params=_TENANT, example={"limits": {"requests_per_minute": 60}})})
     async def update(self, service: TenantService, principal: Principal, tenant: str,
-                     request: Request) -> schemas.Tenant:
+                     request: Request[Any, Any, Any]) -> schemas.Tenant:
         """Set a tenant's display name, quotas (`limits` replaces them all) and/or `sources` (replaced
         too; an admin token only, as every change here); routers apply new quotas within their key cache
         TTL (at once where Redis carries the change), new sources hold from the next load."""
@@ -103,7 +104,7 @@ class TenantController(Controller):
                            errors=(400, 404, 413), path_params=_TENANT,
                            example={"name": "ci", "scopes": ["inference"], "limits": {"requests_per_minute": 60}})})
     async def create_key(self, service: TenantService, principal: Principal, tenant: str,
-                         request: Request) -> Response[schemas.ApiKeyCreated]:
+                         request: Request[Any, Any, Any]) -> Response[schemas.ApiKeyCreated]:
         """Create a key for the tenant: `key` (`lp_<key id>_<secret>`) is in this answer and nowhere else,
         ever (only its HMAC under the server's pepper is kept; 503 without LORAPLANE_KEY_PEPPER). Scopes:
         `inference` (the router) and/or `admin:<tenant>` (this control plane, on the tenant's own adapters
@@ -150,7 +151,7 @@ class TenancyController(Controller):
           status_code=200, operation_id="rehashApiKey",
           opt=route_doc(request=RehashRequest, response=KeyRecord, errors=(400, 404, 413),
                         path_params={"key_id": KeyId}, example={"key": "lp_0123456789ab_" + "x" * 43}))
-    async def rehash(self, service: TenantService, key_id: str, request: Request) -> KeyRecord:
+    async def rehash(self, service: TenantService, key_id: str, request: Request[Any, Any, Any]) -> KeyRecord:
         """A router verified `key` against its legacy (argon2) hash: the control plane checks it against the
         stored hash itself and rewrites that as HMAC under its pepper (compare-and-set on the old hash;
         idempotent), answering the key's record with the new hash. 400 when `key` is not this key's (a
@@ -163,7 +164,7 @@ class TenancyController(Controller):
             KEYS_PATH.removeprefix("/v1/tenancy") + "/{key_id:str}" + REHASH_SUFFIX,
             ACCESS_PATH.removeprefix("/v1/tenancy"), ACCESS_PATH.removeprefix("/v1/tenancy") + "/{name:path}"],
            http_method="OPTIONS", include_in_schema=False)
-    async def _options(self, request: Request) -> Response[None]:
+    async def _options(self, request: Request[Any, Any, Any]) -> Response[None]:
         """The methods documented for the path (see TenantController._options)."""
         return options_response(request)
 
@@ -180,7 +181,7 @@ class TenancyController(Controller):
                           path=ACCESS_PATH + "/{name}", path_params={"name": AdapterName},
                           example={"owner": "team-a", "public": False})})
     async def set_access(self, service: TenantService, principal: Principal, name: str,
-                         request: Request) -> AdapterAccess:
+                         request: Request[Any, Any, Any]) -> AdapterAccess:
         """Move an adapter to a tenant (`owner`; null: nobody's) and/or make it public to every tenant.
         409 when the new owner already owns its adapters quota."""
         return await service.set_access(name.lstrip("/"), decode_body(await request.body(), schemas.AdapterAccessUpdate),

@@ -23,9 +23,10 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
-from litestar.connection import ASGIConnection
+from litestar.connection import ASGIConnection, Request
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -142,7 +143,7 @@ class TenantAuth:
         else:
             self._cache = {k: v for k, v in self._cache.items() if v.principal.tenant != name}
 
-    async def gate(self, connection: ASGIConnection, role: str, principal: Principal) -> None:
+    async def gate(self, connection: ASGIConnection[Any, Any, Any, Any], role: str, principal: Principal) -> None:
         """Raise unless the tenant key may go on (see the module doc); 404 for adapters it may not see."""
         if role == "tenant":
             if connection.path_params.get("tenant") != principal.tenant:
@@ -158,18 +159,21 @@ class TenantAuth:
         if row is None:
             return  # a new adapter (a load makes the tenant its owner) or the handler's own 404
         owner, public = row
-        if owner == principal.tenant or (public and connection.method in _READING):
+        reading = isinstance(connection, Request) and connection.method in _READING  # (guards see HTTP calls)
+        if owner == principal.tenant or (public and reading):
             return
         raise NotFoundError(f"no adapter named {name!r} is registered", param="name")
 
 
-async def _adapter_named(connection: ASGIConnection) -> str:
+async def _adapter_named(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     """The adapter a call is about: the `{name}` path parameter without its route suffix, or the body's
     `lora_name` (load, unload: small JSON bodies, read once and kept for the handler)."""
     path_name = connection.path_params.get("name")
     if path_name is not None:
         return _SUFFIX.sub("", str(path_name).lstrip("/"))
+    if not isinstance(connection, Request):
+        return ""  # no body to read (guards see HTTP calls, Requests, only)
     try:
-        return msgspec.json.decode(await connection.body(), type=_LoadBody).lora_name  # type: ignore[attr-defined]
+        return msgspec.json.decode(await connection.body(), type=_LoadBody).lora_name
     except (msgspec.DecodeError, msgspec.ValidationError):
         return ""
