@@ -8,7 +8,7 @@ and `document_app` rewrites the generated document once: schemas straight from m
 what the decoder enforces), errors as `ErrorResponse`, streams as `text/event-stream`.
 
     @post("/v1/things", opt=route_doc(request=ThingRequest, response=Thing, errors=(400, 401, 404)))
-    async def create_thing(request: Request[Any, Any, Any]) -> Response[Any]: ...
+    async def create_thing(request: Request) -> Response[Any]: ...
 
     app = Litestar(...); document_app(app)
 """

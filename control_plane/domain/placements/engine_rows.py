@@ -60,7 +60,7 @@ async def take_engine(session: AsyncSession, name: str, is_sqlite: bool) -> Engi
     round holds it (the transaction is then rolled back)."""
     stmt = select(Engine).where(Engine.name == name).with_for_update(key_share=True)  # FOR NO KEY UPDATE
     if is_sqlite:
-        row = await session.scalar(stmt)  # (returned at once, the checker infers the row's type Any)
+        row = await session.scalar(stmt)  # named first: in `return await …` the checker picks the untyped overload
         return row
     await session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_WAIT_MS}ms'"))
     try:
