@@ -9,11 +9,18 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from data_plane.demo.tokenizer_builder import ENDOFTEXT, IM_END, MODEL_MAX_LENGTH, write_tokenizer
+from data_plane.demo.tokenizer_builder import (
+    ENDOFTEXT,
+    IM_END,
+    MODEL_MAX_LENGTH,
+    special_token_id,
+    write_tokenizer,
+)
 
 # Standard deviations of the random init. With tied embeddings the final hidden state is scored
 # against the embedding table, so the residual stream must not be dominated by the input token's
@@ -42,7 +49,7 @@ class DemoModelShape:
         return self.hidden_size // self.num_attention_heads
 
 
-def _config(shape: DemoModelShape, vocab_size: int, bos_id: int, eos_id: int) -> dict:
+def _config(shape: DemoModelShape, vocab_size: int, bos_id: int, eos_id: int) -> dict[str, Any]:
     return {
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
@@ -94,7 +101,7 @@ def _weights(shape: DemoModelShape, vocab_size: int, seed: int) -> dict[str, tor
     return tensors
 
 
-def _write_json(path: Path, obj: dict) -> None:
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
@@ -111,7 +118,7 @@ def write_demo_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = write_tokenizer(out_dir) if vocab_size is None else write_tokenizer(out_dir, vocab_size)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    endoftext_id, im_end_id = tokenizer.token_to_id(ENDOFTEXT), tokenizer.token_to_id(IM_END)
+    endoftext_id, im_end_id = special_token_id(tokenizer, ENDOFTEXT), special_token_id(tokenizer, IM_END)
 
     _write_json(out_dir / "config.json", _config(shape, vocab_size, endoftext_id, im_end_id))
     generation_config = {

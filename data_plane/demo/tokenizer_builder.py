@@ -11,6 +11,7 @@ import functools
 import json
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -61,7 +62,15 @@ def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
     return tok.to_str(pretty=True)
 
 
-def tokenizer_config(tokenizer: Tokenizer) -> dict:
+def special_token_id(tokenizer: Tokenizer, token: str) -> int:
+    """The id of one of SPECIAL_TOKENS (the trainer adds them all, so it is always there)."""
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"the tokenizer has no {token!r} token")
+    return token_id
+
+
+def tokenizer_config(tokenizer: Tokenizer) -> dict[str, Any]:
     """tokenizer_config.json content, in the shape transformers' PreTrainedTokenizerFast reads."""
     added = {
         str(tokenizer.token_to_id(tok)): {
