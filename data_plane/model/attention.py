@@ -62,13 +62,16 @@ class PagedAttention(nn.Module):
 
         out = torch.empty_like(q)
         nd = attn.num_decode_tokens
+        # the block tables are set exactly when there are decode rows / prefills (build_attention_metadata)
         if nd and self.decode_kernel is not None and attn.decode_context_lens is not None:
+            assert attn.decode_block_tables is not None
             self.decode_kernel(out[:nd], q[:nd], kv_cache, attn.decode_block_tables, attn.decode_context_lens,
                                attn.block_size, self.scale)
         elif nd:
             # One query per sequence, so the query heads sharing a KV head can stand in the query-length
             # axis: q [Bd, Hkv, group, D] against keys [Bd, Hkv, Ld, D] — GQA without repeating K/V.
             grouped = q[:nd].view(nd, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+            assert attn.decode_block_tables is not None
             keys, values = self._gather(
                 kv_cache, attn.decode_block_tables, attn.decode_context_len, attn.block_size, q.dtype
             )
@@ -80,6 +83,7 @@ class PagedAttention(nn.Module):
                 keys = k[nd:][attn.prefill_query_index].transpose(1, 2)  # [Bp, Hkv, Qp, D]
                 values = v[nd:][attn.prefill_query_index].transpose(1, 2)
             else:
+                assert attn.prefill_block_tables is not None
                 keys, values = self._gather(
                     kv_cache, attn.prefill_block_tables, attn.prefill_context_len, attn.block_size, q.dtype
                 )

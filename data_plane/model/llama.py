@@ -37,7 +37,8 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, hidden]
-        return self.down_proj(self.act_fn(self.gate_up_proj(x, lora)), lora)
+        out: torch.Tensor = self.down_proj(self.act_fn(self.gate_up_proj(x, lora)), lora)
+        return out
 
 
 class LlamaAttention(nn.Module):
@@ -88,9 +89,10 @@ class LlamaAttention(nn.Module):
         else:  # q and k sit side by side in qkv: one rotary over both heads at once
             qk = qkv[:, : self.qkv_split[0] + self.qkv_split[1]].view(num_tokens, -1, self.head_dim)
         qk = apply_rotary(qk, cos, sin).reshape(num_tokens, -1)  # [T, (H + Hkv) * D]
-        q, k = qk.split(self.qkv_split[:2], dim=-1)  # [T, H * D], [T, Hkv * D]
+        q, k = torch.split(qk, self.qkv_split[:2], dim=-1)  # [T, H * D], [T, Hkv * D]
         out = self.attn(q, k, v, kv_cache, attn)  # [T, H * D]
-        return self.o_proj(out, lora)
+        projected: torch.Tensor = self.o_proj(out, lora)
+        return projected
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -111,16 +113,17 @@ class LlamaDecoderLayer(nn.Module):
         lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, attn, lora)
-        return h + self.mlp(self.post_attention_layernorm(h), lora)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h), lora)
+        return out
 
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, tp_rank: int, tp_size: int) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp_rank, tp_size)
-        self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, tp_rank, tp_size) for _ in range(config.num_hidden_layers)]
-        )
+        layers = [LlamaDecoderLayer(config, tp_rank, tp_size) for _ in range(config.num_hidden_layers)]
+        self.layers = nn.ModuleList(layers)
+        self.num_kv_heads_per_rank = layers[0].self_attn.num_kv_heads
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # one cos/sin cache for all layers, gathered once per step
         self.rotary_emb = RotaryEmbedding(
@@ -140,7 +143,8 @@ class LlamaModel(nn.Module):
         cos, sin = cos.to(h.dtype), sin.to(h.dtype)  # HF casts cos/sin to the activation dtype too
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h = layer(h, cos, sin, kv_cache, attn, lora)
-        return self.norm(h)
+        normed: torch.Tensor = self.norm(h)
+        return normed
 
 
 class LlamaForCausalLM(nn.Module):
@@ -153,9 +157,8 @@ class LlamaForCausalLM(nn.Module):
         # tied: the head reuses the embedding parameter (never allocated twice, loaded once)
         tied = self.model.embed_tokens.weight if config.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp_rank, tp_size, shared_weight=tied)
-        attn = self.model.layers[0].self_attn
         # what the KV cache allocator needs: one [2, num_slots, num_kv_heads_per_rank, head_dim] per layer
-        self.num_kv_heads_per_rank = attn.num_kv_heads
+        self.num_kv_heads_per_rank = self.model.num_kv_heads_per_rank
         self.head_dim = config.head_dim
         self.num_layers = config.num_hidden_layers
 
@@ -167,10 +170,12 @@ class LlamaForCausalLM(nn.Module):
         attn: AttentionMetadata,
         lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [T, hidden]
-        return self.model(input_ids, positions, kv_caches, attn, lora)
+        hidden: torch.Tensor = self.model(input_ids, positions, kv_caches, attn, lora)
+        return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, vocab] float32
-        return self.lm_head(hidden)
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -59,7 +59,8 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, CPU tensor) for every tensor of every file, with a progress bar for large checkpoints."""
     total_bytes = sum(f.stat().st_size for f in files)
     handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-    keys = [(h, k) for h in handles for k in h.keys()]  # noqa: SIM118 (safe_open is not a dict)
+    # safetensors' stub leaves keys() unannotated; noqa: safe_open is not a dict
+    keys = [(h, k) for h in handles for k in h.keys()]  # type: ignore[no-untyped-call]  # noqa: SIM118
     disable = total_bytes < _PROGRESS_MIN_BYTES or not sys.stderr.isatty()
     for handle, key in tqdm(keys, desc="Loading weights", unit="tensor", disable=disable):
         yield key, handle.get_tensor(key)

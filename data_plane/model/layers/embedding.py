@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_gather, tensor_parallel_all_reduce
-from data_plane.model.layers.parallel import ShardId, check_full_shape, new_parameter
+from data_plane.model.layers.parallel import ShardId, check_full_shape, new_parameter, set_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -36,7 +36,7 @@ class VocabParallelEmbedding(nn.Module):
             self.weight = shared_weight
         else:
             self.weight = new_parameter(self.num_embeddings_per_partition, embedding_dim)
-            self.weight.weight_loader = self.weight_loader
+            set_weight_loader(self.weight, self.weight_loader)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         check_full_shape(loaded_weight, (self.num_embeddings, self.embedding_dim))

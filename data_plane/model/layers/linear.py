@@ -15,7 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_reduce
-from data_plane.model.layers.parallel import ShardId, check_full_shape, copy_checked, divide, new_parameter
+from data_plane.model.layers.parallel import (
+    ShardId,
+    check_full_shape,
+    copy_checked,
+    divide,
+    new_parameter,
+    set_weight_loader,
+)
 from data_plane.model.lora_batch import LoRABatch
 
 
@@ -42,10 +49,10 @@ class LinearBase(nn.Module):
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.weight = new_parameter(output_size_per_partition, input_size_per_partition)
-        self.weight.weight_loader = self.weight_loader
+        set_weight_loader(self.weight, self.weight_loader)
         if bias:
             self.bias = new_parameter(output_size_per_partition)
-            self.bias.weight_loader = self.weight_loader
+            set_weight_loader(self.bias, self.weight_loader)
         else:
             self.register_parameter("bias", None)
 
@@ -92,7 +99,7 @@ class MergedColumnParallelLinear(LinearBase):
         )
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
-        if shard_id not in range(len(self.output_sizes)):
+        if not isinstance(shard_id, int) or shard_id not in range(len(self.output_sizes)):
             raise ValueError(f"shard_id must be an output index 0..{len(self.output_sizes) - 1}, got {shard_id!r}")
         check_full_shape(loaded_weight, (self.output_sizes[shard_id], *param.shape[1:]))
         n = self.output_sizes_per_partition[shard_id]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from data_plane.model.layers.parallel import default_weight_loader, new_parameter
+from data_plane.model.layers.parallel import default_weight_loader, new_parameter, set_weight_loader
 
 
 class RMSNorm(nn.Module):
@@ -13,7 +13,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = new_parameter(hidden_size)
-        self.weight.weight_loader = default_weight_loader
+        set_weight_loader(self.weight, default_weight_loader)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., hidden]
         # same op order as HF: normalize in float32, cast back to the input dtype, then scale

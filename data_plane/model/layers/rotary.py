@@ -25,7 +25,8 @@ def compute_inv_freq(head_dim: int, base: float, rope_scaling: dict[str, Any] | 
         return inv_freq
     assert rope_scaling is not None
     if rope_type == "linear":
-        return inv_freq / rope_scaling["factor"]
+        scaled: torch.Tensor = inv_freq / rope_scaling["factor"]
+        return scaled
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, rope_scaling)
     raise UnsupportedModelError(f"unsupported rope_type {rope_type!r}; supported: default, linear, llama3")
@@ -50,6 +51,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
 
 
 class RotaryEmbedding(nn.Module):
+    cos_cache: torch.Tensor  # [max_position, head_dim / 2] float32, a buffer (register_buffer below)
+    sin_cache: torch.Tensor
+
     def __init__(
         self, head_dim: int, max_position: int, base: float, rope_scaling: dict[str, Any] | None = None
     ) -> None:
