@@ -24,6 +24,7 @@ from shared.errors import InvalidRequestError, OverloadedError
 def check_limits(params: SamplingParams, config: EngineConfig) -> None:
     """The engine's per-prompt limits (--max-n, --max-stop-strings, --max-stop-string-length):
     one prompt may not take every slot of a step or make every step scan thousands of strings."""
+    assert config.max_n is not None  # EngineConfig.__post_init__ fills it in
     if params.n > config.max_n:
         raise InvalidRequestError(f"n must be at most {config.max_n} on this engine (--max-n).", param="n")
     if len(params.stop) > config.max_stop_strings:
@@ -41,6 +42,7 @@ def validate_request(request: Request, config: EngineConfig, vocab_size: int) ->
     """What one engine Request can never be served with, from the config and the vocabulary alone (→ 400)."""
     prompt_len = len(request.prompt_token_ids)
     max_len = config.max_model_len
+    assert max_len is not None, "finalize the config (load the engine) first"
     if prompt_len == 0:
         raise InvalidRequestError("The prompt is empty.", param="prompt")
     check_limits(request.sampling_params, config)
@@ -75,6 +77,7 @@ def check_group(requests: Sequence[Request], waiting_seqs: int, config: EngineCo
             param="n" if len(requests) == 1 else "prompt",
         )
     tokens = sum(r.sampling_params.n * (len(r.prompt_token_ids) + r.sampling_params.max_tokens) for r in requests)
+    assert config.max_request_tokens is not None, "finalize the config (load the engine) first"
     if tokens > config.max_request_tokens:
         raise InvalidRequestError(
             f"{_shape(requests)} = {seqs} sequences of prompt + max_tokens = {tokens} tokens; this engine takes at "

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, Literal, TypeVar
 
 from data_plane.config import EngineConfig
 from data_plane.engine.llm_engine import EngineStats, LLMEngine
@@ -27,8 +27,14 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 _LOOP_DIED = "the engine loop stopped unexpectedly; the engine's log has the cause"
 
+# A call run on the engine thread: the function, its arguments, and the future its caller awaits (Any: the
+# inbox holds calls of every result type; _call pairs each function with a future of its own result).
+_Call = tuple[Callable[..., Any], tuple[object, ...], asyncio.Future[Any]]
+# What the inbox holds, tagged by the first item: a request group to add, a call, a request id to abort.
+_InboxItem = tuple[Literal["add"], list[Request]] | tuple[Literal["call"], _Call] | tuple[Literal["abort"], str]
 
-def settle(future: asyncio.Future, result: object, exc: BaseException | None) -> None:
+
+def settle(future: asyncio.Future[Any], result: object, exc: BaseException | None) -> None:
     if future.done():  # the caller was cancelled meanwhile
         return
     if exc is not None:
@@ -47,7 +53,7 @@ class AsyncLLMEngine(SubmittingEngine):
         self.vocab_size = engine.vocab_size  # the model's: prompt token ids must be below it
         self.healthy: bool = True
         self.dead_reason: str | None = None
-        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_InboxItem] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams = Streams(self.config, self._stream_closed)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,7 +85,7 @@ class AsyncLLMEngine(SubmittingEngine):
         for request in requests:
             self.engine.validate(request)
         streams = self._streams.admit(requests, self._stats.num_waiting)
-        self._post("add", requests)
+        self._post(("add", requests))
         return streams
 
     def _stream_closed(self, stream: RequestStream) -> None:
@@ -87,7 +93,7 @@ class AsyncLLMEngine(SubmittingEngine):
             self.abort(stream.request.request_id)
 
     def abort(self, request_id: str) -> None:
-        self._post("abort", request_id)
+        self._post(("abort", request_id))
 
     def stats(self) -> EngineStats:
         return self._stats
@@ -111,14 +117,20 @@ class AsyncLLMEngine(SubmittingEngine):
         if not self.healthy:
             raise EngineDeadError(f"The engine is not running: {self.dead_reason}")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._post("call", (fn, args, future))
+        self._post(("call", (fn, args, future)))
         return await future
 
-    def _post(self, kind: str, payload: object) -> None:
-        self._inbox.put((kind, payload))
+    def _post(self, item: _InboxItem) -> None:
+        self._inbox.put(item)
         self._wake.set()
 
     # ---- engine thread -------------------------------------------------------------------------
+    @property
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The API's event loop, which the engine thread hands results to: start() sets it first."""
+        assert self._loop is not None, "the engine thread runs only after start()"
+        return self._loop
+
     def _run(self) -> None:
         try:
             while not self._stopping:
@@ -131,14 +143,14 @@ class AsyncLLMEngine(SubmittingEngine):
                 self._stats = self.engine.stats()
                 self._streams.arrived(drained_seqs)  # those sequences count in the stats' num_waiting now
                 if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+                    self._event_loop.call_soon_threadsafe(self._deliver, outputs)
         except BaseException as exc:  # the loop itself broke: say so loudly and fail everyone
             logger.exception("engine loop died")
             # the exception's text may name a request or internals: /health and heartbeats get a
             # generic reason, the log above has the detail
             self.dead_reason = exc.message if isinstance(exc, EngineDeadError) else _LOOP_DIED
             self.healthy = False
-            self._loop.call_soon_threadsafe(self._streams.fail_all, EngineDeadError(f"The engine died: {self.dead_reason}"))
+            self._event_loop.call_soon_threadsafe(self._streams.fail_all, EngineDeadError(f"The engine died: {self.dead_reason}"))
 
     def _step(self) -> list[RequestOutput]:
         """One engine step. A batch's failure is handled inside step(); anything that escapes it
@@ -157,10 +169,11 @@ class AsyncLLMEngine(SubmittingEngine):
         drained_seqs = 0
         while True:
             try:
-                kind, payload = self._inbox.get_nowait()
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 return outputs, drained_seqs
-            if kind == "add":
+            if item[0] == "add":
+                payload = item[1]
                 drained_seqs += sum(r.sampling_params.n for r in payload)
                 try:
                     self.engine.add_requests(payload)  # all or nothing: a refusal leaves nothing queued
@@ -169,18 +182,18 @@ class AsyncLLMEngine(SubmittingEngine):
                         logger.exception("admitting request %s failed", payload[0].request_id)
                         exc = LoraplaneError("The engine failed to admit the request.")
                     for request in payload:
-                        self._loop.call_soon_threadsafe(self._streams.put, request.request_id, exc)
-            elif kind == "call":
-                fn, args, future = payload
+                        self._event_loop.call_soon_threadsafe(self._streams.put, request.request_id, exc)
+            elif item[0] == "call":
+                fn, args, future = item[1]
                 result, error = None, None
                 try:
                     result = fn(*args)
                 except Exception as exc:
                     error = exc
                 self._stats = self.engine.stats()  # before the caller resumes: it sees its call's effect
-                self._loop.call_soon_threadsafe(settle, future, result, error)
-            elif kind == "abort":
-                aborted = self.engine.abort_request(payload)
+                self._event_loop.call_soon_threadsafe(settle, future, result, error)
+            elif item[0] == "abort":
+                aborted = self.engine.abort_request(item[1])
                 if aborted is not None:
                     outputs.append(aborted)
 

@@ -59,9 +59,9 @@ class BatchBuilder:
         if self.lora_slots is not None and any(adapter_ids):  # base-only steps skip LoRA entirely
             token_slots: list[int] = []
             for seq in sched.decodes:
-                token_slots.append(self._slot(seq))
+                token_slots.append(_token_slot(self.lora_slots, seq))
             for item in sched.prefills:
-                token_slots.extend([self._slot(item.seq)] * item.num_new_tokens)
+                token_slots.extend([_token_slot(self.lora_slots, item.seq)] * item.num_new_tokens)
             rank = max((self.lora_slots.slot_rank[s] for s in set(token_slots) if s >= 0), default=0)
             lora = LoRABatch.build(token_slots, len(sched.decodes), rank, self.device)
         return StepInput(
@@ -73,8 +73,10 @@ class BatchBuilder:
             lora=lora,
         ), seqs
 
-    def _slot(self, seq: Sequence) -> int:
-        return -1 if seq.adapter_id == 0 else self.lora_slots.slot(seq.adapter_id)
+
+def _token_slot(lora_slots: LoRASlotManager, seq: Sequence) -> int:
+    """The LoRA slot of the sequence's tokens (-1: the base model)."""
+    return -1 if seq.adapter_id == 0 else lora_slots.slot(seq.adapter_id)
 
 
 def sampling_rows(seqs: list[Sequence]) -> list[SamplingRow]:

@@ -93,6 +93,7 @@ class LLMEngine:
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """Load the model and tokenizer named by the config (slow: reads the checkpoint)."""
         built = build_runner(config, rank=0)  # spawns the other ranks of a tensor-parallel engine
+        assert config.tokenizer is not None  # EngineConfig.__post_init__ defaults it to the model
         tokenizer = Tokenizer.from_pretrained(config.tokenizer)
         return cls(config, built.runner, tokenizer, built.model_config.vocab_size, built.lora_slots)
 

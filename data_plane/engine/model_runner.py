@@ -8,6 +8,7 @@ import torch
 
 from data_plane.config import EngineConfig
 from data_plane.engine.tp_group import TensorParallelGroup
+from data_plane.model.llama import LlamaForCausalLM
 from data_plane.model.step_input import StepInput
 
 logger = logging.getLogger(__name__)
@@ -16,7 +17,7 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LlamaForCausalLM,
         config: EngineConfig,
         device: torch.device,
         dtype: torch.dtype,

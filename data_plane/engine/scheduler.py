@@ -72,6 +72,7 @@ from data_plane.engine.fair_share import FairShare
 from data_plane.engine.prefill_pacer import LONG_PREFILL_TOKENS, PrefillPacer
 from data_plane.engine.sequence import Sequence, SequenceStatus
 from data_plane.lora.slots import LoRASlotManager
+from data_plane.lora.weights import LoRAAdapterWeights
 
 MAX_SLOT_WAIT_STEPS = 16  # steps the head of the queue may be passed before it is admitted first
 
@@ -137,6 +138,13 @@ def steps_left(seq: Sequence) -> int:
     return seq.sampling_params.max_tokens - len(seq.output_token_ids)
 
 
+def _adapter_weights(seq: Sequence) -> LoRAAdapterWeights:
+    """The weights of an adapter's sequence (adapter id > 0): LLMEngine.validate admits none without."""
+    lora = seq.request.lora
+    assert lora is not None, f"adapter {seq.adapter_id}'s sequence has no weights"
+    return lora
+
+
 def is_prefilling(seq: Sequence) -> bool:
     """A running sequence with more than one token left to compute: a chunked prefill in progress."""
     return len(seq) - seq.num_computed_tokens > 1
@@ -181,6 +189,12 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def _slots(self) -> LoRASlotManager:
+        """The LoRA slots, asked about adapters' sequences only: LLMEngine.validate admits those only on an
+        engine with LoRA."""
+        assert self.lora_slots is not None, "an adapter's sequence on an engine without LoRA"
+        return self.lora_slots
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -227,9 +241,10 @@ class Scheduler:
 
     def _admissible(self, seq: Sequence, busy: set[int]) -> bool:
         """Whether its adapter lets this step admit it: none, one in a slot, or one a slot can take now."""
-        if seq.adapter_id == 0 or self.lora_slots.is_resident(seq.adapter_id):
+        if seq.adapter_id == 0 or self._slots().is_resident(seq.adapter_id):
             return True
-        return self.lora_slots.can_load(busy) and not (self.running and self.lora_slots.image_pending(seq.request.lora))
+        slots = self._slots()
+        return slots.can_load(busy) and not (self.running and slots.image_pending(_adapter_weights(seq)))
 
     def _schedule_decodes(self, out: SchedulerOutput) -> None:
         running: list[Sequence] = []
@@ -319,10 +334,10 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, step: _Admission, seq: Sequence, load: bool, forced: bool = False) -> _Verdict:
         adapter = seq.adapter_id
-        resident = adapter == 0 or self.lora_slots.is_resident(adapter)
+        resident = adapter == 0 or self._slots().is_resident(adapter)
         if not resident and not load:
             return _Verdict.NOT_RESIDENT
-        if not resident and not forced and self.running and self.lora_slots.image_pending(seq.request.lora):
+        if not resident and not forced and self.running and self._slots().image_pending(_adapter_weights(seq)):
             return _Verdict.NOT_RESIDENT  # its slot image is being made beside the running steps (slot_pool.py)
         num_new = self.block_manager.plan_allocation(seq)
         if len(self.running) >= self.max_num_seqs or num_new is None:
@@ -331,11 +346,11 @@ class Scheduler:
             num_new = step.long_share.cap(seq, min(num_new, step.token_budget))
         if num_new <= 0 or num_new > step.token_budget:
             return _Verdict.NO_ROOM
-        if not resident and not self.lora_slots.ensure_resident(adapter, seq.request.lora, step.busy):
+        if not resident and not self._slots().ensure_resident(adapter, _adapter_weights(seq), step.busy):
             return _Verdict.NO_SLOT
         if adapter:
             step.busy.add(adapter)
-            self.lora_slots.use(adapter)
+            self._slots().use(adapter)
         self.block_manager.allocate(seq)
         step.token_budget -= num_new
         step.long_share.spend(seq, num_new)
@@ -353,7 +368,7 @@ class Scheduler:
         still take), kept while the head is the same and it still holds a slot that could free."""
         running: dict[int, list[Sequence]] = {}
         for seq in self.running:
-            if seq.adapter_id and not self.lora_slots.is_pinned(seq.adapter_id):
+            if seq.adapter_id and not self._slots().is_pinned(seq.adapter_id):
                 running.setdefault(seq.adapter_id, []).append(seq)
         if self._drained is None or self._drained[0] != head.seq_id or self._drained[1] not in running:
             def cost(adapter: int) -> tuple[int, int, int]:  # the work held back, then the head's wait

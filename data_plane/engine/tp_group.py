@@ -10,6 +10,8 @@ never disagree with rank 0 about which adapter a token uses.
 from __future__ import annotations
 
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from typing import Literal, cast
 
 import torch
 import torch.multiprocessing as mp
@@ -29,13 +31,21 @@ from shared.errors import EngineDeadError
 # what a spawned rank runs: (rank, config, init_method); worker.worker_main
 WorkerMain = Callable[[int, EngineConfig, str], None]
 
+# What rank 0 broadcasts, tagged by the first item: the KV blocks to allocate, a step to run, a LoRA slot
+# to write (None: clear it), or the end.
+InitMessage = tuple[Literal["init"], int]
+StepMessage = tuple[Literal["step"], StepInput]
+LoRAWriteMessage = tuple[Literal["lora_write"], int, LoRAAdapterWeights | None]
+ShutdownMessage = tuple[Literal["shutdown"]]
+Message = InitMessage | StepMessage | LoRAWriteMessage | ShutdownMessage
+
 
 class TensorParallelGroup:
     """Held by rank 0: spawns ranks 1..N-1 (or finds them under torchrun) and broadcasts to them."""
 
     def __init__(self, config: EngineConfig, device: torch.device, worker: WorkerMain) -> None:
         self.size = config.tensor_parallel_size
-        self.processes: list[mp.Process] = []
+        self.processes: list[BaseProcess] = []
         if launched_by_torchrun():
             init_method = "env://"
         else:
@@ -60,13 +70,14 @@ class TensorParallelGroup:
     def shutdown(self) -> None:
         try:
             if self._dead_rank() is None:
-                broadcast_from_rank0(("shutdown",))
+                shutdown: ShutdownMessage = ("shutdown",)
+                broadcast_from_rank0(shutdown)
         finally:
             destroy_group()
             for proc in self.processes:
                 proc.join(timeout=10)
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: Message) -> None:
         dead = self._dead_rank()
         if dead is not None:
             raise EngineDeadError(f"tensor-parallel rank {dead[0]} died (exit code {dead[1]}); restart the engine")
@@ -79,11 +90,17 @@ class TensorParallelGroup:
         return None
 
 
+def _receive() -> Message:
+    """On a worker: the next message rank 0 broadcasts."""
+    # cast: broadcast_from_rank0 carries any object; rank 0 broadcasts only Messages (TensorParallelGroup)
+    return cast(Message, broadcast_from_rank0())
+
+
 def receive_num_kv_blocks() -> int:
     """On a worker: the number of KV blocks rank 0 sized its cache to (TensorParallelGroup.start)."""
-    kind, num_kv_blocks = broadcast_from_rank0()
-    assert kind == "init"
-    return num_kv_blocks
+    message = _receive()
+    assert message[0] == "init"
+    return message[1]
 
 
 def follow_rank0(
@@ -91,7 +108,7 @@ def follow_rank0(
 ) -> None:
     """On a worker: run each step and LoRA slot write rank 0 broadcasts, until it sends shutdown."""
     while True:
-        message = broadcast_from_rank0()
+        message = _receive()
         if message[0] == "step":
             forward(message[1])
         elif message[0] == "lora_write":

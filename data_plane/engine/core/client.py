@@ -64,6 +64,7 @@ def _wait_ready(core: CoreProcess) -> m.Ready:
 class EngineCoreClient(SubmittingEngine):
     def __init__(self, config: EngineConfig, core: CoreProcess, ready: m.Ready) -> None:
         self.config = config
+        assert config.tokenizer is not None  # EngineConfig.__post_init__ defaults it to the model
         self.tokenizer = Tokenizer.from_pretrained(config.tokenizer)
         self.vocab_size = ready.vocab_size
         self.healthy: bool = True

@@ -41,7 +41,7 @@ def _wire_error(exc: Exception, what: str) -> m.WireError:
 
 
 class EngineCore:
-    def __init__(self, engine: LLMEngine, inbox: zmq.Socket, outbox: zmq.Socket) -> None:
+    def __init__(self, engine: LLMEngine, inbox: zmq.Socket[bytes], outbox: zmq.Socket[bytes]) -> None:
         self.engine = engine
         self.inbox = inbox
         self.outbox = outbox

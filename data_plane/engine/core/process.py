@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, replace
+from typing import Any
 
 import msgspec
 import zmq
@@ -40,11 +41,11 @@ class CoreProcess:
     """The started core process and this side's two sockets to it."""
 
     config: EngineConfig  # what the core runs with (core_config)
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     cpus: list[int] | None  # what the core is bound to (None: not bound)
-    context: zmq.Context
-    to_core: zmq.Socket  # PUSH
-    from_core: zmq.Socket  # PULL
+    context: zmq.Context[zmq.Socket[bytes]]
+    to_core: zmq.Socket[bytes]  # PUSH
+    from_core: zmq.Socket[bytes]  # PULL
     ipc_dir: str
 
     @classmethod
@@ -107,10 +108,12 @@ def core_config(config: EngineConfig) -> EngineConfig:
     threads = config.num_threads
     if threads is None and config.tensor_parallel_size == 1:  # TP ranks split the CPUs themselves
         threads = core_threads(None, available_cpus())
-    return replace(config, num_threads=threads, **dict.fromkeys(SECRETS))
+    # Any: replace() takes each field's own type, and every secret field is `str | None`
+    no_secrets: dict[str, Any] = dict.fromkeys(SECRETS)
+    return replace(config, num_threads=threads, **no_secrets)
 
 
-def _kill(process: subprocess.Popen) -> None:
+def _kill(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()
