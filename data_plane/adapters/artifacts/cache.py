@@ -161,8 +161,9 @@ class ArtifactCache:
                 if digest in self._writing:  # fetched a moment ago: its verified bytes are held until written
                     self.stats.hits += 1
                     folder = self.root / digest
-                elif (folder := self._hit(digest)) is not None:
+                elif (hit := self._hit(digest)) is not None:
                     self.stats.hits += 1
+                    folder = hit
                 else:
                     self.stats.misses += 1
                     folder = await self._fetch(ref)

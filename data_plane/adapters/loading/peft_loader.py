@@ -61,6 +61,8 @@ def load_peft_adapter(
     try:
         folder = _resolve_inside_roots(path, allowed_roots)
         held = held_files(folder, verified)
+        weights: Path | Buffer  # the weights file's held bytes, else its path
+        weights_sha256: str | None
         if held is not None:
             config_bytes, (weights_sha256, weights) = held
             weights_path = folder / WEIGHTS_NAME

@@ -42,10 +42,10 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from data_plane.adapters.artifacts.verified_files import VerifiedFiles
+from data_plane.adapters.artifacts.verified_files import Known, VerifiedFiles
 from data_plane.adapters.loading.peft_loader import held_files
 from data_plane.adapters.loading.spec import AdapterReading
-from data_plane.adapters.loading.transfer import adopt_adapter
+from data_plane.adapters.loading.transfer import SharedAdapter, adopt_adapter
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.weights import LoRAAdapterWeights
 from shared.secret_env import without_secrets
@@ -251,7 +251,7 @@ def _real(path: str) -> Path | None:
 class _Reader:
     """One reader process and this side's end of its socket (multiprocessing's framing, pickled messages)."""
 
-    def __init__(self, process: subprocess.Popen, conn: Connection) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], conn: Connection) -> None:
         self.process = process
         self.conn = conn
 
@@ -267,11 +267,12 @@ class _Reader:
         logger.info("adapter reader: process %d", process.pid)
         return cls(process, Connection(ours.detach()))
 
-    def ask(self, reading: AdapterReading, path: str, known: dict, busy: bool) -> object:
+    def ask(self, reading: AdapterReading, path: str, known: Known, busy: bool) -> SharedAdapter | BaseException:
         """The reader's answer for `path`: a SharedAdapter, or the exception the loader raised. `busy`: the
         engine has requests, so the reader paces its CPU (background.CpuPace)."""
         self.conn.send((reading, path, known, busy))
-        return self.conn.recv()
+        answer: SharedAdapter | BaseException = self.conn.recv()  # what reader_process_main sends
+        return answer
 
     def stop(self) -> None:
         self.conn.close()  # the reader's next receive ends it
@@ -281,7 +282,7 @@ class _Reader:
             _kill(self.process)
 
 
-def _kill(process: subprocess.Popen) -> None:
+def _kill(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
         process.wait()

@@ -85,20 +85,34 @@ def all_finite(tensor: torch.Tensor) -> bool:
     return math.isfinite(lo.item()) and math.isfinite(hi.item())
 
 
+class _SafeSlice(Protocol):
+    def get_shape(self) -> list[int]: ...
+
+
+class _SafeOpenHandle(Protocol):
+    """What _FileTensors calls of safe_open's handle (safetensors' stub leaves these calls unannotated)."""
+
+    def keys(self) -> list[str]: ...
+
+    def get_slice(self, name: str) -> _SafeSlice: ...
+
+    def get_tensor(self, name: str) -> torch.Tensor: ...
+
+
 class _FileTensors:
     """safe_open's handle behind the same three calls."""
 
-    def __init__(self, handle: object) -> None:
+    def __init__(self, handle: _SafeOpenHandle) -> None:
         self._f = handle
 
     def keys(self) -> list[str]:
-        return list(self._f.keys())  # type: ignore[attr-defined]
+        return list(self._f.keys())
 
     def shape(self, key: str) -> list[int]:
-        return list(self._f.get_slice(key).get_shape())  # type: ignore[attr-defined]
+        return list(self._f.get_slice(key).get_shape())
 
     def get_tensor(self, key: str) -> torch.Tensor:
-        return self._f.get_tensor(key)  # type: ignore[attr-defined]
+        return self._f.get_tensor(key)
 
 
 @contextmanager

@@ -48,7 +48,7 @@ class StagedCopy:
     """What `adopt` hands the loader: views of the adapter's shared file by its keys, the file's layout
     (now the loader's to own), and whether each tensor's values were all finite."""
 
-    def __init__(self, views: dict[TensorKey, torch.Tensor], layout: SharedLayout,
+    def __init__(self, views: dict[TensorKey, torch.Tensor], layout: SharedLayout[TensorKey],
                  finite: dict[TensorKey, bool]) -> None:
         self.views, self.layout, self.finite = views, layout, finite
 

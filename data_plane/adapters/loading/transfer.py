@@ -69,7 +69,7 @@ def share_adapter(weights: LoRAAdapterWeights) -> SharedAdapter:
     )
 
 
-def _copy_to_shared(weights: LoRAAdapterWeights) -> SharedLayout:
+def _copy_to_shared(weights: LoRAAdapterWeights) -> SharedLayout[TensorKey]:
     """Copy weights built without a shared file into a new one, owned by `weights` from now on."""
     tensors: dict[TensorKey, torch.Tensor] = {}
     for index, modules in weights.layers.items():
