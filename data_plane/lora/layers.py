@@ -20,6 +20,7 @@ all-reduce per layer instead of two).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,7 @@ from data_plane.distributed.collectives import tensor_parallel_all_reduce
 from data_plane.lora.kernels.select import select_kernels
 from data_plane.lora.ops import lora_expand, lora_shrink, lora_shrink_expand
 from data_plane.lora.weights import LoRAModuleWeights
+from data_plane.model.layers.linear import LinearBase, RowParallelLinear
 from data_plane.model.lora_batch import LoRABatch
 
 
@@ -50,9 +52,12 @@ class RowShard:
 
 
 class LinearWithLoRA(nn.Module):
+    lora_a: torch.Tensor  # buffers (register_buffer), then views of the slot pool
+    lora_b: torch.Tensor
+
     def __init__(
         self,
-        base: nn.Module,
+        base: LinearBase,
         in_features: int,
         lanes: list[Lane],
         max_loras: int,
@@ -75,9 +80,9 @@ class LinearWithLoRA(nn.Module):
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in]
         shard = self.row_shard
         if lora is not None and shard is not None and shard.fused_all_reduce:
-            y = F.linear(x, self.base.weight)  # this rank's partial sum
+            y: torch.Tensor = F.linear(x, self.base.weight)  # this rank's partial sum
             lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora, self.kernels)  # partial delta too
-            y = self.base.all_reduce(y)
+            y = cast(RowParallelLinear, self.base).all_reduce(y)  # a row shard is only given to row-parallel layers
             return y if self.base.bias is None else y + self.base.bias
         y = self.base(x)  # [T, out]
         if lora is None:

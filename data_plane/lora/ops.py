@@ -76,14 +76,14 @@ class SplitKernels:
         raise NotImplementedError
 
     def shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch, num_lanes: int) -> None:
-        if batch.decode_index is not None:
+        if batch.decode_index is not None and batch.decode_slots is not None:  # set together
             self.bgmv_shrink(v, x, lora_a, batch.decode_index, batch.decode_slots, num_lanes, batch.rank,
                              batch.decode_contiguous)
         if batch.prefill_segments:
             self.sgmv_shrink(v, x, lora_a, batch, num_lanes)
 
     def expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch, lanes: Lanes) -> None:
-        if batch.decode_index is not None:
+        if batch.decode_index is not None and batch.decode_slots is not None:  # set together
             self.bgmv_expand(y, v, lora_b, batch.decode_index, batch.decode_slots, lanes, batch.rank,
                              batch.decode_contiguous)
         if batch.prefill_segments:
@@ -110,7 +110,8 @@ def _ranked(lora_a: torch.Tensor, lanes: int, rank: int) -> torch.Tensor:
 class TorchKernels(SplitKernels):
     """Plain torch: decode tokens gather their slots' weights (a copy per token), segments run one mm each."""
 
-    def bgmv_shrink(self, v, x, lora_a, index, slots, num_lanes, rank, rows_from_zero=False) -> None:
+    def bgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, index: torch.Tensor,
+                    slots: torch.Tensor, num_lanes: int, rank: int, rows_from_zero: bool = False) -> None:
         n, dim = len(slots), x.shape[1]
         a = _as(_ranked(lora_a, num_lanes, rank).index_select(0, slots), x.dtype).view(n, dim, num_lanes * rank)  # [Nd, in, L*rank]
         x_rows = x[:n] if rows_from_zero else x.index_select(0, index)  # [Nd, in]
@@ -120,7 +121,8 @@ class TorchKernels(SplitKernels):
         else:
             v.index_copy_(0, index, v_decode)
 
-    def bgmv_expand(self, y, v, lora_b, index, slots, lanes, rank, rows_from_zero=False) -> None:
+    def bgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, index: torch.Tensor,
+                    slots: torch.Tensor, lanes: Lanes, rank: int, rows_from_zero: bool = False) -> None:
         n = len(slots)
         b = _as(lora_b[:, :rank].index_select(0, slots), y.dtype)  # [Nd, rank, out]
         v_rows = (v[:n] if rows_from_zero else v.index_select(0, index)).unsqueeze(1)  # [Nd, 1, L * rank]
@@ -138,12 +140,14 @@ class TorchKernels(SplitKernels):
         else:
             y.index_add_(0, index, delta)
 
-    def sgmv_shrink(self, v, x, lora_a, batch, num_lanes) -> None:
+    def sgmv_shrink(self, v: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, batch: LoRABatch,
+                    num_lanes: int) -> None:
         a_ranked, dim = _ranked(lora_a, num_lanes, batch.rank), x.shape[1]
         for s, start, end in batch.prefill_segments:
             torch.mm(x[start:end], _as(a_ranked[s].reshape(dim, -1), x.dtype), out=v[start:end])
 
-    def sgmv_expand(self, y, v, lora_b, batch, lanes) -> None:
+    def sgmv_expand(self, y: torch.Tensor, v: torch.Tensor, lora_b: torch.Tensor, batch: LoRABatch,
+                    lanes: Lanes) -> None:
         for s, start, end in batch.prefill_segments:
             _expand_one(y[start:end], v[start:end], lora_b[s, : batch.rank], lanes, batch.rank)
 

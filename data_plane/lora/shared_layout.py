@@ -13,7 +13,7 @@ import os
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NoReturn, TypeVar
 
 import torch
 
@@ -55,7 +55,7 @@ class SharedLayout(Generic[K]):
         process owns it (the adapter reader's host copies, adopted by the API process)."""
         self._remove.detach()
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a SharedLayout owns its file and is not copied to another process; send its fields")
 
 

@@ -63,7 +63,8 @@ class SlotPool:
         offset = 0
         for layer_index, linears in enumerate(layers):
             for linear in linears:
-                a_shape, b_shape = tuple(linear.lora_a.shape[1:]), tuple(linear.lora_b.shape[1:])
+                (_, a_rows, a_cols), (_, b_rows, b_cols) = linear.lora_a.shape, linear.lora_b.shape
+                a_shape, b_shape = (a_rows, a_cols), (b_rows, b_cols)
                 self._regions.append(_Region(layer_index, linear, offset, a_shape, offset + a_shape[0] * a_shape[1], b_shape))
                 offset += a_shape[0] * a_shape[1] + b_shape[0] * b_shape[1]
         self.per_slot = offset
@@ -79,7 +80,9 @@ class SlotPool:
     @staticmethod
     def _view(rows: torch.Tensor, offset: int, shape: tuple[int, int]) -> torch.Tensor:
         """rows: [..., per_slot] -> [..., *shape], the region starting at `offset` of each row."""
-        return rows[..., offset : offset + shape[0] * shape[1]].unflatten(-1, shape)
+        region = rows[..., offset : offset + shape[0] * shape[1]]
+        view: torch.Tensor = region.unflatten(-1, shape)  # type: ignore[no-untyped-call]  # unannotated in torch
+        return view
 
     @torch.no_grad()
     def prepare(self, weights: LoRAAdapterWeights, pace: Callable[[], None] | None = None) -> torch.Tensor | None:
@@ -148,7 +151,9 @@ class SlotPool:
         if weights is None:
             self.pool[slot].zero_()
         else:
-            self.pool[slot].copy_(self.prepare(weights))
+            image = self.prepare(weights)
+            assert image is not None  # prepare answers None only without a pool
+            self.pool[slot].copy_(image)
 
     def forget(self, digest: str) -> None:
         """Drop the kept image of this content (its adapter was removed)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from data_plane.lora.shared_layout import SharedLayout
+from data_plane.lora.shared_layout import SharedLayout, TensorKey
 from shared.engine_admin import AdapterDescription
 from shared.peft import TARGET_MODULES
 
@@ -57,7 +57,7 @@ class LoRAAdapterWeights:
     # handing the adapter to the engine-core process sends only this. The PEFT loader's weights are views
     # of it; weights built any other way have None until their first hand-over copies them into one. It
     # owns the file: dropping these weights removes it.
-    shared: SharedLayout | None = field(default=None, repr=False, compare=False)
+    shared: SharedLayout[TensorKey] | None = field(default=None, repr=False, compare=False)
 
     @property
     def cache_namespace(self) -> int:

@@ -35,13 +35,16 @@ BLOCK_M = 16  # segment rows per SGMV program (tl.dot's smallest tile)
 
 
 def _block_rank(rank: int) -> int:
-    return max(16, triton.next_power_of_2(rank))
+    padded: int = triton.next_power_of_2(rank)
+    return max(16, padded)
 
 
 if triton is not None:
+    # The ignores below: triton ships no type information (triton.jit is untyped), and the kernels'
+    # arguments are Triton values whose annotations Triton's JIT would read, so they stay unannotated.
 
-    @triton.jit
-    def _bgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, index_ptr, slots_ptr, dim, rank, padded,
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _bgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, index_ptr, slots_ptr, dim, rank, padded,  # type: ignore[no-untyped-def]
                             x_row, a_slot, a_row, v_row, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
         i, lane = tl.program_id(0), tl.program_id(1)
         slot = tl.load(slots_ptr + i)
@@ -57,8 +60,8 @@ if triton is not None:
                 acc += tl.sum(xk[:, None] * a, axis=0)
             tl.store(v_ptr + t * v_row + lane * rank + r, acc.to(v_ptr.dtype.element_ty), mask=r < rank)
 
-    @triton.jit
-    def _bgmv_expand_kernel(v_ptr, b_ptr, y_ptr, index_ptr, slots_ptr, rank, lane, offset, width,
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _bgmv_expand_kernel(v_ptr, b_ptr, y_ptr, index_ptr, slots_ptr, rank, lane, offset, width,  # type: ignore[no-untyped-def]
                             v_row, b_slot, b_row, y_row, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
         i, block = tl.program_id(0), tl.program_id(1)
         slot = tl.load(slots_ptr + i)
@@ -73,8 +76,8 @@ if triton is not None:
             y = tl.load(y_at, mask=c < width, other=0.0).to(tl.float32)
             tl.store(y_at, (y + tl.sum(vr[:, None] * b, axis=0)).to(y_ptr.dtype.element_ty), mask=c < width)
 
-    @triton.jit
-    def _sgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, seg_ptr, dim, rank, padded, x_row, a_slot, a_row, v_row,
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _sgmv_shrink_kernel(x_ptr, a_ptr, v_ptr, seg_ptr, dim, rank, padded, x_row, a_slot, a_row, v_row,  # type: ignore[no-untyped-def]
                             BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
         seg, block, lane = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         slot, start, end = tl.load(seg_ptr + seg * 3), tl.load(seg_ptr + seg * 3 + 1), tl.load(seg_ptr + seg * 3 + 2)
@@ -92,8 +95,8 @@ if triton is not None:
             tl.store(v_ptr + rows[:, None] * v_row + lane * rank + r[None, :], acc.to(v_ptr.dtype.element_ty),
                      mask=(rows[:, None] < end) & (r[None, :] < rank))
 
-    @triton.jit
-    def _sgmv_expand_kernel(v_ptr, b_ptr, y_ptr, seg_ptr, rank, lane, offset, width, v_row, b_slot, b_row, y_row,
+    @triton.jit  # type: ignore[untyped-decorator]
+    def _sgmv_expand_kernel(v_ptr, b_ptr, y_ptr, seg_ptr, rank, lane, offset, width, v_row, b_slot, b_row, y_row,  # type: ignore[no-untyped-def]
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
         seg, block, col_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         slot, start, end = tl.load(seg_ptr + seg * 3), tl.load(seg_ptr + seg * 3 + 1), tl.load(seg_ptr + seg * 3 + 2)
