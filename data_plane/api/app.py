@@ -50,7 +50,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def _until_disconnect(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
     """Run `work`, cancelling it if the client goes away first: the engine then aborts the request
     instead of generating an answer nobody reads. (Streams watch for this themselves later on.)"""
     return await until_disconnect(request.receive, work)
@@ -92,21 +92,21 @@ def _generation_route(path: str, operation_id: str, kind: str, response: type, c
 @_generation_route(
     "/v1/chat/completions", "createChatCompletion", "chat", schemas.ChatCompletion, schemas.ChatCompletionChunk
 )
-async def create_chat_completion(request: Request, state: State) -> Response[Any]:
+async def create_chat_completion(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a model response for a chat conversation (OpenAI-compatible; `stream` for SSE)."""
     body = decode_request(await request.body(), state.request_types.chat)
     return _respond(await _until_disconnect(request, state.chat.create(body)))
 
 
 @_generation_route("/v1/completions", "createCompletion", "completion", schemas.Completion, schemas.CompletionChunk)
-async def create_completion(request: Request, state: State) -> Response[Any]:
+async def create_completion(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """Create a completion for a prompt (OpenAI-compatible legacy completions; `stream` for SSE)."""
     body = decode_request(await request.body(), state.request_types.completion)
     return _respond(await _until_disconnect(request, state.completion.create(body)))
 
 
 @get("/v1/models", operation_id="listModels", guards=[api_key_guard], opt=route_doc(response=schemas.ModelList))
-async def list_models(request: Request, state: State) -> dict[str, Any]:
+async def list_models(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
     """List the models this engine serves: the base model and every ready adapter (`parent` = base).
     `root` is where the model's files lie for admin callers (as in vLLM), the model's name otherwise."""
     return {"object": "list", "data": state.resolver.cards(show_paths=is_admin(request))}
@@ -118,9 +118,10 @@ async def list_models(request: Request, state: State) -> dict[str, Any]:
     guards=[api_key_guard],
     opt=route_doc(response=schemas.ModelCard, errors=[404]),
 )
-async def retrieve_model(model_id: str, request: Request, state: State) -> dict[str, Any]:
+async def retrieve_model(model_id: str, request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
     """One served model by name (404 when this engine does not serve it); `root` as in listModels."""
-    return state.resolver.card(model_id.lstrip("/"), show_paths=is_admin(request))  # :path keeps names with slashes ("org/adapter")
+    resolver: ModelResolver = state.resolver
+    return resolver.card(model_id.lstrip("/"), show_paths=is_admin(request))  # :path keeps names with slashes ("org/adapter")
 
 
 @get("/health", operation_id="health", opt=route_doc(response=schemas.Health, errors=[503]))
@@ -160,6 +161,7 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
     lora_loader: how adapter folders are read (default: the PEFT loader for config's base model, in
     adapter reader processes from the first load on, unless config.adapter_reader_process is off)."""
     assert config.max_model_len is not None, "finalize the config (load the engine) first"
+    assert config.max_n is not None and config.max_cpu_loras is not None  # set by EngineConfig.__post_init__
     base_name = config.served_model_name or config.model
     request_stats = AdapterRequestStats()
     registry = None

@@ -9,6 +9,7 @@ expected nor the offered token is ever logged or echoed.
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
@@ -43,12 +44,12 @@ def check_api_key(authorization: str | None, api_key: str | None) -> None:
 
 # The guards are coroutines though they never wait: Litestar runs a plain function guard on a worker
 # thread (anyio.to_thread), a thread hop and a GIL hand-off on every request for a string compare.
-async def api_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+async def api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Litestar guard for the inference endpoints (chat, completions, models)."""
     check_api_key(connection.headers.get("authorization"), connection.app.state.config.api_key)
 
 
-def is_admin(connection: ASGIConnection) -> bool:
+def is_admin(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
     """Whether the caller passes the admin check (always, on an engine without an admin token): what
     decides who sees where adapter and model files lie on the engine's disk."""
     try:
@@ -58,6 +59,6 @@ def is_admin(connection: ASGIConnection) -> bool:
     return True
 
 
-async def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+async def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Litestar guard for the admin endpoints."""
     check_admin(connection.headers.get("authorization"), connection.app.state.config.admin_token)

@@ -7,11 +7,18 @@ the request and reply structs and every status it can answer, all errors in the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Request, get, post
 from litestar.datastructures import State
 
 from data_plane.api.auth import admin_guard, is_admin
-from data_plane.api.serving_lora import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest, decode_admin_request
+from data_plane.api.serving_lora import (
+    LoadLoRAAdapterRequest,
+    LoRAService,
+    UnloadLoRAAdapterRequest,
+    decode_admin_request,
+)
 from shared import engine_admin
 from shared.openapi import route_doc
 
@@ -28,7 +35,7 @@ _ADMIN_ERRORS = (400, 401, 403, 413)
                   # running, or the artifact cache is full of adapters in use
                   errors=(*_ADMIN_ERRORS, 409, 502, 503)),
 )
-async def load_lora_adapter(request: Request, state: State) -> engine_admin.LoadedAdapter:
+async def load_lora_adapter(request: Request[Any, Any, Any], state: State) -> engine_admin.LoadedAdapter:
     """Load a PEFT adapter (idempotent for the same content; `load_inplace` replaces changed content,
     the old version draining; `pinned` keeps it in a device slot). With `expected_sha256` (the
     version's manifest digest) other files are refused with 409 `sha256_mismatch` and nothing loads.
@@ -36,7 +43,8 @@ async def load_lora_adapter(request: Request, state: State) -> engine_admin.Load
     the store endpoint) by digest, checks every file's sha256 (400 `checksum_mismatch` otherwise) and
     keeps it in its cache (--lora-cache-dir): a cached digest is never fetched again."""
     body = decode_admin_request(await request.body(), LoadLoRAAdapterRequest)
-    return await state.lora.load(body)
+    lora: LoRAService = state.lora
+    return await lora.load(body)
 
 
 @post(
@@ -44,26 +52,29 @@ async def load_lora_adapter(request: Request, state: State) -> engine_admin.Load
     opt=route_doc(request=UnloadLoRAAdapterRequest, response=engine_admin.UnloadedAdapter,
                   errors=(*_ADMIN_ERRORS, 404)),  # 404: no adapter of that name is loaded
 )
-async def unload_lora_adapter(request: Request, state: State) -> engine_admin.UnloadedAdapter:
+async def unload_lora_adapter(request: Request[Any, Any, Any], state: State) -> engine_admin.UnloadedAdapter:
     """Unload an adapter: refuse new requests, let in-flight ones finish within `drain_timeout_s`
     (then abort them), free its device slot and host copy."""
     body = decode_admin_request(await request.body(), UnloadLoRAAdapterRequest)
-    return await state.lora.unload(body)
+    lora: LoRAService = state.lora
+    return await lora.unload(body)
 
 
 @get("/v1/lora_adapters", operation_id="listLoraAdapters",
      opt=route_doc(response=engine_admin.AdapterList, errors=(400,)))
-async def list_lora_adapters(request: Request, state: State) -> engine_admin.AdapterList:
+async def list_lora_adapters(request: Request[Any, Any, Any], state: State) -> engine_admin.AdapterList:
     """Loaded adapters with residency (device/host/disk), state, pin, queues; plus device slot usage.
     `path` (where the files lie on the engine) is shown to admin callers only (null otherwise)."""
-    return state.lora.list(show_paths=is_admin(request))
+    lora: LoRAService = state.lora
+    return lora.list(show_paths=is_admin(request))
 
 
 @get("/v1/lora_stats", operation_id="loraStats", opt=route_doc(response=engine_admin.LoraStats, errors=(400,)))
 async def lora_stats(state: State) -> engine_admin.LoraStats:
     """Per adapter: requests by outcome, tokens, TTFT and end-to-end p50/p99, tokens/s over the last
     minute, slot loads, evictions and load latency."""
-    return state.lora.stats()
+    lora: LoRAService = state.lora
+    return lora.stats()
 
 
 ROUTES = [load_lora_adapter, unload_lora_adapter, list_lora_adapters, lora_stats]

@@ -37,7 +37,8 @@ def build_parser() -> SettingsParser:
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return from_args(EngineConfig, args, model=model_from_args(args))
+    config: EngineConfig = from_args(EngineConfig, args, model=model_from_args(args))
+    return config
 
 
 def model_from_args(args: argparse.Namespace) -> str:
@@ -45,7 +46,7 @@ def model_from_args(args: argparse.Namespace) -> str:
     if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
         raise ConfigError(f"the model is given twice and differently: MODEL {args.model_arg!r} and "
                           f"--model {args.model!r}; pass one of them")
-    model = args.model_arg if args.model is None else args.model
+    model: str | None = args.model_arg if args.model is None else args.model
     if model is None:
         raise ConfigError("no model given: loraplane engine MODEL (or --model MODEL)")
     return model

@@ -34,7 +34,9 @@ class ChatService:
     def __init__(self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.max_model_len: int = engine.config.max_model_len
+        max_model_len = engine.config.max_model_len
+        assert max_model_len is not None  # EngineProtocol.config is finalized
+        self.max_model_len: int = max_model_len
         self.resolver = resolver
         self.metrics = metrics
 
@@ -45,7 +47,9 @@ class ChatService:
             req.check()
             conversation = req.conversation()
             chars = sum(len(m["content"]) for m in conversation)
-            check_prompt_chars(chars, self.engine.config.max_prompt_chars, "messages")
+            limit = self.engine.config.max_prompt_chars
+            assert limit is not None  # EngineProtocol.config is finalized
+            check_prompt_chars(chars, limit, "messages")
             lease = await self.resolver.acquire(req.model)
         except LoraplaneError:
             # no adapter label here: the name may be one we do not serve (unbounded label values)

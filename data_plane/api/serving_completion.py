@@ -92,6 +92,7 @@ class CompletionService:
         if len(prompts) > MAX_BATCH_PROMPTS:
             raise InvalidRequestError(f"At most {MAX_BATCH_PROMPTS} prompts per request.", param="prompt")
         limit = self.engine.config.max_prompt_chars
+        assert limit is not None  # EngineProtocol.config is finalized
         for prompt in prompts:
             if isinstance(prompt, str):
                 check_prompt_chars(len(prompt), limit, "prompt")
@@ -106,7 +107,9 @@ class CompletionService:
         params = req.to_sampling_params()
         # token ids need no tokenizer: only text goes to the tokenizer threads (a hop per request otherwise)
         text = any(isinstance(p, str) for p in prompts)
-        encoded = await off_loop(self._encode_all, prompts) if text else prompts
+        encoded = (
+            await off_loop(self._encode_all, prompts) if text else [p for p in prompts if not isinstance(p, str)]
+        )
         requests = []
         for i, (ids, lease) in enumerate(zip(encoded, leases, strict=True)):
             request_id = response_id if len(prompts) == 1 else f"{response_id}-{i}"
@@ -174,7 +177,7 @@ class _Context:
 def _body(ctx: _Context) -> dict[str, Any]:
     choices = []
     for i, c in enumerate(ctx.choices):
-        empty_logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        empty_logprobs: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         choice: dict[str, Any] = {
             "index": i,
             "text": c.text,

@@ -90,15 +90,16 @@ class Health(msgspec.Struct):
     tenancy: TenancyHealth | None = None  # with --require-api-key
 
 
-async def client_key_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+async def client_key_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """The caller (keys.py), kept in the request's state for the model list to filter by."""
     client = connection.client.host if connection.client else ""
     caller = await connection.app.state.router.tenancy.caller(connection.headers.get("authorization"), client)
     connection.scope.setdefault("state", {})["loraplane_caller"] = caller
 
 
-def _caller(request: Request) -> Caller:
-    return request.scope.get("state", {}).get("loraplane_caller", OPERATOR)
+def _caller(request: Request[Any, Any, Any]) -> Caller:
+    caller: Caller = request.scope.get("state", {}).get("loraplane_caller", OPERATOR)  # client_key_guard's
+    return caller
 
 
 _ERRORS = (400, 404, 413, 502, 503)
@@ -137,7 +138,7 @@ async def create_completion() -> Response[Any]:
 
 
 @get("/v1/models", operation_id="listModels", guards=[client_key_guard], opt=route_doc(response=ModelList))
-async def list_models(state: State, request: Request) -> dict[str, Any]:
+async def list_models(state: State, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The fleet's base models and active adapters (`parent`: an adapter's base model), from the routing
     table; for a tenant key, only those it may use (the base models, its tenant's and public adapters)."""
     return {"object": "list", "data": state.router.cards(_caller(request))}
@@ -145,10 +146,11 @@ async def list_models(state: State, request: Request) -> dict[str, Any]:
 
 @get("/v1/models/{model_id:path}", operation_id="retrieveModel", guards=[client_key_guard],
      opt=route_doc(response=ModelCard, errors=[404]))
-async def retrieve_model(model_id: str, state: State, request: Request) -> dict[str, Any]:
+async def retrieve_model(model_id: str, state: State, request: Request[Any, Any, Any]) -> dict[str, Any]:
     """One model of the routing table by name (404 when the fleet has no such model, or the key may not use it)."""
     name = model_id.lstrip("/")
-    card = next((c for c in state.router.cards(_caller(request)) if c["id"] == name), None)
+    router: RouterService = state.router
+    card = next((c for c in router.cards(_caller(request)) if c["id"] == name), None)
     if card is None:
         raise model_not_found(name)
     return card
