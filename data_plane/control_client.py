@@ -73,7 +73,7 @@ class ControlPlaneClient:
         self._http: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._unknown: OrderedDict[str, float] = OrderedDict()  # name -> monotonic time it expires
-        self._inflight: dict[str, asyncio.Future[str | None]] = {}  # name -> the lookup under way
+        self._inflight: dict[str, asyncio.Future[ResolvedAdapter | None]] = {}  # name -> the lookup under way
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_RESOLVES)
 
     async def start(self) -> None:

@@ -154,6 +154,7 @@ class RequestMetrics:
             self._m.ttft.labels(self.label).observe(now - self.arrival)
             self._generation_tokens = self._m.generation_tokens.labels(self.label)
         else:
+            assert self.last_token_time is not None  # set with the first token
             self._m.itl.observe(now - self.last_token_time)
         self.last_token_time = now
         self.generation_tokens += num_new_tokens

@@ -20,18 +20,18 @@ from tokenizers import Tokenizer as _HFTokenizer
 from shared.errors import InvalidRequestError, UnsupportedModelError
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as f:
-        return json.load(f)
+        data: dict[str, Any] = json.load(f)  # a Hugging Face config file: a JSON object
+    return data
 
 
 def _token_content(value: Any) -> str | None:
     """tokenizer_config special tokens are either a string or a serialized AddedToken dict."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value
+    content: str | None = value.get("content") if isinstance(value, dict) else value
+    return content
 
 
 def _as_id_list(value: Any) -> list[int]:
@@ -45,7 +45,11 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
 ) -> str:
     # Same signature and defaults as transformers' override (jinja's own tojson HTML-escapes).
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
@@ -63,7 +67,7 @@ def _compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
-def _select_chat_template(model_dir: Path, tokenizer_config: dict) -> str | None:
+def _select_chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str | None:
     # Newer checkpoints keep the template in its own file, which then wins over the config entry.
     jinja_file = model_dir / "chat_template.jinja"
     if jinja_file.is_file():
@@ -81,9 +85,9 @@ class Tokenizer:
     def __init__(
         self,
         tokenizer: _HFTokenizer,
-        tokenizer_config: dict,
-        model_config: dict,
-        generation_config: dict,
+        tokenizer_config: dict[str, Any],
+        model_config: dict[str, Any],
+        generation_config: dict[str, Any],
         chat_template: str | None,
     ) -> None:
         self._tok = tokenizer
@@ -141,7 +145,7 @@ class Tokenizer:
         return [self._tok.id_to_token(i) for i in ids]
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, **template_kwargs: Any
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any
     ) -> str:
         """Render the conversation to prompt text; extra kwargs (tools, …) go to the template."""
         if self._template is None:
