@@ -28,7 +28,8 @@ class Polled:
 
 
 def polling_health(base_url: str, request: Callable[[], httpx.Response]) -> Polled:
-    """Run `request` on a thread, polling `base_url`/health (at most HEALTH_TIMEOUT_S each) until it ends."""
+    """Run `request` on a thread, polling `base_url`/health (at most HEALTH_TIMEOUT_S each) until it ends,
+    at least once."""
     polled = Polled()
 
     def run() -> None:
@@ -40,11 +41,13 @@ def polling_health(base_url: str, request: Callable[[], httpx.Response]) -> Poll
     thread = threading.Thread(target=run, name="request-under-test")
     thread.start()
     with httpx.Client(base_url=base_url, timeout=HEALTH_TIMEOUT_S) as client:
-        while thread.is_alive():
+        while True:  # one poll at least: a request quicker than the first poll had nothing to stall
             try:
                 polled.health.append(client.get("/health").status_code)
             except httpx.TimeoutException:
                 polled.health.append("timeout")
+            if not thread.is_alive():
+                break
             time.sleep(0.02)
     thread.join()
     return polled
