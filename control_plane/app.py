@@ -13,6 +13,7 @@ import msgspec
 from advanced_alchemy.extensions.litestar import SQLAlchemyPlugin
 from litestar import Litestar, Response, get
 from litestar.datastructures import State
+from litestar.exceptions import NotFoundException
 from litestar.openapi import OpenAPIConfig
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -39,7 +40,7 @@ from control_plane.domain.tenants.revocations import RevocationPublisher
 from control_plane.engine_client import EngineClient
 from control_plane.metrics import CONTENT_TYPE, ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
-from control_plane.ui.controller import console_router
+from control_plane.ui.controller import Console
 from shared.errors import OverloadedError
 from shared.http_errors import exception_handlers
 from shared.key_checks import KeyChecks
@@ -124,15 +125,17 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         "tenant_auth": tenant_auth,  # tenant keys (lp_…) and what they may touch (control_plane.auth)
         "revocations": revocations,  # key revocations and quota changes, published to the routers
     }
+    console = Console(settings)
     app = Litestar(
         route_handlers=[health, metrics, AdapterController, EngineController, StatsController, ArtifactController,
                         RoutesController, RouterController, AuditController, TenantController, TenancyController,
-                        console_router(settings)],
+                        console.router],
         plugins=[SQLAlchemyPlugin(config=plugin_config(engine))],
         on_startup=[apply_migrations],
         on_shutdown=[stop_background],
         state=State(state),
-        exception_handlers={**exception_handlers(), **database_error_handlers()},  # lost DB connection: 503
+        # lost DB connection: 503; a 404 under /ui: the console's page
+        exception_handlers={**exception_handlers(), **database_error_handlers(), NotFoundException: console.not_found},
         middleware=[app_metrics.middleware],
         logging_config=None,  # the process configures logging at its edge (shared/logging_setup.py), not the app
         # handlers' docstrings are their operations' descriptions

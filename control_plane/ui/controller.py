@@ -20,6 +20,7 @@ from litestar import Controller, MediaType, Request, Response, Router, get, post
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.datastructures import Cookie, State
 from litestar.di import Provide
+from litestar.exceptions import NotFoundException
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,6 +39,7 @@ from control_plane.settings import ControlPlaneSettings
 from control_plane.ui import pages
 from control_plane.ui.session import COOKIE, MAX_AGE_S, ConsoleSession, SessionCodec
 from shared.errors import InvalidRequestError, LoraplaneError
+from shared.http_errors import handle_http_exception
 
 HERE = Path(__file__).parent
 _TEMPLATES = JinjaTemplateEngine(engine_instance=jinja2.Environment(
@@ -141,21 +143,16 @@ class ConsoleController(Controller):
     async def adapter_page(self, request: Request[Any, Any, Any], codec: SessionCodec, state: State,
                            adapters: AdapterService, audit: AuditService, db_session: AsyncSession, name: str,
                            live: str = "", notice: str = "", error: str = "") -> Response[Any]:
-        session = codec.read(request.cookies.get(COOKIE))
-        if session is None:
-            return Redirect("/ui/login", status_code=303)
-        try:
-            detail, trail, charts = await pages.adapter(adapters, audit, db_session, name,
-                                                        state.settings.reconcile_interval_s)
-        except LoraplaneError as exc:
-            return _html("missing.html", status_code=exc.status_code, session=session, page="adapters",
-                         message=exc.message)
-        # live=1: the state and placements; live=charts: the charts (each refreshed on its own timer)
-        template = {"": "adapter.html", "charts": "adapter_charts.html"}.get(live, "adapter_live.html")
-        return _html(template, session=session, page="adapters",
-                     adapter=detail, trail=trail, charts=charts, rollback=pages.rollback_target(detail), notice=notice,
-                     error=error,
-                     name_query=urlencode({"name": name}))
+        """One adapter's page: /ui/adapter?name=NAME (the form the console's own links and forms use)."""
+        return await _adapter_page(request, codec, state, adapters, audit, db_session, name, live, notice, error)
+
+    @get("/adapters/{name:path}")
+    async def adapter_at_path(self, request: Request[Any, Any, Any], codec: SessionCodec, state: State,
+                              adapters: AdapterService, audit: AuditService, db_session: AsyncSession, name: str,
+                              live: str = "", notice: str = "", error: str = "") -> Response[Any]:
+        """The same page at /ui/adapters/NAME (names may hold `/`: the rest of the path is the name)."""
+        return await _adapter_page(request, codec, state, adapters, audit, db_session, name.lstrip("/"), live,
+                                   notice, error)
 
     @get("/audit")
     async def audit_page(self, request: Request[Any, Any, Any], codec: SessionCodec, audit: AuditService,
@@ -202,6 +199,27 @@ class ConsoleController(Controller):
         return _back("/ui/adapter", name=name, notice=notice)
 
 
+async def _adapter_page(request: Request[Any, Any, Any], codec: SessionCodec, state: State, adapters: AdapterService,
+                        audit: AuditService, db_session: AsyncSession, name: str, live: str, notice: str,
+                        error: str) -> Response[Any]:
+    session = codec.read(request.cookies.get(COOKIE))
+    if session is None:
+        return Redirect("/ui/login", status_code=303)
+    if not name:
+        return Redirect("/ui/adapters", status_code=303)
+    try:
+        detail, trail, charts = await pages.adapter(adapters, audit, db_session, name,
+                                                    state.settings.reconcile_interval_s)
+    except LoraplaneError as exc:
+        return _html("missing.html", status_code=exc.status_code, session=session, page="adapters",
+                     message=exc.message)
+    # live=1: the state and placements; live=charts: the charts (each refreshed on its own timer)
+    template = {"": "adapter.html", "charts": "adapter_charts.html"}.get(live, "adapter_live.html")
+    return _html(template, session=session, page="adapters", adapter=detail, trail=trail, charts=charts,
+                 rollback=pages.rollback_target(detail), notice=notice, error=error,
+                 name_query=urlencode({"name": name}))
+
+
 def _csrf_ok(session: ConsoleSession, sent: str) -> bool:
     return hmac.compare_digest(sent.encode(), session.csrf.encode())
 
@@ -231,11 +249,23 @@ def _outcomes(engines: list[EngineOutcome]) -> str:
     return ": " + ", ".join(f"{e.engine} {e.outcome}" + (f" ({e.error})" if e.error else "") for e in engines) + "."
 
 
-def console_router(settings: ControlPlaneSettings) -> Router:
-    """The console's pages and its vendored assets under /ui (registered by control_plane.app); the
-    session codec is made here, once per app, so that an unset secret is drawn (and logged) once."""
-    codec = SessionCodec(settings)
-    static = create_static_files_router(path="/ui/static", directories=[HERE / "static"], include_in_schema=False,
-                                        name="console-static")
-    return Router(path="/", route_handlers=[ConsoleController, static], include_in_schema=False,
-                  dependencies={"codec": Provide(lambda: codec, sync_to_thread=False)})
+class Console:
+    """The console's pages and its vendored assets under /ui (`router`, registered by control_plane.app), and
+    its answer to a 404 under /ui (`not_found`, the app's handler of NotFoundException); the session
+    codec is made here, once per app, so that an unset secret is drawn (and logged) once."""
+
+    def __init__(self, settings: ControlPlaneSettings) -> None:
+        self.codec = codec = SessionCodec(settings)
+        static = create_static_files_router(path="/ui/static", directories=[HERE / "static"], include_in_schema=False,
+                                            name="console-static")
+        self.router = Router(path="/", route_handlers=[ConsoleController, static], include_in_schema=False,
+                             dependencies={"codec": Provide(lambda: codec, sync_to_thread=False)})
+
+    def not_found(self, request: Request[Any, Any, Any], exc: NotFoundException) -> Response[Any]:
+        """A 404 under /ui is the console's page saying so, with the console's links when signed in;
+        elsewhere it is the API's JSON error."""
+        path = request.url.path
+        if path != "/ui" and not path.startswith("/ui/"):
+            return handle_http_exception(request, exc)
+        return _html("missing.html", status_code=404, session=self.codec.read(request.cookies.get(COOKIE)),
+                     page="", message=f"There is no console page at {path}.")
