@@ -18,7 +18,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # not_found / unavailable / rejected: the router answered itself (404, 503, 4xx of a bad request or key)
 OUTCOMES = ("ok", "error", "abort", "not_found", "unavailable", "rejected")
 # connect: refused or timed out connecting; disconnected: closed without an answer; unavailable: a 503
-RETRY_REASONS = ("connect", "disconnected", "unavailable")
+RETRY_REASONS = ("connect", "disconnected", "unavailable", "refused")
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 

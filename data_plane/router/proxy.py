@@ -2,8 +2,11 @@
 
 `Proxy.open` tries the candidates in the balancer's order, at most `max_attempts` of them, moving on only
 while nothing of an answer exists yet: the engine refused the connection (or timed out connecting),
-closed it without answering (a kept-alive connection it had dropped, or it died), or answered 503
-(draining, overloaded). The last candidate's 503 reaches the client as the engine sent it. Once an engine
+closed it without answering (a kept-alive connection it had dropped, or it died), answered 503
+(draining, overloaded), or refused the router's own credentials (401/403: its engine key). The last
+candidate's 503 reaches the client as the engine sent it; when every engine tried refused the router's
+credentials, the client gets a 502 saying the router is misconfigured (EnginesRefusedError), never the
+engines' words about a key it does not hold, and the router's log says which engines and how. Once an engine
 has answered, `Exchange.relay` hands its answer to the client's ASGI `send`:
 
 - `text/event-stream`: the engine's body bytes as they arrive, one ASGI message per read, never
@@ -36,7 +39,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from data_plane.router.balancer import Balancer, Candidate
-from data_plane.router.errors import NoEngineError, UpstreamError
+from data_plane.router.errors import EnginesRefusedError, NoEngineError, UpstreamError
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.usage import UsageTap
 
@@ -55,6 +58,8 @@ _RETRYABLE = tuple(kind for kind, _ in _RETRY_ERRORS)
 # anything else an engine's connection can raise: no answer within the read timeout, a reset, a body cut off
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 _MAX_URLS = 4096  # parsed engine URLs kept (two paths per engine)
+_REFUSED = (401, 403)  # an engine refused the router's credentials: the next one is tried
+REFUSED_LOG_S = 10.0  # an engine's refusals are logged at most this often
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -178,6 +183,7 @@ class Proxy:
         if engine_api_key:
             self._headers["Authorization"] = f"Bearer {engine_api_key}"
         self._urls: dict[tuple[str, str], URL] = {}
+        self._refused_logged: dict[str, float] = {}  # engine -> when its refusal was last logged
 
     async def forward(self, candidates: list[Candidate], path: str, body: bytes, model: str, send: Send, *,
                       kind: str, affinity: int | None, headers: Sequence[tuple[bytes, bytes]] = (),
@@ -199,6 +205,7 @@ class Proxy:
         assert self.session is not None, "the router has not started"
         tries = candidates[: self.max_attempts]
         reason = None
+        refused = 0
         for i, candidate in enumerate(tries):
             if reason is not None:
                 self.metrics.retries.labels(reason).inc()
@@ -226,13 +233,35 @@ class Proxy:
                 self.metrics.request(model, name, "abort" if isinstance(exc, asyncio.CancelledError) else "error")
                 raise
             exchange = Exchange(candidate, model, response, sent_at, self)
+            if response.status in _REFUSED:  # the router's own key: no client may see the engine's words
+                exchange.close("refused")
+                refused += 1
+                reason = "refused"
+                self._refused(name, candidate.engine.url, response.status)
+                continue
             if response.status == 503 and i + 1 < len(tries):
                 exchange.close("error")
                 reason = "unavailable"
                 continue
             return exchange
         self.metrics.request(model, "", "unavailable")
+        if refused:
+            raise EnginesRefusedError(len(tries))
         raise NoEngineError(f"No engine holding `{model}` could be reached ({len(tries)} tried); retry later.")
+
+    def _refused(self, name: str, url: str, status: int) -> None:
+        """Tell the operator (at most every REFUSED_LOG_S per engine) what the client is not told."""
+        now = time.monotonic()
+        if now - self._refused_logged.get(name, -REFUSED_LOG_S) < REFUSED_LOG_S:
+            return
+        if len(self._refused_logged) >= _MAX_URLS:
+            self._refused_logged.clear()
+        self._refused_logged[name] = now
+        sent = "sent LORAPLANE_ENGINE_API_KEY" if self._headers.get("Authorization") else "sent no key"
+        logger.error("engine %s (%s) answered %d to the router's credentials (it %s): the router is "
+                     "misconfigured; give it the engines' --api-key as LORAPLANE_ENGINE_API_KEY (under `loraplane "
+                     "up`: .loraplane/engine-api-key). Requests no engine accepts are answered 502 and cost "
+                     "no quota.", name, url, status, sent)
 
     def _url(self, engine_url: str, path: str) -> URL:
         url = self._urls.get((engine_url, path))

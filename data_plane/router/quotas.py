@@ -17,6 +17,8 @@ sorted set (score: when the lease lapses, so a router that died holding some fre
             a bucket may go below zero, and other requests on every replica wait for it
     settle: the token buckets pay the difference to what the engine says was used in the end (the
             reservation comes back when less was used); the leases go
+    refund: a request no engine accepted (each refused it, or none could be reached) gives back all it
+            paid: 1 to each request bucket, its tokens to each token bucket; the leases go
 
 A bucket untouched for two minutes goes (it is full again by then), unless it is in debt: it lives until
 it has refilled to full, so a debt is never forgotten before it is paid back. Each bucket also counts
@@ -149,10 +151,11 @@ class Admission:
     sets: list[str] = field(default_factory=list)
     charged: int = 0  # tokens its token buckets have been charged (the reservation, then what charge adds)
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    requests: list[Bucket] = field(default_factory=list)  # its requests-per-minute buckets (1 each)
 
     @property
     def counted(self) -> bool:
-        return bool(self.tokens or self.sets)
+        return bool(self.tokens or self.sets or self.requests)
 
 
 def _refuse_too_large(tokens: list[Bucket], reserved: int) -> None:
@@ -248,7 +251,7 @@ class QuotaStore:
             b = sets[refused - len(buckets) - 1]
             raise RateLimited(f"Too many concurrent requests for {b.who}: Limit {b.limit}. Please try again in 1s.",
                               kind="requests", retry_after_s=wait_s, headers=headers)
-        return Admission(tenant, lease, tokens, [b.key for b in sets], reserved if tokens else 0, headers)
+        return Admission(tenant, lease, tokens, [b.key for b in sets], reserved if tokens else 0, headers, requests)
 
     def charge(self, admission: Admission, delta: int) -> Coroutine[None, None, None] | None:
         """`delta` tokens more (less when negative) booked now for a request still running; the coroutine
@@ -267,15 +270,25 @@ class QuotaStore:
         admission.charged += delta
         await self._pay(admission, delta, admission.sets)
 
-    async def _pay(self, admission: Admission, delta: int, sets: list[str]) -> None:
-        tokens = admission.tokens if delta else []
-        if self._settle is None or not (tokens or sets):
+    async def refund(self, admission: Admission) -> None:
+        """Give back all a request was charged (no engine accepted it): its request and its tokens in every
+        bucket; free the leases."""
+        if not admission.counted:
             return
-        args: list[int | str] = [len(tokens), len(sets), admission.lease]
-        for b in tokens:
-            args += [b.limit, delta]
+        delta, admission.charged = -admission.charged, 0
+        await self._pay(admission, delta, admission.sets, requests=-1)
+
+    async def _pay(self, admission: Admission, delta: int, sets: list[str], *, requests: int = 0) -> None:
+        """Every token bucket pays `delta` (a request bucket `requests`); the leases in `sets` go."""
+        paid = [(b, delta) for b in admission.tokens] if delta else []
+        paid += [(b, requests) for b in admission.requests] if requests else []
+        if self._settle is None or not (paid or sets):
+            return
+        args: list[int | str] = [len(paid), len(sets), admission.lease]
+        for b, amount in paid:
+            args += [b.limit, amount]
         try:
-            await self._settle(keys=[b.key for b in tokens] + sets, args=args)
+            await self._settle(keys=[b.key for b, _ in paid] + sets, args=args)
         except (RedisError, OSError) as exc:  # the leases lapse by themselves
             self._failed(exc)
 

@@ -6,6 +6,10 @@
          → Placer.route_for (table, or a placement) → Balancer.order (residency, outstanding, the
          affinity) → Proxy.forward (retries, then the engine's answer relayed to the client)
 
+A tenant's request that no engine accepted (every engine tried refused the router's credentials or
+answered 503, none could be reached, or none holds the model) is settled as UNSERVED: its quotas are
+given back (tenancy.py).
+
 `complete` is called with the raw ASGI triple (app.py's fast path: Litestar's request and response
 machinery cost more than the whole proxying did). Errors before the answer starts are raised as
 LoraplaneError (or Litestar's 413) for the app's exception handlers to answer in OpenAI's shape. After
@@ -33,6 +37,7 @@ from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE
 from data_plane.router.balancer import Balancer
 from data_plane.router.config import RouterConfig
 from data_plane.router.demand import DemandReporter, Presence
+from data_plane.router.errors import UNSERVED as UNSERVED_ERRORS
 from data_plane.router.errors import NoEngineError
 from data_plane.router.keys import OPERATOR, Caller
 from data_plane.router.metrics import RouterMetrics
@@ -41,7 +46,7 @@ from data_plane.router.proxy import DONE, Proxy, Send, engine_session
 from data_plane.router.quotas import RateLimited
 from data_plane.router.request import adapter_key, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
-from data_plane.router.tenancy import Tenancy, Ticket
+from data_plane.router.tenancy import UNSERVED, Tenancy, Ticket
 from data_plane.router.tenant_metrics import TenantMetrics
 from data_plane.router.usage import UsageTap, check_ceiling, reservation
 from shared.disconnect import ClientDisconnected, client_gone, until_disconnect
@@ -125,13 +130,16 @@ class RouterService:
         """_route for an admitted tenant request, settled here whatever ends it: settling inside the routed
         work alone would miss a client that left before that work ever ran (its lease held to expiry)."""
         outcome = "error"
+        answered = [0]  # the status the engine answered with
 
         async def settling_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answered[0] = message["status"]
             # the answer's end as the client sees it: its last bytes, or a stream's [DONE] (a client may
-            # stop reading there)
+            # stop reading there); an engine's 503 (the last one tried was draining or full) served nothing
             if message["type"] == "http.response.body" and (
                     not message.get("more_body", False) or message.get("body", b"").endswith(DONE)):
-                await self.tenancy.settle_before_end(ticket)
+                await self.tenancy.settle_before_end(ticket, UNSERVED if answered[0] == 503 else "ok")
             await send(message)
 
         try:
@@ -141,6 +149,9 @@ class RouterService:
             outcome = "ok"
         except ClientDisconnected:
             outcome = "abort"
+            raise
+        except UNSERVED_ERRORS:
+            outcome = UNSERVED  # no engine accepted it: it costs its tenant nothing
             raise
         finally:
             self.tenancy.settle(ticket, outcome)

@@ -10,6 +10,9 @@
                                      the x-ratelimit headers and the tap that reads the usage
     settle(ticket, outcome)          the tokens the engine counted, against what was charged; the
                                      concurrency lease freed (in a task of its own: off the answer's path).
+                                     Outcome UNSERVED (no engine accepted the request: each refused the
+                                     router's credentials or answered 503, or none could be reached) gives
+                                     back the request and every token it was charged
                                      The caller settles every ticket it was given, exactly once, whatever
                                      happens after admission (an error, the client leaving)
 
@@ -49,6 +52,7 @@ from shared.key_secrets import KeyHasher
 logger = logging.getLogger(__name__)
 CHARGE_EVERY_S = 0.1  # a running stream's tokens reach Redis at most this often …
 CHARGE_TOKENS = 128  # … unless it owes this many more
+UNSERVED = "unserved"  # the outcome of a request no engine accepted: its quota is given back
 
 
 @dataclass
@@ -170,11 +174,11 @@ class Tenancy:
         if (paying := self._books(ticket, outcome)) is not None:
             self.spawn(paying)
 
-    async def settle_before_end(self, ticket: Ticket) -> None:
+    async def settle_before_end(self, ticket: Ticket, outcome: str = "ok") -> None:
         """`settle` for an answer about to send its last bytes, awaited: a client that sends its next
         request once it has the answer must find the slot free (a tenant allowed one request at a time
         would otherwise be refused between two requests it never ran at once)."""
-        if (paying := self._books(ticket, "ok")) is not None:
+        if (paying := self._books(ticket, outcome)) is not None:
             await paying
 
     def _books(self, ticket: Ticket, outcome: str) -> Coroutine[None, None, None] | None:
@@ -189,6 +193,8 @@ class Tenancy:
             self.metrics.tokens.labels(ticket.label, "completion").inc(usage.completion_tokens)
         if not ticket.admission.counted:
             return None
+        if outcome == UNSERVED:
+            return self.quotas.refund(ticket.admission)
         return self.quotas.settle(ticket.admission, usage.total_tokens if usage is not None else None)
 
     def health(self) -> dict[str, Any] | None:

@@ -22,7 +22,9 @@ held, and by another replica's 429), and what a tenant is charged in the end is 
 (the openai client's usage, or the engine's token ids), whatever the prompt's estimate at admission
 was. A refused key is remembered briefly (no control-plane call per request, counted on the router's own
 client; tests/e2e/test_key_guessing.py has what guessing costs). A concurrency slot is free again at
-once when the client leaves, or the engine refuses the request.
+once when the client leaves, or the engine refuses the request. A request that no engine accepted (a
+router without the engines' key: each answers 401) costs its tenant nothing and is a 502 saying the
+router is misconfigured.
 
 Every test uses its own Redis key prefix and deletes its keys.
 """
@@ -32,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import secrets
 import socket
@@ -65,6 +68,7 @@ from tests.e2e.test_control_plane_engines import (
 openai = pytest.importorskip("openai")
 
 ROUTER_TOKEN = "router-token-for-tests"  # tests.data_plane.router.support's, which serve_router sends
+ENGINE_API_KEY = "e2e-engine-api-key"  # the engine's --api-key (from LORAPLANE_API_KEY), which routers send
 REDIS_URL = "redis://127.0.0.1:6379/0"
 ONE_TOKEN = {"prompt": "The quick brown fox", "max_tokens": 1, "temperature": 0}
 CONTEXT = 256  # the engine's --max-model-len (SHARED_FLAGS)
@@ -120,7 +124,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         engine = stack.enter_context(run_engine(
             base, engine_log, "--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN,
             "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS, "--heartbeat-interval-s", "0.5",
-            env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
+            env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"], "LORAPLANE_API_KEY": ENGINE_API_KEY}))
         wait_until(lambda: any(e["state"] == "healthy" for e in admin.get(cp + "/v1/engines").json()["data"]),
                    "the engine to register")
         fleet = Fleet(cp, engine.url, prefix, admin, [tmp / "control.log", engine_log], {}, [])
@@ -145,7 +149,8 @@ def client_of(router: str, key: str) -> openai.OpenAI:
 
 
 def tenant_router(fleet: Fleet, **config: object) -> contextlib.AbstractContextManager:
-    settings = {"require_api_key": True, "redis_url": REDIS_URL, "redis_prefix": fleet.prefix, **config}
+    settings = {"require_api_key": True, "redis_url": REDIS_URL, "redis_prefix": fleet.prefix,
+                "engine_api_key": ENGINE_API_KEY, **config}
     return serve_router(fleet.cp, **settings)
 
 
@@ -251,6 +256,7 @@ def router_process(cp: str, prefix: str, log: Path, *flags: str, engines: int = 
     url = f"http://127.0.0.1:{port}"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")}, "PYTHONUNBUFFERED": "1",
            "LORAPLANE_ROUTER_TOKEN": ROUTER_TOKEN, "LORAPLANE_REDIS_URL": REDIS_URL,
+           "LORAPLANE_ENGINE_API_KEY": ENGINE_API_KEY,
            **({"LORAPLANE_KEY_PEPPER": KEY_PEPPER} if pepper else {}), **env}
 
     def ready() -> bool:
@@ -623,6 +629,52 @@ def test_a_slot_is_free_at_once_when_the_client_leaves_or_the_engine_refuses(fle
                 assert client.completions.create(model="demo", prompt="x", max_tokens=1).choices
             else:
                 assert list(client.completions.create(model="demo", prompt="x", max_tokens=2, stream=True))
+
+
+def test_a_request_no_engine_accepted_costs_no_quota_and_says_the_router_is_misconfigured(fleet: Fleet) -> None:
+    """A router without the engines' key (the mistake of a router started without LORAPLANE_ENGINE_API_KEY):
+    every engine answers 401 to it. The client gets a 502 naming the router's misconfiguration, never the
+    engine's words about its key, and its tenant's request and token quotas are given back."""
+    quota = 3
+    key = fleet.make_tenant("team-m", requests_per_minute=quota, tokens_per_minute=1000, concurrent_requests=1)
+    log = []
+    with tenant_router(fleet, engine_api_key=None) as router:
+        handler = _ListHandler(log)
+        logging.getLogger("data_plane.router.proxy").addHandler(handler)
+        try:
+            answers = [_post(router.url, key, "/completions", {"model": "demo", **ONE_TOKEN})
+                       for _ in range(2 * quota)]
+        finally:
+            logging.getLogger("data_plane.router.proxy").removeHandler(handler)
+        for r in answers:
+            assert r.status_code == 502, r.text
+            error = r.json()["error"]
+            assert error["code"] == "router_misconfigured" and "misconfigured" in error["message"], error
+            assert "--api-key" not in r.text and "API key" not in r.text, r.text  # the engine's words stay inside
+        with pytest.raises(openai.APIStatusError) as refused:
+            client_of(router.url, key).completions.create(model="demo", prompt="x", max_tokens=1)
+        assert refused.value.status_code == 502
+        # the operator's log says which engine refused and what to set
+        assert any("e1" in line and "LORAPLANE_ENGINE_API_KEY" in line for line in log), log
+    for kind in ("rpm", "tpm"):
+        wait_until(lambda kind=kind: int(redis.Redis.from_url(REDIS_URL).hget(_bucket(fleet, "team-m", kind),
+                                                                             "charged") or 0) == 0,
+                   f"the {kind} charges to be given back")
+    assert redis.Redis.from_url(REDIS_URL).zcard(_bucket(fleet, "team-m", "inflight")) == 0
+    # with the key, the tenant has its whole quota
+    with tenant_router(fleet) as router:
+        statuses = [_post(router.url, key, "/completions", {"model": "demo", **ONE_TOKEN}).status_code
+                    for _ in range(quota + 1)]
+    assert statuses == [200] * quota + [429], statuses
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def test_an_adapter_nobody_owns_is_usable_only_when_public(fleet: Fleet) -> None:

@@ -63,3 +63,16 @@ async def test_a_charge_just_before_the_end_is_paid_once(tenancy: Tenancy, charg
     await tenancy.quotas.settle(admission, final.total_tokens)
     await tenancy.stop()  # the charge's task done, whenever it ran
     assert charged(tenancy, "t") == final.total_tokens
+
+
+async def test_a_request_no_engine_accepted_gives_back_all_it_was_charged(tenancy: Tenancy) -> None:
+    limits = Limits(requests_per_minute=2, tokens_per_minute=100, concurrent_requests=1)
+    client = redis.Redis.from_url(REDIS_URL)
+    requests, tokens, sets = tenancy.quotas.plan("t", "k", limits, Limits())
+    for _ in range(5):  # more than the quota allows, were they charged
+        admission = await tenancy.quotas.admit("t", "k", limits, Limits(), RESERVED)
+        assert client.zcard(sets[0].key) == 1 and int(client.hget(tokens[0].key, "charged")) == RESERVED
+        await tenancy.quotas.refund(admission)
+        assert client.zcard(sets[0].key) == 0
+        assert {int(client.hget(b.key, "charged")) for b in requests + tokens} == {0}
+        assert admission.charged == 0
