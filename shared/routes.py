@@ -51,6 +51,9 @@ class RouteEngine(msgspec.Struct, kw_only=True):
     name: str
     url: str  # the engine's base URL: the router calls `{url}/v1/chat/completions` with its inference key
     base_model: str  # the engine's served model name
+    # registered with its own engine credential: only then does the router send it the engines' inference
+    # key (None: a control plane that does not say; the key is sent, as before)
+    credentialed: bool | None = None
 
 
 class Holder(msgspec.Struct, kw_only=True):

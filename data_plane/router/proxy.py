@@ -21,7 +21,8 @@ engine's response then closes its connection, which the engine takes as an abort
 Every answer of an engine carries `x-loraplane-engine: <its name>`. One pooled aiohttp session (its C
 HTTP parser: a fraction of httpx's CPU per request, docs/performance.md#router-and-fleet) serves all
 requests; the engines' inference key (`Authorization: Bearer`) is the only credential sent, never the
-client's, and no cookie is kept.
+client's, and only to engines the routing table marks as registered with their own credential (not to one
+an admin token registered at some URL); no cookie is kept.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from data_plane.router.balancer import Balancer, Candidate
 from data_plane.router.errors import EnginesRefusedError, NoEngineError, UpstreamError
 from data_plane.router.metrics import RouterMetrics
 from data_plane.router.usage import UsageTap
+from shared.routes import RouteEngine
 
 logger = logging.getLogger(__name__)
 
@@ -179,9 +181,11 @@ class Proxy:
         self.metrics = metrics
         self.max_attempts = max_attempts
         # built once: aiohttp would otherwise parse the URL and copy the headers on every request
-        self._headers = CIMultiDict({"Content-Type": "application/json"})
+        self._plain = CIMultiDict({"Content-Type": "application/json"})
+        # the engines' key goes only to engines registered with their own credential (the table says so)
+        self._keyed = self._plain.copy()
         if engine_api_key:
-            self._headers["Authorization"] = f"Bearer {engine_api_key}"
+            self._keyed["Authorization"] = f"Bearer {engine_api_key}"
         self._urls: dict[tuple[str, str], URL] = {}
         self._refused_logged: dict[str, float] = {}  # engine -> when its refusal was last logged
 
@@ -214,7 +218,7 @@ class Proxy:
             sent_at = time.perf_counter()
             try:
                 response = await self.session.post(self._url(candidate.engine.url, path), data=body,
-                                                   headers=self._headers)
+                                                   headers=self._headers_for(candidate.engine))
             except _RETRYABLE as exc:
                 self.balancer.end(name, model)
                 reason = next(r for kind, r in _RETRY_ERRORS if isinstance(exc, kind))
@@ -237,7 +241,7 @@ class Proxy:
                 exchange.close("refused")
                 refused += 1
                 reason = "refused"
-                self._refused(name, candidate.engine.url, response.status)
+                self._refused(candidate.engine, response.status)
                 continue
             if response.status == 503 and i + 1 < len(tries):
                 exchange.close("error")
@@ -249,19 +253,29 @@ class Proxy:
             raise EnginesRefusedError(len(tries))
         raise NoEngineError(f"No engine holding `{model}` could be reached ({len(tries)} tried); retry later.")
 
-    def _refused(self, name: str, url: str, status: int) -> None:
+    def _headers_for(self, engine: RouteEngine) -> CIMultiDict[str]:
+        return self._plain if engine.credentialed is False else self._keyed
+
+    def _refused(self, engine: RouteEngine, status: int) -> None:
         """Tell the operator (at most every REFUSED_LOG_S per engine) what the client is not told."""
         now = time.monotonic()
-        if now - self._refused_logged.get(name, -REFUSED_LOG_S) < REFUSED_LOG_S:
+        if now - self._refused_logged.get(engine.name, -REFUSED_LOG_S) < REFUSED_LOG_S:
             return
         if len(self._refused_logged) >= _MAX_URLS:
             self._refused_logged.clear()
-        self._refused_logged[name] = now
-        sent = "sent LORAPLANE_ENGINE_API_KEY" if self._headers.get("Authorization") else "sent no key"
-        logger.error("engine %s (%s) answered %d to the router's credentials (it %s): the router is "
-                     "misconfigured; give it the engines' --api-key as LORAPLANE_ENGINE_API_KEY (under `loraplane "
-                     "up`: .loraplane/engine-api-key). Requests no engine accepts are answered 502 and cost "
-                     "no quota.", name, url, status, sent)
+        self._refused_logged[engine.name] = now
+        if engine.credentialed is False:
+            fix = ("it was registered with an admin token, not its own engine credential, so the router sends "
+                   "it no key: let the engine register itself (LORAPLANE_CONTROL_PLANE_TOKEN)")
+        elif "Authorization" in self._keyed:
+            fix = ("the router's LORAPLANE_ENGINE_API_KEY is not its --api-key: give the router the engines' key "
+                   "(under `loraplane up`: .loraplane/engine-api-key)")
+        else:
+            fix = ("the router has no LORAPLANE_ENGINE_API_KEY: give it the engines' --api-key (under `loraplane "
+                   "up`: .loraplane/engine-api-key)")
+        logger.error("engine %s (%s) answered %d to the router's credentials: the router is misconfigured; %s. "
+                     "Requests that no engine accepts are answered 502 and cost no quota.",
+                     engine.name, engine.url, status, fix)
 
     def _url(self, engine_url: str, path: str) -> URL:
         url = self._urls.get((engine_url, path))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import http.server
 import json
 import logging
 import os
@@ -666,6 +667,57 @@ def test_a_request_no_engine_accepted_costs_no_quota_and_says_the_router_is_misc
         statuses = [_post(router.url, key, "/completions", {"model": "demo", **ONE_TOKEN}).status_code
                     for _ in range(quota + 1)]
     assert statuses == [200] * quota + [429], statuses
+
+
+class _Capture(http.server.BaseHTTPRequestHandler):
+    """What an engine URL that an admin registered receives: every request's method, path and headers."""
+
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    def _record(self) -> None:
+        self.seen.append((self.command, self.path, dict(self.headers)))
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = json.dumps({"id": "x", "object": "text_completion", "created": 0, "model": "rogue-base",
+                           "choices": [{"index": 0, "text": "hi", "finish_reason": "length"}]}).encode()
+        self.send_response(200 if self.command == "POST" and self.path.endswith("/completions") else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _record
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_an_engine_an_admin_registered_gets_no_engine_api_key(fleet: Fleet) -> None:
+    """An engine URL registered with an admin token, not with the engine's own credential: the router sends
+    it requests (its served model routes there) but never the engines' inference key, which the
+    registered engine e1 keeps getting."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Capture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        r = fleet.admin.post(fleet.cp + "/v1/engines/register", json={"name": "rogue", "url": url,
+                                                                       "base_model": "rogue-base"})
+        assert r.status_code in (200, 201), r.text
+        with tenant_router(fleet, api_keys=frozenset({"operator-static-key"})) as router:
+            wait_until(lambda: "rogue" in router.service.table.engines, "the table to list the rogue engine")
+            assert router.service.table.engines["rogue"].credentialed is False
+            assert router.service.table.engines["e1"].credentialed is True
+            r = _post(router.url, "operator-static-key", "/completions", {"model": "rogue-base", **ONE_TOKEN})
+            assert r.status_code == 200 and r.headers["x-loraplane-engine"] == "rogue", r.text
+            r = _post(router.url, "operator-static-key", "/completions", {"model": "demo", **ONE_TOKEN})
+            assert r.status_code == 200 and r.headers["x-loraplane-engine"] == "e1", r.text  # e1 has the key
+        inference = [headers for method, path, headers in _Capture.seen if path.endswith("/completions")]
+        assert inference and all("Authorization" not in h for h in inference), inference
+        assert ENGINE_API_KEY not in json.dumps(_Capture.seen)
+    finally:
+        fleet.admin.delete(fleet.cp + "/v1/engines/rogue")
+        server.shutdown()
 
 
 class _ListHandler(logging.Handler):

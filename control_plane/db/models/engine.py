@@ -7,7 +7,7 @@ import enum
 
 from advanced_alchemy.base import IdentityAuditBase
 from advanced_alchemy.types import DateTimeUTC
-from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy import BigInteger, Boolean, Integer, String, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 
@@ -39,3 +39,6 @@ class Engine(IdentityAuditBase):
     cache_bytes_free: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # --lora-cache-dir room
     # its context length (routers reserve a tenant's tokens by it); NULL: the engine did not say
     max_model_len: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # registered by its own engine credential (not an admin token): routers send it the engines' inference
+    # key only then (rows older than the column: true, until they register again)
+    credentialed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=true())

@@ -88,6 +88,7 @@ class EngineService:
             engine.max_lora_rank = req.max_lora_rank or 0
             engine.max_cpu_loras = req.max_cpu_loras or 0
             engine.max_model_len = req.max_model_len
+            engine.credentialed = actor.kind == "engine"  # an admin-registered URL gets no engine key
             engine.state = EngineState.HEALTHY.value
             engine.last_heartbeat = now()
             await session.flush()  # a concurrent first registration of the name fails here; Mutation retries

@@ -5,7 +5,8 @@ the scale the fleet benchmark runs): the healthy engines, the adapters with an a
 placements of those active versions on those engines. Nothing is read per adapter.
 
 - engines: healthy ones only (stored state `healthy` and a fresh heartbeat: domain/engines/health.py;
-  draining and unhealthy engines are out), as `RouteEngine`;
+  draining and unhealthy engines are out), as `RouteEngine`, with whether each registered itself with its
+  own engine credential (routers send the engines' inference key only to those);
 - one `base` route per served base model, held on device by each of its engines;
 - one `adapter` route per adapter with an active version that was not unloaded (the rule engines'
   resolve follows: placements exist and none is desired held; control_plane.domain.adapters.queries),
@@ -82,7 +83,8 @@ async def build_routes(session: AsyncSession, engines: list[Engine],
 
 
 def route_engines(engines: list[Engine]) -> list[RouteEngine]:
-    return [RouteEngine(name=e.name, url=safe_url(e.url), base_model=e.base_model) for e in engines]
+    return [RouteEngine(name=e.name, url=safe_url(e.url), base_model=e.base_model, credentialed=e.credentialed)
+            for e in engines]
 
 
 def _context_lengths(engines: list[Engine]) -> dict[str, int]:
