@@ -18,7 +18,7 @@ like any other.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
@@ -43,10 +43,24 @@ except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 
-class RoutedRequest(msgspec.Struct):
-    """What the router reads of an inference request; every other field goes to the engine as sent."""
+# text, texts, token ids or lists of them (msgspec documents one array type: their items' union)
+Prompt = str | Annotated[list[str | int | list[int]], msgspec.Meta(min_length=1)]
+
+
+class RoutedCompletionRequest(msgspec.Struct):
+    """What the router documents of a completion request: what the engines require besides the fields the
+    router reads (`model`, `stream`); every other field goes to the engine as sent."""
 
     model: str  # a base model's served name or an adapter's name
+    prompt: Prompt  # required: an engine answers 400 without it
+    stream: bool = False
+
+
+class RoutedChatRequest(msgspec.Struct):
+    """A chat request as the router documents it (see RoutedCompletionRequest)."""
+
+    model: str
+    messages: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1)]  # required, as by the engines
     stream: bool = False
 
 
@@ -121,7 +135,7 @@ def _served_by_fast_path() -> NoReturn:
 
 @post("/v1/chat/completions", status_code=200, operation_id="createChatCompletion", guards=[client_key_guard],
       middleware=[fast_path],
-      opt=route_doc(request=RoutedRequest, errors=_ERRORS, response_description=_PASSED,
+      opt=route_doc(request=RoutedChatRequest, errors=_ERRORS, response_description=_PASSED,
                     example={"model": "demo", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}))
 async def create_chat_completion() -> Response[Any]:
     """Create a chat completion on an engine that holds `model` (OpenAI-compatible; `stream` for SSE)."""
@@ -130,7 +144,7 @@ async def create_chat_completion() -> Response[Any]:
 
 @post("/v1/completions", status_code=200, operation_id="createCompletion", guards=[client_key_guard],
       middleware=[fast_path],
-      opt=route_doc(request=RoutedRequest, errors=_ERRORS, response_description=_PASSED,
+      opt=route_doc(request=RoutedCompletionRequest, errors=_ERRORS, response_description=_PASSED,
                     example={"model": "demo", "prompt": "Once upon a time", "max_tokens": 8}))
 async def create_completion() -> Response[Any]:
     """Create a completion on an engine that holds `model` (OpenAI-compatible; `stream` for SSE)."""

@@ -40,6 +40,15 @@ def parse_head(body: bytes) -> RequestHead:
     return head
 
 
+def check_required(head: RequestHead, path: str) -> None:
+    """400 naming the field for a completion without `prompt` or a chat without `messages` (as the engines
+    answer it, and as the router's document says), before any routing or quota work."""
+    chat = path.endswith("/chat/completions")
+    if not len(head.messages if chat else head.prompt):
+        field = "messages" if chat else "prompt"
+        raise InvalidRequestError(f"`{field}` is required.", param=field)
+
+
 def prefix_key(head: RequestHead, chars: int) -> int | None:
     """A hash of the model and the first `chars` bytes of the prompt (or of the messages) as the client
     sent them, or None without one: requests whose prompts start alike share the engine's prefix cache

@@ -44,7 +44,7 @@ from data_plane.router.metrics import RouterMetrics
 from data_plane.router.placement import Placer
 from data_plane.router.proxy import DONE, Proxy, Send, engine_session
 from data_plane.router.quotas import RateLimited
-from data_plane.router.request import adapter_key, parse_head, prefix_key
+from data_plane.router.request import adapter_key, check_required, parse_head, prefix_key
 from data_plane.router.table import RoutingTable, TableRefresher
 from data_plane.router.tenancy import UNSERVED, Tenancy, Ticket
 from data_plane.router.tenant_metrics import TenantMetrics
@@ -103,6 +103,7 @@ class RouterService:
             caller = await self.tenancy.caller(authorization, (scope.get("client") or ("",))[0])
             body = await _body(receive, length, self.config.max_request_body_bytes)
             head = parse_head(body)
+            check_required(head, scope["path"])
             model = head.model
             prefix = prefix_key(head, self.config.prefix_chars)
             if caller.tenant is None:  # an operator's static key, or an open router
