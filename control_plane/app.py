@@ -35,6 +35,7 @@ from control_plane.domain.stats.controller import StatsController
 from control_plane.domain.stats.history import HistorySampler
 from control_plane.domain.stats.service import StatsCache
 from control_plane.domain.tenants.controller import TenancyController, TenantController
+from control_plane.domain.tenants.enforcement import enforcing_routers
 from control_plane.domain.tenants.keys import TenantAuth
 from control_plane.domain.tenants.revocations import RevocationPublisher
 from control_plane.engine_client import EngineClient
@@ -51,19 +52,27 @@ logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
 
 
-class Health(msgspec.Struct):
+class TenancyHealth(msgspec.Struct, kw_only=True):
+    enforced: bool  # some router that reported lately requires API keys (tenants' privacy and quotas hold)
+    routers: list[str]  # those routers, by name
+
+
+class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok"]
+    tenancy: TenancyHealth
 
 
 @get("/health", operation_id="health", tags=["system"], opt=route_doc(response=Health, errors=(503,)))
-async def health(db_session: AsyncSession) -> dict[str, str]:
-    """200 while the database answers; 503 (OpenAI-style body) when it does not."""
+async def health(db_session: AsyncSession) -> Health:
+    """200 while the database answers, saying whether tenancy is enforced (by which routers: those that
+    reported lately with --require-api-key); 503 (OpenAI-style body) when the database does not answer."""
     try:
         await db_session.execute(text("SELECT 1"))
+        routers = await enforcing_routers(db_session)
     except Exception as exc:
         logger.warning("health check: database unavailable: %s", type(exc).__name__)
         raise OverloadedError("The control plane's database is unavailable.") from None
-    return {"status": "ok"}
+    return Health(status="ok", tenancy=TenancyHealth(enforced=bool(routers), routers=routers))
 
 
 @get("/metrics", operation_id="metrics", include_in_schema=False)

@@ -45,9 +45,12 @@ STOP_TIMEOUT_S; none is left running.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import redis as redis_client
 
 from control_plane.settings import without_password
 from shared.cpus import available_cpus
@@ -81,7 +85,10 @@ STOP_TIMEOUT_S = 45.0  # above the engine's default --shutdown-timeout-s (30): a
 _SECRETS = ("LORAPLANE_ADMIN_TOKENS", "LORAPLANE_READ_TOKENS", "LORAPLANE_ENGINE_TOKEN", "LORAPLANE_ENGINE_ADMIN_TOKEN",
             "LORAPLANE_ENGINE_CREDENTIALS", "LORAPLANE_ADMIN_TOKEN", "LORAPLANE_CONTROL_PLANE_TOKEN",
             "LORAPLANE_API_KEY", "LORAPLANE_ENGINE_API_KEY", "LORAPLANE_ROUTER_TOKEN", "LORAPLANE_ROUTER_TOKENS",
-            "LORAPLANE_API_KEYS", "LORAPLANE_KEY_PEPPER", "LORAPLANE_KEY_PEPPER_FILE")
+            "LORAPLANE_API_KEYS", "LORAPLANE_KEY_PEPPER", "LORAPLANE_KEY_PEPPER_FILE", "LORAPLANE_REDIS_URL",
+            "LORAPLANE_REDIS_URL_FILE")
+TENANT = "default"  # the tenant of the first key `up --require-api-key` writes
+TENANT_KEY_FILE = STATE_DIR / "tenant-key"
 
 
 class _Stopped(Exception):
@@ -117,6 +124,14 @@ class UpConfig:
                                          "this host's CPUs shared among the engines when there are several; else "
                                          "the engine's own default)")
     log_format: str = log_format_setting()  # of every process of the stack
+    require_api_key: bool = setting(
+        False, flag="--require-api-key", group="tenants",
+        help=f"the router refuses clients without a key and applies tenants' quotas and private adapters; a "
+        f"first key of tenant {TENANT!r} is written to {STATE_DIR}/tenant-key, the demo adapters are public")
+    redis_url: str | None = setting(
+        None, flag="--redis-url", env="LORAPLANE_REDIS_URL", secret=True, metavar="URL", group="tenants",
+        help="the Redis of the quotas and key revocations, with --require-api-key (unset: `up` starts redis-server "
+        "from PATH on a free port of 127.0.0.1, with no persistence, and stops it with the stack)")
 
     __repr__ = settings_repr
 
@@ -179,6 +194,10 @@ class _Launch:
     client_key: str | None  # one of LORAPLANE_API_KEYS, to check the router's model list with
     served: str
     adapters: dict[str, Path]  # demo adapters to load: name -> folder (none with --model)
+    require_api_key: bool = False
+    redis: _Child | None = None  # the redis-server `up` starts (--require-api-key without --redis-url)
+    redis_config: str = ""  # its configuration, on its stdin (the password never on a command line)
+    redis_port: int = 0
 
 
 def engine_thread_flags(engines: int, device: str, engine_threads: int | None, cpus: int) -> list[str]:
@@ -244,9 +263,40 @@ def _launch(args: UpConfig) -> _Launch:
         router_env["LORAPLANE_API_KEYS"] = client_keys
     router_cmd = [*launcher, "router", "--control-plane", cp_url, "--host", host, "--port", str(args.router_port),
                   *log]
+    redis, redis_config, redis_port = None, "", 0
+    if args.require_api_key:
+        router_cmd.append("--require-api-key")
+        redis_url = args.redis_url
+        if redis_url is None:
+            redis, redis_config, redis_port, redis_url = _own_redis(base_env)
+        control_env["LORAPLANE_REDIS_URL"] = router_env["LORAPLANE_REDIS_URL"] = redis_url
     return _Launch(_Child("control plane", control_cmd, control_env), engines,
                    _Child("router", router_cmd, router_env), names, cp_url, f"http://{host}:{args.router_port}",
-                   urls, admin, admin_file, next((k for k in client_keys.split(",") if k), None), served, adapters)
+                   urls, admin, admin_file, next((k for k in client_keys.split(",") if k), None), served, adapters,
+                   args.require_api_key, redis, redis_config, redis_port)
+
+
+def _free_local_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _own_redis(base_env: dict[str, str]) -> tuple[_Child, str, int, str]:
+    """redis-server from PATH on a free port of 127.0.0.1: no persistence (quotas are per minute), its
+    files under STATE_DIR/redis, a password made for this start (in its configuration, read from stdin)."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise SystemExit("loraplane up: --require-api-key needs a Redis for the quotas: no redis-server is on PATH; "
+                         "install one (apt install redis-server, brew install redis) or pass --redis-url URL "
+                         "(or set LORAPLANE_REDIS_URL)")
+    folder = STATE_DIR / "redis"
+    folder.mkdir(parents=True, exist_ok=True)
+    port, password = _free_local_port(), secrets.token_urlsafe(24)
+    config = (f"bind 127.0.0.1\nport {port}\nsave \"\"\nappendonly no\ndir \"{folder.resolve()}\"\n"
+              f"requirepass {password}\nloglevel warning\n")
+    return (_Child("redis", [server, "-"], base_env), config, port,
+            f"redis://:{password}@127.0.0.1:{port}/0")
 
 
 def main(argv: list[str]) -> int:
@@ -280,6 +330,13 @@ def _run(launch: _Launch) -> int:
     cp_url, admin_file = launch.cp_url, launch.admin_file
     auth = {"Authorization": f"Bearer {launch.admin}"}
     with contextlib.ExitStack() as stack:  # unwinds on any exit, _Stopped included: router, engines, control
+        if launch.redis is not None:  # stopped last, after the router
+            redis = stack.enter_context(subprocess.Popen(launch.redis.cmd, env=launch.redis.env, stdin=subprocess.PIPE))
+            stack.callback(_stop, redis)
+            assert redis.stdin is not None
+            redis.stdin.write(launch.redis_config.encode())
+            redis.stdin.close()
+            _wait_for_redis(launch.control.env["LORAPLANE_REDIS_URL"], redis)
         control = stack.enter_context(subprocess.Popen(launch.control.cmd, env=launch.control.env))
         stack.callback(_stop, control)
         _wait(cp_url + "/health", {}, lambda r: True, "control plane", [control])
@@ -291,6 +348,8 @@ def _run(launch: _Launch) -> int:
             return healthy >= set(launch.engine_names)
 
         _wait(cp_url + "/v1/engines", auth, registered, "engines (registering with the control plane)", engines)
+        _forget_old_engines(cp_url, auth, launch.engine_names)
+        tenant_key = _tenant_key(cp_url, auth) if launch.require_api_key else None
         router = stack.enter_context(subprocess.Popen(launch.router.cmd, env=launch.router.env))
         stack.callback(_stop, router)
         for name, folder in launch.adapters.items():
@@ -298,8 +357,11 @@ def _run(launch: _Launch) -> int:
                 "lora_name": name, "lora_path": str(folder), "base_model": launch.served})
             print(f"loraplane up: load {name}: {r.status_code} "
                   f"{[(e['engine'], e['outcome']) for e in r.json().get('engines', [])]}", flush=True)
+        if launch.require_api_key:
+            _make_public(cp_url, auth, list(launch.adapters))
         wanted = {launch.served, *launch.adapters}
-        key = {"Authorization": f"Bearer {launch.client_key}"} if launch.client_key else {}
+        client_key = launch.client_key or tenant_key
+        key = {"Authorization": f"Bearer {client_key}"} if client_key else {}
         _wait(launch.router_url + "/v1/models", key, lambda r: wanted <= {m["id"] for m in r.json()["data"]},
               "router (its routing table)", [router, control, *engines])
         where = f"the admin token is in {admin_file}" if admin_file else "admin token: $LORAPLANE_ADMIN_TOKENS"
@@ -307,6 +369,9 @@ def _run(launch: _Launch) -> int:
               f"  control plane {cp_url} ({where}), engines {', '.join(launch.engine_urls)}\n"
               f"  curl -H \"Authorization: Bearer $(cat {admin_file or '<token>'})\" {cp_url}/v1/lora_adapters",
               flush=True)
+        if tenant_key is not None:
+            print(f"  tenancy on: the router requires a key; tenant {TENANT!r}'s first key is in {TENANT_KEY_FILE}",
+                  flush=True)
         children = [control, router, *engines]
         try:
             while all(p.poll() is None for p in children):
@@ -314,6 +379,69 @@ def _run(launch: _Launch) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _wait_for_redis(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    client = redis_client.Redis.from_url(url, socket_connect_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"loraplane up: redis-server exited with {process.returncode}")
+        with contextlib.suppress(redis_client.RedisError):
+            if client.ping():
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"loraplane up: redis-server was not ready within {timeout_s:.0f}s")
+
+
+def _forget_old_engines(cp_url: str, auth: dict[str, str], names: list[str]) -> None:
+    """Deregister the engines an earlier `up` on this folder started and this one does not (`local` after
+    `--engines 3`, `local-3` after going back to 1): their token files say which names those were."""
+    for path in sorted(STATE_DIR.glob("engine-cp-token*")):
+        name = path.name.removeprefix("engine-cp-token").removeprefix("-") or ENGINE_NAME
+        if name in names:
+            continue
+        r = httpx.delete(f"{cp_url}/v1/engines/{name}", headers=auth, timeout=30)
+        if r.status_code in (200, 404):
+            if r.status_code == 200:
+                print(f"loraplane up: removed engine {name} (started by an earlier `up`, not by this one)", flush=True)
+            path.unlink(missing_ok=True)
+
+
+def _tenant_key(cp_url: str, auth: dict[str, str]) -> str:
+    """Tenant TENANT's first key, from TENANT_KEY_FILE while the control plane still knows it (not revoked,
+    not expired); else a tenant and a key made now (an inference key: the router's), written there."""
+    tenant = f"{cp_url}/v1/tenants/{TENANT}"
+    if TENANT_KEY_FILE.exists():
+        key = TENANT_KEY_FILE.read_text().strip()
+        listed = httpx.get(tenant + "/keys", headers=auth, timeout=30)
+        now = dt.datetime.now(dt.UTC)
+        if listed.status_code == 200 and any(
+                key.startswith(f"lp_{k['key_id']}_") and k["revoked_at"] is None
+                and (k["expires_at"] is None or dt.datetime.fromisoformat(k["expires_at"]) > now)
+                for k in listed.json()["data"]):
+            return key
+    if httpx.get(tenant, headers=auth, timeout=30).status_code == 404:
+        made = httpx.post(f"{cp_url}/v1/tenants", headers=auth, timeout=30,
+                          json={"name": TENANT, "display_name": "made by loraplane up"})
+        if made.status_code != 201:
+            raise SystemExit(f"loraplane up: could not create tenant {TENANT!r}: {made.status_code} {made.text}")
+    made = httpx.post(tenant + "/keys", headers=auth, timeout=30, json={"name": "loraplane-up", "scopes": ["inference"]})
+    if made.status_code != 201:
+        raise SystemExit(f"loraplane up: could not create a key of tenant {TENANT!r}: {made.status_code} {made.text}")
+    TENANT_KEY_FILE.unlink(missing_ok=True)
+    TENANT_KEY_FILE.touch(mode=0o600)
+    TENANT_KEY_FILE.write_text(made.json()["key"])
+    return str(made.json()["key"])
+
+
+def _make_public(cp_url: str, auth: dict[str, str], names: list[str]) -> None:
+    """The demo adapters, while nobody owns them, become public: every tenant's keys may use them."""
+    table = httpx.get(f"{cp_url}/v1/tenancy/adapters", headers=auth, timeout=30).json()["adapters"]
+    for entry in table:
+        if entry["name"] in names and entry["owner"] is None and not entry["public"]:
+            httpx.put(f"{cp_url}/v1/tenancy/adapters/{entry['name']}", headers=auth, timeout=30,
+                      json={"owner": None, "public": True})
 
 
 def _stop(*processes: subprocess.Popen[bytes]) -> None:

@@ -91,6 +91,7 @@ class RouterPresence(msgspec.Struct, kw_only=True):
     running: Count = 0  # requests sent to an engine and not finished, all models
     waiting: Count = 0  # requests held until their adapter is placed
     table_age_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)] | None = None  # since the table was confirmed
+    require_api_key: bool = False  # it refuses clients without a key and applies tenants' quotas
 
 
 class DemandReport(msgspec.Struct, kw_only=True):

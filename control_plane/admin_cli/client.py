@@ -35,6 +35,11 @@ class Reply:
         """An answer with each engine's outcome (a push: load, unload, activate, PATCH), errors included."""
         return isinstance(self.body, dict) and isinstance(self.body.get("engines"), list) and "error" not in self.body
 
+    def warnings(self) -> list[str]:
+        """What a change answered it does not do yet (a tenancy change no router enforces)."""
+        found = self.body.get("warnings") if isinstance(self.body, dict) else None
+        return [str(w) for w in found] if isinstance(found, list) else []
+
     def problem(self) -> str | None:
         """In words, why this is not exit code 0: the server's message, or what the engines did."""
         if self.exit_code == OK:

@@ -24,12 +24,14 @@ class Session:
     json: bool
 
     def finish(self, reply: Reply, show: Callable[[Any], None]) -> int:
-        """Print the answer (as JSON, or with `show` when it is a success or a push's outcome), the
-        problem on stderr, and return the exit code."""
+        """Print the answer (as JSON, or with `show` when it is a success or a push's outcome), its
+        `warnings` and the problem on stderr, and return the exit code."""
         if self.json:
             render.print_json(reply.body)
         elif reply.exit_code != ERROR or reply.pushed:
             show(reply.body)
+        for warning in reply.warnings():
+            click.echo(f"loraplane: warning: {warning}", err=True)
         problem = reply.problem()
         if problem is not None:
             click.echo(f"loraplane: {problem}", err=True)

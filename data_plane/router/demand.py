@@ -33,6 +33,7 @@ class Presence:
     name: str  # empty: the router does not report itself (an embedded router without a name)
     url: str | None
     interval_s: float  # the longest an idle router stays silent
+    require_api_key: bool = False  # reported: the control plane says whether any router enforces tenancy
 
 
 class DemandReporter:
@@ -68,7 +69,8 @@ class DemandReporter:
         age = self.table.age_s()
         return RouterPresence(name=self.presence.name, url=self.presence.url,
                               running=sum(self.balancer.running.values()), waiting=sum(self.placer.waiting.values()),
-                              table_age_s=None if age is None else round(age, 3))
+                              table_age_s=None if age is None else round(age, 3),
+                              require_api_key=self.presence.require_api_key)
 
     async def report(self) -> bool:
         """One report (none when there is nothing to say); whether the control plane took it."""

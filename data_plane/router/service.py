@@ -71,7 +71,8 @@ class RouterService:
         self.placer = Placer(self.table, self.control_plane, self.metrics, timeout_s=config.placement_timeout_s)
         self.reporter = DemandReporter(self.table, self.balancer, self.placer, self.control_plane,
                                        config.demand_interval_s, self.metrics,
-                                       Presence(config.name, config.advertise_url, config.presence_interval_s))
+                                       Presence(config.name, config.advertise_url, config.presence_interval_s,
+                                                config.require_api_key))
         self.proxy = Proxy(self.balancer, self.metrics, engine_api_key=config.engine_api_key,
                            max_attempts=config.max_attempts)
         self.tenancy = Tenancy(config, self.control_plane, TenantMetrics(self.metrics.registry, config.max_model_labels))

@@ -11,7 +11,7 @@ from tests.control_plane.domain.adapters.helpers import audit
 
 
 async def test_health_and_metrics_need_no_token(client: AsyncTestClient) -> None:
-    assert (await client.get("/health")).json() == {"status": "ok"}
+    assert (await client.get("/health")).json() == {"status": "ok", "tenancy": {"enforced": False, "routers": []}}
     await client.get("/v1/lora_adapters", headers=reader())
     body = (await client.get("/metrics")).text
     assert 'loraplane_control_requests_total{method="GET",route="/v1/lora_adapters",status="200"} 1.0' in body

@@ -10,8 +10,11 @@ import datetime as dt
 
 from advanced_alchemy.base import IdentityBase
 from advanced_alchemy.types import DateTimeUTC
-from sqlalchemy import Float, Integer, String, UniqueConstraint
+from sqlalchemy import Boolean, Float, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
+
+# a router reports at least every 5 s by default: one silent for three of those is shown stale
+ROUTER_STALE_AFTER_S = 15.0
 
 
 class RouterInstance(IdentityBase):
@@ -24,5 +27,7 @@ class RouterInstance(IdentityBase):
     running: Mapped[int] = mapped_column(Integer)  # requests it has sent to engines and not finished
     waiting: Mapped[int] = mapped_column(Integer)  # requests it holds until their adapter is placed
     table_age_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # its routing table's age
+    # it refuses clients without a key (--require-api-key): tenants' privacy and quotas hold behind it
+    require_api_key: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     first_seen_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))
     last_seen_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))

@@ -14,6 +14,7 @@ class Router(msgspec.Struct, kw_only=True):
     running: int  # requests it had sent to engines and not finished, at its last report
     waiting: int  # requests it held for a placement, at its last report
     table_age_s: float | None  # how old its routing table was then (None: it had none yet)
+    require_api_key: bool  # it refuses clients without a key: tenants' private adapters and quotas hold
     first_seen_at: dt.datetime
     last_seen_at: dt.datetime
 

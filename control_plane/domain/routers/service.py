@@ -14,12 +14,13 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from control_plane.db.models import RouterInstance
+from control_plane.db.models.router import ROUTER_STALE_AFTER_S
 from control_plane.db.transaction import read
 from control_plane.domain.engines.health import now
 from control_plane.domain.routers import schemas
 from shared.routes import RouterPresence
 
-STALE_AFTER_S = 15.0  # three presence intervals of the router's default 5 s
+STALE_AFTER_S = ROUTER_STALE_AFTER_S
 FORGET_AFTER = dt.timedelta(days=1)
 
 
@@ -33,6 +34,7 @@ async def record_presence(session: AsyncSession, presence: RouterPresence, token
         session.add(row)
     row.token_id, row.url, row.last_seen_at = token_id, presence.url, at
     row.running, row.waiting, row.table_age_s = presence.running, presence.waiting, presence.table_age_s
+    row.require_api_key = presence.require_api_key
     await session.flush()
 
 
@@ -47,7 +49,9 @@ async def list_routers(session: AsyncSession) -> schemas.RouterList:
         found = (await session.scalars(select(RouterInstance).order_by(RouterInstance.name))).all()
         return schemas.RouterList(stale_after_s=STALE_AFTER_S, data=[schemas.Router(
             name=r.name, url=r.url, state=_state(r.last_seen_at, at), running=r.running, waiting=r.waiting,
-            table_age_s=r.table_age_s, first_seen_at=r.first_seen_at, last_seen_at=r.last_seen_at)
+            table_age_s=r.table_age_s, require_api_key=r.require_api_key, first_seen_at=r.first_seen_at,
+            last_seen_at=r.last_seen_at)
             for r in found])
 
     return await read(session, rows, "routers")
+

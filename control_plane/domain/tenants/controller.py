@@ -33,7 +33,6 @@ from shared.tenants import (
     KEYS_PATH,
     REHASH_SUFFIX,
     AccessTable,
-    AdapterAccess,
     KeyRecord,
     RehashRequest,
     TenantName,
@@ -64,16 +63,17 @@ class TenantController(Controller):
 
     @post("/", status_code=201, guards=[admin_guard], operation_id="createTenant",
           opt={"audit_action": "create_tenant",
-               **route_doc(request=schemas.TenantCreate, response=schemas.Tenant, status=201, errors=(400, 409, 413),
+               **route_doc(request=schemas.TenantCreate, response=schemas.TenantChanged, status=201, errors=(400, 409, 413),
                            example={"name": "team-a", "display_name": "Team A",
                                     "limits": {"requests_per_minute": 600, "tokens_per_minute": 100000,
                                                "concurrent_requests": 16, "adapters": 20},
                                     "sources": ["/srv/adapters/team-a", "s3://models/team-a/"]})})
     async def create(self, service: TenantService, principal: Principal,
-                     request: Request[Any, Any, Any]) -> schemas.Tenant:
+                     request: Request[Any, Any, Any]) -> schemas.TenantChanged:
         """Create a tenant with its quotas (requests and tokens per minute, concurrent requests, adapters
         owned; a quota left out is unlimited) and its `sources`, the folder and URL prefixes its admin
-        keys may load from (none: they may only upload files). 409 when the name is taken."""
+        keys may load from (none: they may only upload files). 409 when the name is taken. `warnings` says
+        when no router enforces tenant keys (its quotas then apply to no client yet)."""
         return await service.create(decode_body(await request.body(), schemas.TenantCreate), principal)
 
     @get("/", operation_id="listTenants", opt=route_doc(response=schemas.TenantPage))
@@ -89,13 +89,14 @@ class TenantController(Controller):
 
     @patch("/{tenant:str}", guards=[admin_guard], operation_id="updateTenant",
            opt={"audit_action": "update_tenant",
-                **route_doc(request=schemas.TenantUpdate, response=schemas.Tenant, errors=(400, 404, 413),
+                **route_doc(request=schemas.TenantUpdate, response=schemas.TenantChanged, errors=(400, 404, 413),
                             path_params=_TENANT, example={"limits": {"requests_per_minute": 60}})})
     async def update(self, service: TenantService, principal: Principal, tenant: str,
-                     request: Request[Any, Any, Any]) -> schemas.Tenant:
+                     request: Request[Any, Any, Any]) -> schemas.TenantChanged:
         """Set a tenant's display name, quotas (`limits` replaces them all) and/or `sources` (replaced
         too; an admin token only, as every change here); routers apply new quotas within their key cache
-        TTL (at once where Redis carries the change), new sources hold from the next load."""
+        TTL (at once where Redis carries the change), new sources hold from the next load. `warnings` says
+        when no router enforces tenant keys (its quotas then apply to no client yet)."""
         return await service.update(tenant, decode_body(await request.body(), schemas.TenantUpdate), principal)
 
     @post("/{tenant:str}/keys", status_code=201, guards=[admin_guard], operation_id="createApiKey",
@@ -108,7 +109,8 @@ class TenantController(Controller):
         """Create a key for the tenant: `key` (`lp_<key id>_<secret>`) is in this answer and nowhere else,
         ever (only its HMAC under the server's pepper is kept; 503 without LORAPLANE_KEY_PEPPER). Scopes:
         `inference` (the router) and/or `admin:<tenant>` (this control plane, on the tenant's own adapters
-        and keys)."""
+        and keys). `warnings` says when no router enforces tenant keys (the key's quotas then apply to no
+        client yet)."""
         created = await service.create_key(tenant, decode_body(await request.body(), schemas.ApiKeyCreate), principal)
         return Response(created, status_code=201, headers={"Cache-Control": "no-store"})
 
@@ -177,12 +179,13 @@ class TenancyController(Controller):
     @put(ACCESS_PATH.removeprefix("/v1/tenancy") + "/{name:path}", guards=[admin_guard],
          operation_id="setAdapterAccess",
          opt={"audit_action": "set_adapter_access",
-              **route_doc(request=schemas.AdapterAccessUpdate, response=AdapterAccess, errors=(400, 404, 409, 413),
+              **route_doc(request=schemas.AdapterAccessUpdate, response=schemas.AdapterAccessChanged, errors=(400, 404, 409, 413),
                           path=ACCESS_PATH + "/{name}", path_params={"name": AdapterName},
                           example={"owner": "team-a", "public": False})})
     async def set_access(self, service: TenantService, principal: Principal, name: str,
-                         request: Request[Any, Any, Any]) -> AdapterAccess:
+                         request: Request[Any, Any, Any]) -> schemas.AdapterAccessChanged:
         """Move an adapter to a tenant (`owner`; null: nobody's) and/or make it public to every tenant.
-        409 when the new owner already owns its adapters quota."""
+        409 when the new owner already owns its adapters quota. `warnings` says when no router enforces
+        tenant keys (a private adapter is then still served to every client)."""
         return await service.set_access(name.lstrip("/"), decode_body(await request.body(), schemas.AdapterAccessUpdate),
                                         principal)

@@ -8,7 +8,7 @@ from typing import Annotated
 import msgspec
 
 from control_plane.domain.tenants.sources import MAX_SOURCES
-from shared.tenants import Limits, Scope, TenantName
+from shared.tenants import AdapterAccess, Limits, Scope, TenantName
 
 MAX_SCOPES = 8
 KeyName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern="^[^\\x00]*$")]
@@ -51,6 +51,17 @@ class Tenant(msgspec.Struct, kw_only=True):
     updated_at: dt.datetime
 
 
+Warnings = Annotated[list[str], msgspec.Meta(
+    description="what the change does not do yet, and how to make it (no router enforcing tenant keys); "
+    "empty when nothing stands in its way")]
+
+
+class TenantChanged(Tenant, kw_only=True):
+    """A tenant as created or updated, with what stands in the way of its quotas."""
+
+    warnings: Warnings = msgspec.field(default_factory=list)
+
+
 class TenantPage(msgspec.Struct, kw_only=True):
     data: list[Tenant]
 
@@ -85,6 +96,7 @@ class ApiKeyCreated(msgspec.Struct, kw_only=True):
 
     key: str
     api_key: ApiKey
+    warnings: Warnings = msgspec.field(default_factory=list)
 
 
 class ApiKeyPage(msgspec.Struct, kw_only=True):
@@ -97,3 +109,9 @@ class AdapterAccessUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
 
     owner: TenantName | None
     public: bool = False
+
+
+class AdapterAccessChanged(AdapterAccess, kw_only=True):
+    """PUT /v1/tenancy/adapters/{name}'s answer: the adapter's access, with what stands in its way."""
+
+    warnings: Warnings = msgspec.field(default_factory=list)

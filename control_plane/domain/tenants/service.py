@@ -24,6 +24,7 @@ from control_plane.db.models import Adapter, ApiKey, Tenant
 from control_plane.db.transaction import read, transact
 from control_plane.domain.tenants import schemas
 from control_plane.domain.tenants import sources as tenant_sources
+from control_plane.domain.tenants.enforcement import tenancy_warnings
 from control_plane.domain.tenants.keys import TenantAuth
 from control_plane.domain.tenants.revocations import RevocationPublisher
 from control_plane.uow import Mutation
@@ -96,6 +97,12 @@ async def claim_new(session: AsyncSession, adapter: Adapter, actor: Principal) -
     adapter.owner_tenant_id, adapter.public = tenant.id, False
 
 
+def _routed_quotas(limits: Limits | None) -> bool:
+    """Whether `limits` sets a quota the routers apply (the adapters quota is this control plane's own)."""
+    return limits is not None and any(q is not None for q in (
+        limits.requests_per_minute, limits.tokens_per_minute, limits.concurrent_requests))
+
+
 class TenantService:
     def __init__(self, session: AsyncSession, mutation: Mutation, revocations: RevocationPublisher,
                  auth: TenantAuth) -> None:
@@ -104,7 +111,18 @@ class TenantService:
         self.revocations = revocations
         self.auth = auth
 
-    async def create(self, req: schemas.TenantCreate, actor: Principal) -> schemas.Tenant:
+    async def _warnings(self, needs_routers: bool) -> list[str]:
+        """Warnings of a change that only routers enforcing tenant keys apply (none when it needs none)."""
+        if not needs_routers:
+            return []
+        return await read(self.session, lambda: tenancy_warnings(self.session), "tenancy enforcement")
+
+    async def _changed(self, name: str, limits: Limits | None) -> schemas.TenantChanged:
+        tenant = await self.get(name)
+        return schemas.TenantChanged(**{f: getattr(tenant, f) for f in tenant.__struct_fields__},
+                                     warnings=await self._warnings(_routed_quotas(limits)))
+
+    async def create(self, req: schemas.TenantCreate, actor: Principal) -> schemas.TenantChanged:
         sources = tenant_sources.normalise(req.sources)
 
         async def work(session: AsyncSession, _: Any) -> None:
@@ -115,9 +133,9 @@ class TenantService:
             session.add(tenant)
 
         await self.mutation.run(actor, "create_tenant", req.name, work)
-        return await self.get(req.name)
+        return await self._changed(req.name, req.limits)
 
-    async def update(self, name: str, req: schemas.TenantUpdate, actor: Principal) -> schemas.Tenant:
+    async def update(self, name: str, req: schemas.TenantUpdate, actor: Principal) -> schemas.TenantChanged:
         sources = None if req.sources is None else tenant_sources.normalise(req.sources)
 
         async def work(session: AsyncSession, _: Any) -> None:
@@ -131,7 +149,7 @@ class TenantService:
 
         await self.mutation.run(actor, "update_tenant", name, work)
         await self.revocations.publish(f"tenant:{name}")  # routers fetch its keys' limits again
-        return await self.get(name)
+        return await self._changed(name, req.limits)
 
     async def list(self) -> schemas.TenantPage:
         async def query() -> list[schemas.Tenant]:
@@ -176,7 +194,7 @@ class TenantService:
             return key_view(row, tenant.name)
 
         created = await self.mutation.run(actor, "create_api_key", f"{tenant_name}/{key_id}", work)
-        return schemas.ApiKeyCreated(key=key, api_key=created)
+        return schemas.ApiKeyCreated(key=key, api_key=created, warnings=await self._warnings(_routed_quotas(req.limits)))
 
     async def list_keys(self, tenant_name: str) -> schemas.ApiKeyPage:
         async def query() -> list[schemas.ApiKey]:
@@ -201,7 +219,8 @@ class TenantService:
         await self.revocations.publish(f"key:{key_id}")
         return revoked
 
-    async def set_access(self, name: str, req: schemas.AdapterAccessUpdate, actor: Principal) -> AdapterAccess:
+    async def set_access(self, name: str, req: schemas.AdapterAccessUpdate,
+                         actor: Principal) -> schemas.AdapterAccessChanged:
         async def work(session: AsyncSession, _: Any) -> AdapterAccess:
             adapter = await session.scalar(select(Adapter).where(Adapter.name == name).with_for_update())
             if adapter is None:
@@ -214,7 +233,10 @@ class TenantService:
             adapter.owner_tenant_id, adapter.public = (owner.id if owner else None), req.public
             return AdapterAccess(name=adapter.name, owner=req.owner, public=req.public)
 
-        return await self.mutation.run(actor, "set_adapter_access", name, work)
+        access = await self.mutation.run(actor, "set_adapter_access", name, work)
+        private = access.owner is not None and not access.public  # only routers enforcing keys keep it so
+        return schemas.AdapterAccessChanged(name=access.name, owner=access.owner, public=access.public,
+                                            warnings=await self._warnings(private))
 
     async def tenant_adapters(self, tenant_name: str) -> AccessTable:
         async def query() -> AccessTable:

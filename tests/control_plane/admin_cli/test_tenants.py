@@ -37,6 +37,8 @@ def test_tenants_commands(tmp_path: Path) -> None:
                    "--source", f"{root}/demo-poet/", "--source", "s3://Bucket/team-a/")
         assert made.returncode == 0 and "requests per minute 60" in made.stdout, made.stderr
         assert f"sources: {root}/demo-poet s3://bucket/team-a" in made.stdout
+        # no router requires keys here: the quota reaches no client, and the answer and the CLI say so
+        assert "loraplane: warning: no router" in made.stderr and "--require-api-key" in made.stderr
         refused = cli("create", "team-b", token=READ)
         assert refused.returncode == 2 and "403" in refused.stderr
         key = cli("create-key", "team-a", "--name", "ci", "--scope", "inference", "--tpm", "1000")
@@ -50,8 +52,14 @@ def test_tenants_commands(tmp_path: Path) -> None:
         r = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "demo-poet", "lora_path": str(
             adapters["demo-poet"]), "base_model": "demo"}, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
         assert r.status_code == 200, r.text
+        private = cli("move", "demo-poet", "team-a", "--private")
+        assert private.returncode == 0 and "owner team-a, private" in private.stdout, private.stderr
+        assert "loraplane: warning: no router" in private.stderr and "--require-api-key" in private.stderr
         moved = cli("move", "demo-poet", "team-a", "--public")
         assert moved.returncode == 0 and "owner team-a, public" in moved.stdout, moved.stderr
+        assert "warning" not in moved.stderr  # a public adapter needs no router to stay public
+        health = httpx.get(url + "/health", timeout=10).json()
+        assert health["tenancy"] == {"enforced": False, "routers": []}
         listing = cli("list")
         assert "team-a" in listing.stdout and "tokens per minute 5000" in listing.stdout
         assert "SOURCES" in listing.stdout and "uploads only" in listing.stdout
