@@ -240,3 +240,70 @@ def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path
         assert process.wait(timeout=90) == 0
     finally:
         stop_up(process)
+
+
+def test_up_with_tenancy_starts_redis_writes_a_tenant_key_and_forgets_engines_it_no_longer_runs(
+        tmp_path: Path) -> None:
+    """`up --require-api-key` with no Redis URL: it starts redis-server from PATH (its password on no
+    command line), the router refuses clients without a key, tenant `default`'s first key is in
+    .loraplane/tenant-key (0600) and serves the demo adapters (public), and the control plane's /health
+    names the router that enforces tenancy, so a private move answers no warning. Started again with two
+    engines, it reuses the key and deregisters `local`, the name it no longer runs."""
+    cp_port, router_port = _free_port(), _free_port()
+    cp, router = f"http://127.0.0.1:{cp_port}", f"http://127.0.0.1:{router_port}/v1"
+    state = tmp_path / ".loraplane"
+    request = {"model": "demo-poet", "prompt": "hi", "max_tokens": 2, "temperature": 0}
+    out, err = tmp_path / "up.out", tmp_path / "up.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = start_up(tmp_path, cp_port, _free_ports_in_a_row(2), "--require-api-key", stdout=stdout,
+                           stderr=stderr, router_port=router_port)
+    try:
+        wait_until_up(process, out, err)
+        assert (state / "tenant-key").stat().st_mode & 0o077 == 0
+        key = (state / "tenant-key").read_text().strip()
+        assert key.startswith("lp_") and key not in out.read_text() + err.read_text()
+        auth = {"Authorization": f"Bearer {(state / 'admin-token').read_text().strip()}"}
+        assert httpx.get(router + "/models", timeout=10).status_code == 401
+        tenant = {"Authorization": f"Bearer {key}"}
+        models = {m["id"] for m in httpx.get(router + "/models", headers=tenant, timeout=10).json()["data"]}
+        assert models == {"demo", "demo-pirate", "demo-poet", "demo-short"}
+        r = httpx.post(router + "/completions", headers=tenant, json=request, timeout=60)
+        assert r.status_code == 200, r.text
+        servers = [p for p in descendants(process.pid) if b"redis-server" in _cmdline(p)]
+        assert len(servers) == 1
+        redis_env = environ_of(next(p for p in descendants(process.pid) if role_of(p) == "router"))
+        password = redis_env.split("LORAPLANE_REDIS_URL=redis://:", 1)[1].split("@", 1)[0]
+        assert password and password.encode() not in _cmdline(servers[0])
+
+        deadline = time.monotonic() + 30
+        while not (health := httpx.get(cp + "/health", timeout=10).json())["tenancy"]["enforced"]:
+            assert time.monotonic() < deadline, health
+            time.sleep(0.5)
+        assert health["tenancy"]["routers"] == [f"127.0.0.1:{router_port}"]
+        moved = httpx.put(cp + "/v1/tenancy/adapters/demo-pirate", headers=auth, timeout=10,
+                          json={"owner": "default", "public": False})
+        assert moved.status_code == 200 and moved.json()["warnings"] == [], moved.text
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=90) == 0
+        assert not [p for p in servers if alive(p)]  # the Redis stopped with the stack
+    finally:
+        stop_up(process)
+
+    engine_port = _free_ports_in_a_row(2)
+    with out.open("w") as stdout, err.open("a") as stderr:
+        process = start_up(tmp_path, cp_port, engine_port, "--require-api-key", "--engines", "2", stdout=stdout,
+                           stderr=stderr, router_port=router_port)
+    try:
+        wait_until_up(process, out, err)
+        assert (state / "tenant-key").read_text().strip() == key  # still valid: reused
+        assert "removed engine local " in out.read_text()
+        engines = httpx.get(cp + "/v1/engines", headers=auth, timeout=10).json()["data"]
+        assert sorted(e["name"] for e in engines) == ["local-1", "local-2"]
+        r = httpx.post(router + "/completions", headers=tenant, json=request, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        stop_up(process)
+
+
+def environ_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").replace("\0", "\n")
