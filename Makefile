@@ -27,13 +27,16 @@ $(DEMO_DIR)/config.json: $(STAMP)
 CONTROL_PORT ?= 8080
 ENGINE_PORT ?= 8100
 ENGINES ?= 1
+# REQUIRE_API_KEY=1: tenancy on (loraplane up --require-api-key): the router requires keys, a Redis is
+# started for the quotas (LORAPLANE_REDIS_URL: use that one instead), tenant default's key in .loraplane/tenant-key
+REQUIRE_API_KEY ?=
 
 # the whole stack: the router (the OpenAI API) on PORT, the control plane (SQLite under .loraplane/) on
 # CONTROL_PORT, ENGINES engines on ENGINE_PORT and up registered with it, the demo model and its 3
 # adapters (written on first run) loaded through it
 run: $(STAMP)
 	$(BIN)/loraplane up --demo-dir $(DEMO_DIR) --host $(HOST) --router-port $(PORT) --port $(CONTROL_PORT) \
-		--engine-port $(ENGINE_PORT) --engines $(ENGINES)
+		--engine-port $(ENGINE_PORT) --engines $(ENGINES) $(if $(REQUIRE_API_KEY),--require-api-key)
 
 # just the engine, serving the demo model and its adapters without a control plane
 run-engine: $(STAMP) $(DEMO_DIR)/config.json
