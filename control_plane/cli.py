@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"loraplane control: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, process="control")
     for deprecation in deprecations:
         logger.warning("%s", deprecation)
     if args.command == "db":

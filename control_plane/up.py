@@ -305,7 +305,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"loraplane up: {exc}", file=sys.stderr)
         return 2
-    configure_logging("info", args.log_format)
+    configure_logging("info", args.log_format, process="up")
     if args.model is None and not (args.demo_dir / "adapters" / "demo-short" / "adapter_config.json").exists():
         # a child process: the control plane never imports the engine (it needs the engine extra anyway)
         written = subprocess.run([sys.executable, "-m", "shared.cli", "demo-model", str(args.demo_dir)], check=False)
@@ -347,6 +347,8 @@ def _run(launch: _Launch) -> int:
             healthy = {e["name"] for e in r.json().get("data", []) if e["state"] == "healthy"}
             return healthy >= set(launch.engine_names)
 
+        for url in launch.engine_urls:  # /health first: a routine probe, logged at DEBUG (the listing is not)
+            _wait(url + "/health", {}, lambda r: True, "engines", engines)
         _wait(cp_url + "/v1/engines", auth, registered, "engines (registering with the control plane)", engines)
         _forget_old_engines(cp_url, auth, launch.engine_names)
         tenant_key = _tenant_key(cp_url, auth) if launch.require_api_key else None
@@ -362,6 +364,8 @@ def _run(launch: _Launch) -> int:
         wanted = {launch.served, *launch.adapters}
         client_key = launch.client_key or tenant_key
         key = {"Authorization": f"Bearer {client_key}"} if client_key else {}
+        _wait(launch.router_url + "/health", {},
+              lambda r: r.json()["routing_table"]["models"] >= len(wanted), "router", [router, control, *engines])
         _wait(launch.router_url + "/v1/models", key, lambda r: wanted <= {m["id"] for m in r.json()["data"]},
               "router (its routing table)", [router, control, *engines])
         where = f"the admin token is in {admin_file}" if admin_file else "admin token: $LORAPLANE_ADMIN_TOKENS"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from data_plane.config import ConfigError, EngineConfig
 from shared.errors import LoraplaneError
 from shared.listen import listening_socket
-from shared.logging_setup import LOG_FORMAT_ENV, configure_logging
+from shared.logging_setup import LOG_FORMAT_ENV, LOG_PROCESS_ENV, configure_logging
 from shared.settings import SettingsParser, deprecations, from_args
 
 if TYPE_CHECKING:
@@ -82,8 +82,10 @@ def torchrun_rank() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
-    os.environ[LOG_FORMAT_ENV] = args.log_format  # tensor-parallel ranks are spawned with it
+    process = f"engine[{args.engine_name}]" if getattr(args, "engine_name", None) else "engine"
+    configure_logging(args.log_level, args.log_format, process=process)
+    # the engine-core process and tensor-parallel ranks are spawned with them
+    os.environ[LOG_FORMAT_ENV], os.environ[LOG_PROCESS_ENV] = args.log_format, process
     for deprecation in deprecations(args):
         logger.warning("%s", deprecation)
     try:

@@ -37,7 +37,7 @@ def name_after_bind(config: RouterConfig, port: int) -> None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level, args.log_format, process="router")
     if args.log_level != "debug":  # a line per proxied request and per demand report is no news at INFO
         logging.getLogger("httpx").setLevel(logging.WARNING)
     for deprecation in deprecations(args):

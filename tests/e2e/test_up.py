@@ -6,6 +6,7 @@ the children."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -89,7 +90,7 @@ def stop_up(process: subprocess.Popen) -> None:
         process.wait()
 
 
-ROUTINE = ("/heartbeat", "/metrics", "/health", "/v1/routes")  # traffic logged at DEBUG only
+ROUTINE = ("/heartbeat", "/metrics", "/health", "/v1/routes", "/v1/tenancy/")  # traffic logged at DEBUG only
 
 
 def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
@@ -105,6 +106,7 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
                            router_port=router_port)
     try:
         wait_until_up(process, out, err)
+        ready_at = datetime.datetime.now().astimezone()  # the test's own calls follow
         token_file = tmp_path / ".loraplane" / "admin-token"
         assert token_file.stat().st_mode & 0o077 == 0
         token = token_file.read_text().strip()
@@ -172,12 +174,21 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
     assert not [name for name, value in secrets.items() if value in printed]  # no secret in any process's log
     lines = [json.loads(line) for line in err.read_text().splitlines()]  # every line is one JSON object
     for line in lines:
-        assert {"time", "level", "logger", "message"} <= set(line) <= {"time", "level", "logger", "message",
-                                                                        "exception"}, line
+        assert {"time", "level", "process", "logger", "message"} <= set(line) <= {
+            "time", "level", "process", "logger", "message", "exception"}, line
+    # each line names its process: the four share one stream
+    assert {line["process"] for line in lines} <= {"up", "control", "router", "engine[local]"}
+    assert {"control", "router", "engine[local]"} <= {line["process"] for line in lines}
     loggers = {line["logger"] for line in lines}
     # every process's libraries log through the one handler: uvicorn (every server), alembic (the control
-    # plane's migrations), httpx (the pushes of the demo adapters), and our own loggers
-    assert {"uvicorn.error", "alembic.runtime.migration", "httpx"} <= loggers, loggers
+    # plane's migrations), and our own loggers
+    assert {"uvicorn.error", "uvicorn.access", "alembic.runtime.migration"} <= loggers, loggers
+    # one line per call: the receiver's access line; what a process sends (httpx) is not logged at INFO
+    assert "httpx" not in loggers, [line for line in lines if line["logger"] == "httpx"][:3]
+    # up's readiness polls wait on the routine probes first: its listings are asked a few times at most
+    polls = [line for line in lines if datetime.datetime.fromisoformat(line["time"]) < ready_at
+             and ("GET /v1/engines " in line["message"] or "GET /v1/models " in line["message"])]
+    assert len(polls) <= 4, polls
     assert any(name.startswith(("loraplane", "data_plane", "control_plane")) for name in loggers), loggers
     # the control plane, the engine and the router
     assert sum(line["message"].startswith("Started server process") for line in lines) == 3
@@ -303,6 +314,11 @@ def test_up_with_tenancy_starts_redis_writes_a_tenant_key_and_forgets_engines_it
         assert r.status_code == 200, r.text
     finally:
         stop_up(process)
+    # the router's tenancy polls (every second) are routine: not at INFO; every text line names its process
+    text = err.read_text().splitlines()
+    assert not [line for line in text if " INFO " in line and "GET /v1/tenancy/" in line]
+    assert {"control", "router", "engine[local-1]", "engine[local-2]"} <= {
+        line.split()[2] for line in text if len(line.split()) > 2 and line.split()[1] == "INFO"}
 
 
 def environ_of(pid: int) -> str:

@@ -52,9 +52,29 @@ def test_text_and_json_carry_the_same_fields() -> None:
 
 @pytest.mark.parametrize(("path", "routine"), [
     ("/health", True), ("/metrics", True), ("/v1/engines/e1/heartbeat", True), ("http://h:1/metrics?x=1", True),
+    ("/v1/tenancy/adapters", True), ("/v1/tenancy/keys/0123456789ab", True),
     ("/v1/load_lora_adapter", False), ("/healthz", False), ("/v1/engines/register", False)])
 def test_routine_paths(path: str, routine: bool) -> None:
     assert is_routine(path) is routine
+
+
+def test_a_change_of_tenancy_is_no_routine() -> None:
+    assert not is_routine("/v1/tenancy/adapters/demo-poet", "PUT")
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_every_line_names_its_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for log_format in ("json", "text"):
+        stream = io.StringIO()
+        configure_logging("info", log_format, stream=stream, process="engine[local-1]")
+        logging.getLogger("loraplane.test").warning("hello")
+        line = stream.getvalue().strip()
+        assert (json.loads(line)["process"] if log_format == "json" else line.split()[2]) == "engine[local-1]"
+    monkeypatch.setenv("LORAPLANE_LOG_PROCESS", "engine[e2]")  # an engine's child processes inherit it
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    logging.getLogger("loraplane.test").warning("hello")
+    assert json.loads(stream.getvalue())["process"] == "engine[e2]"
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -83,10 +103,10 @@ def test_httpx_routine_requests_are_debug(server: str) -> None:
     with httpx.Client() as client:
         client.post(server + "/v1/engines/e1/heartbeat")  # routine: hidden at INFO
         client.get(server + "/v1/lora_adapters")  # a poll (a GET sent): hidden
-        client.post(server + "/v1/load_lora_adapter")  # a change: shown
-        client.post(server + "/v1/engines/missing/heartbeat")  # a failed heartbeat: shown
+        client.post(server + "/v1/load_lora_adapter")  # a change: the receiver's access line is its one line
+        client.post(server + "/v1/engines/missing/heartbeat")  # a failed call: shown
     shown = [json.loads(line)["message"] for line in stream.getvalue().splitlines()]
-    assert len(shown) == 2 and "/v1/load_lora_adapter" in shown[0] and "404" in shown[1], shown
+    assert len(shown) == 1 and "404" in shown[0], shown
 
     stream = capture("debug", "json")
     with httpx.Client() as client:
