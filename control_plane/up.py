@@ -5,6 +5,15 @@ loaded through the control plane. Clients use the OpenAI API of the router.
     loraplane up [--engines N] [--demo-dir .demo/model | --model DIR [--served-model-name NAME]]
                  [--router-port 8000] [--port 8080] [--engine-port 8100] [--database-url URL]
                  [--lora-roots DIR ...] [--engine-threads T] [--log-format text|json]
+                 [--require-api-key [--redis-url URL]]
+
+With --require-api-key the router requires client keys (docs/tenants.md#tenancy-under-loraplane-up): `up`
+starts redis-server from PATH on a free port of 127.0.0.1 (a password made per start, in its configuration on
+its stdin; no persistence) unless --redis-url or LORAPLANE_REDIS_URL names one, hands the URL to the control
+plane and the router, makes the demo adapters public while nobody owns them, and keeps tenant `default`'s
+first key in .loraplane/tenant-key (0600; reused while the control plane holds it unrevoked). Engine names an
+earlier `up` in this folder started (its .loraplane/engine-cp-token* files) and this one does not run are
+deregistered.
 
 Engine i listens on --engine-port + i. With more than one engine, the engines share this host's CPUs:
 each gets `--omp-threads-bind nobind` ("auto" would bind every engine's core to the same last CPUs)
