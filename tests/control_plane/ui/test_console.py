@@ -119,6 +119,8 @@ def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:
         expect(row).to_contain_text("healthy")
         expect(row).to_contain_text("demo")
         expect(page.locator("tr[data-router=r1]")).to_contain_text("up")
+        expect(page.locator("tr[data-router=r1] [data-testid=keys]")).to_have_text("open")
+        expect(page.get_by_test_id("tenancy")).to_contain_text("Tenancy is not enforced")
         shot("fleet")
 
         page.click("nav >> text=Adapters")

@@ -1,7 +1,8 @@
-"""The console's URLs in a real browser (Debian's chromium through Playwright) against a real `loraplane
+"""The console's URLs and its Fleet page's tenancy line in a real browser (Debian's chromium through Playwright) against a real `loraplane
 control` process: an adapter's page at its natural address /ui/adapters/NAME (a name holding `/` too) as at
 /ui/adapter?name=NAME; an unknown adapter there, and any unknown page under /ui, is the console's own
-404 page with its navigation, while a 404 outside /ui stays the API's JSON error."""
+404 page with its navigation, while a 404 outside /ui stays the API's JSON error. With a real `loraplane
+router --require-api-key` reporting, the Fleet page says tenancy is enforced there."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
 from tests.e2e.test_control_plane_engines import ADMIN, control_plane
+from tests.e2e.test_tenants import ROUTER_TOKEN, redis_ok, router_process
 from tests.tools import require_tool
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -28,7 +30,9 @@ def test_adapter_pages_at_their_natural_urls_and_friendly_404s(tmp_path: Path) -
     root = tmp_path / "adapters"
     pirate = write_demo_adapters(base, root, names=["demo-pirate"])["demo-pirate"]
     expect.set_options(timeout=TIMEOUT_MS)
-    with control_plane(tmp_path, root) as cp, sync_playwright() as pw:
+    if not redis_ok():
+        pytest.skip("Redis is not running at 127.0.0.1:6379")
+    with control_plane(tmp_path, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN) as cp, sync_playwright() as pw:
         admin = httpx.Client(base_url=cp, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
         for name in ("demo-pirate", "team-a/pirate"):  # registered; no engine holds them
             r = admin.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(pirate)})
@@ -61,5 +65,11 @@ def test_adapter_pages_at_their_natural_urls_and_friendly_404s(tmp_path: Path) -
             assert response.headers["content-type"].startswith("text/html"), url
             expect(page.get_by_role("alert")).to_contain_text(says)
             expect(page.locator("nav")).to_contain_text("Adapters")  # signed in: the console's navigation
+
+        with router_process(cp, f"console-{tmp_path.name}", tmp_path / "router.log", "--router-name", "keyed"):
+            page.goto(cp + "/ui/fleet")
+            expect(page.locator("tr[data-router=keyed] [data-testid=keys]")).to_have_text("required")
+            expect(page.get_by_test_id("tenancy")).to_contain_text("Tenancy is enforced")
+            expect(page.get_by_test_id("tenancy")).to_contain_text("keyed")
         browser.close()
 
