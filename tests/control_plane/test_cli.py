@@ -86,10 +86,10 @@ def test_the_cli_warns_in_the_chosen_format_and_alembic_logs_in_it_too(tmp_path:
     r = control(tmp_path, "--adapter-root", str(tmp_path), "--log-format", "json")
     assert r.returncode == 0, r.stderr
     lines = [json.loads(line) for line in r.stderr.splitlines()]  # every line is one JSON object
-    assert all(set(line) == {"time", "level", "logger", "message"} for line in lines), lines
+    assert all(set(line) == {"time", "level", "process", "logger", "message"} for line in lines), lines
     assert {"level": "WARNING", "logger": "loraplane.control",
             "message": "--adapter-root is deprecated; use --lora-roots DIR… (the same directories)"} in [
-        {k: v for k, v in line.items() if k != "time"} for line in lines]
+        {k: v for k, v in line.items() if k not in ("time", "process")} for line in lines]
     assert any(line["logger"].startswith("alembic") and "upgrade" in line["message"] for line in lines), lines
     r = control(tmp_path, "--lora-roots", str(tmp_path))
     assert r.returncode == 0 and "deprecated" not in r.stderr, r.stderr
