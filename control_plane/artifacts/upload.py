@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import tarfile
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -43,7 +43,8 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-async def receive(request: Request[Any, Any, Any], limit_bytes: int, query: dict[str, str]) -> Upload:
+async def receive(request: Request[Any, Any, Any], limit_bytes: int,
+                  query: Iterable[tuple[str, str]]) -> Upload:
     """The upload's files in a new Spool (the caller closes it) and its fields."""
     content_type, options = multipart.parse_options_header(request.headers.get("content-type", ""))
     upload = Upload(Spool(limit_bytes, param="file"))
@@ -54,7 +55,11 @@ async def receive(request: Request[Any, Any, Any], limit_bytes: int, query: dict
                 raise InvalidRequestError("multipart/form-data without a boundary", param="content-type")
             await _multipart(body, options["boundary"], upload)
         elif content_type in TAR_TYPES:
-            upload.fields = {k: v for k, v in query.items() if k in FIELDS}
+            for key, value in query:
+                if key in FIELDS:
+                    if key in upload.fields:
+                        raise InvalidRequestError(f"query parameter {key!r} is given twice; send it once", param=key)
+                    upload.fields[key] = value
             await _tarball(body, upload.spool)
         else:
             raise InvalidRequestError("send the adapter as multipart/form-data (one part per file) or as a "
@@ -112,6 +117,9 @@ async def _multipart(body: AsyncIterator[bytes], boundary: str, upload: Upload) 
                             writer.finish()
                             writer = None
                         elif part is not None:
+                            if part.name in upload.fields:
+                                raise InvalidRequestError(f"form field {part.name!r} is given twice; send it once",
+                                                          param=part.name)
                             upload.fields[part.name] = text.decode("utf-8", errors="replace")
                         text, part = bytearray(), None
     except multipart.MultipartError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from control_plane.domain.tenants import sources as tenant_sources
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
 from shared.errors import ConflictError, InvalidRequestError, NotFoundError
+from shared.names import name_problem
 
 
 @dataclass
@@ -82,7 +84,7 @@ class AdapterService:
         _refuse_route_names(name)
 
         async def spool() -> Incoming:
-            received = await upload.receive(request, self.settings.max_artifact_bytes, dict(request.query_params))
+            received = await upload.receive(request, self.settings.max_artifact_bytes, request.query_params.multi_items())
             try:
                 req, activate = upload_request(name, received.fields)
                 found = await asyncio.to_thread(received.spool.inspect)
@@ -347,14 +349,24 @@ def upload_request(name: str, fields: dict[str, str]) -> tuple[schemas.AdapterCr
             raise InvalidRequestError(f"{key} must be true or false, not {raw[:16]!r}", param=key)
         return raw in ("true", "1", "yes")
 
-    try:
+    problem = name_problem(name)
+    if problem is not None:
+        raise InvalidRequestError(f"invalid adapter name {name[:64]!r}: {problem}", param="lora_name")
+    try:  # ValidationError is a DecodeError too: the JSON text alone is decoded here, nothing else
         replicas = msgspec.json.decode(fields["replicas"]) if fields.get("replicas", "").strip() else None
-        req = msgspec.convert({"lora_name": name, "lora_path": "upload", "pinned": flag("pinned", False),
-                               "base_model": fields.get("base_model") or None,
-                               "description": fields.get("description"), "replicas": replicas}, schemas.AdapterCreate)
     except msgspec.DecodeError:
         raise InvalidRequestError('replicas must be a JSON object such as {"min": 1, "max": 2}',
                                   param="replicas") from None
+    try:
+        req = msgspec.convert({"lora_name": name, "lora_path": "upload", "pinned": flag("pinned", False),
+                               "base_model": fields.get("base_model") or None,
+                               "description": fields.get("description"), "replicas": replicas}, schemas.AdapterCreate)
     except msgspec.ValidationError as exc:
-        raise InvalidRequestError(f"invalid upload field: {exc}") from None
+        raise InvalidRequestError(f"invalid upload field: {exc}", param=_field_of(exc)) from None
     return req, flag("activate", True)
+
+
+def _field_of(exc: msgspec.ValidationError) -> str | None:
+    """The request field a validation error names (msgspec says `at `$.replicas.min``)."""
+    found = re.search(r"at `\$\.(\w+)", str(exc))
+    return None if found is None else found.group(1)

@@ -245,3 +245,29 @@ async def test_a_client_that_disconnects_mid_upload_leaves_nothing(settings: Con
         assert r.status_code == 200, r.text
     assert await audit(settings.database_url) == [  # a refusal, not an internal error
         ("upload_lora_adapter", "cut", "400 invalid_request_error"), ("upload_lora_adapter", "after", "ok")]
+
+
+@pytest.mark.parametrize("name", ["bad name", ".hidden", "a!b", "x" * 200])
+async def test_an_invalid_name_is_refused_as_a_name_not_as_replicas(client: AsyncTestClient, demo: dict, name: str,
+                                                                    settings: ControlPlaneSettings) -> None:
+    r = await upload(client, name, demo["demo-poet"])
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "lora_name", r.text
+    assert "replicas" not in error["message"] and "name" in error["message"], r.text
+    r = await upload(client, "ok", demo["demo-poet"], replicas='{"min": -1}')  # a bad field names itself
+    assert r.status_code == 400 and r.json()["error"]["param"] == "replicas", r.text
+    await assert_nothing_recorded(settings)
+
+
+async def test_a_field_given_twice_is_a_400(client: AsyncTestClient, demo: dict,
+                                            settings: ControlPlaneSettings) -> None:
+    parts = [("files", (n, data, "application/octet-stream")) for n, data in files_of(demo["demo-poet"]).items()]
+    parts += [("base_model", (None, b"demo")), ("base_model", (None, b"other"))]
+    r = await client.post(f"{ADAPTERS}/twice/versions", headers=admin(), files=parts)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "base_model", r.text
+    assert "twice" in r.json()["error"]["message"], r.text
+    r = await client.post(f"{ADAPTERS}/twice/versions", headers={**admin(), "Content-Type": "application/gzip"},
+                          content=tarball(files_of(demo["demo-poet"])),
+                          params=[("base_model", "demo"), ("base_model", "other")])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "base_model", r.text
+    await assert_nothing_recorded(settings)
