@@ -17,13 +17,14 @@ router (the routing table and its own demand reports).
   client address and per key id (shared/key_checks.py).
 
 401 without a (known) token. Every configured token is compared in constant time, all of them each time,
-so timing tells neither which token nor how much of it matched. The audit trail names a caller by
-`token_id` (a short sha256 prefix), never by the token itself.
+so timing tells neither which token nor how much of it matched. The audit trail names a caller by its
+`actor`, `role:name`, never by the token itself: `admin:ops` for an admin token given as `ops=<token>`,
+`admin:<token id>` (a short sha256 prefix) for one given bare, `engine:<engine name>`,
+`tenant:<tenant>/<key name>` for a tenant key.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,7 +34,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
 
 from control_plane import audit
-from control_plane.settings import ControlPlaneSettings
+from control_plane.settings import ControlPlaneSettings, token_id
 from shared.errors import AuthenticationError, PermissionDeniedError
 from shared.tenants import ADMIN_SCOPE_PREFIX, split_key
 
@@ -47,14 +48,16 @@ class Principal:
     engine: str | None = None  # the engine name an engine token is bound to
     tenant: str | None = None  # a tenant key's tenant
     scopes: frozenset[str] = frozenset()  # a tenant key's scopes
+    name: str = ""  # who the audit trail says acted (the token's or key's name); empty: the token id
+
+    @property
+    def actor(self) -> str:
+        """`role:name`, as audit rows and versions' `created_by` name the caller."""
+        return f"{self.kind}:{self.name or self.token_id}"
 
     @property
     def tenant_admin(self) -> bool:
         return self.tenant is not None and ADMIN_SCOPE_PREFIX + self.tenant in self.scopes
-
-
-def token_id(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def authenticate(authorization: str | None, settings: ControlPlaneSettings) -> Principal:
@@ -72,7 +75,10 @@ def authenticate(authorization: str | None, settings: ControlPlaneSettings) -> P
             found = (kind, engine)
     if found is None:
         raise AuthenticationError("The token is not valid.")
-    return Principal(kind=found[0], token_id=token_id(offered), engine=found[1])
+    kind, engine = found
+    offered_id = token_id(offered)
+    return Principal(kind=kind, token_id=offered_id, engine=engine,
+                     name=engine if engine is not None else settings.token_names.get(offered_id, ""))
 
 
 async def principal_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Principal:
@@ -99,7 +105,7 @@ async def _refuse(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseR
     operation_id = handler.operation_id if isinstance(handler, HTTPRouteHandler) else None
     action = handler.opt.get("audit_action", operation_id or connection.url.path)
     async with state.audit_sessions() as session:
-        row = audit.event(principal.token_id, action, connection.url.path, "403 permission_error")
+        row = audit.event(principal.actor, action, connection.url.path, "403 permission_error")
         await audit.record_alone(session, state.write_gate, row)
     raise PermissionDeniedError(message)
 

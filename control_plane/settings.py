@@ -8,8 +8,10 @@ logs or error messages: repr shows how many tokens there are and the URL with it
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,6 +83,31 @@ def parse_engine_credentials(items: list[str]) -> dict[str, str]:
     return out
 
 
+_TOKEN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+
+
+def token_id(token: str) -> str:
+    """A token's stable short id: a sha256 prefix, useless for recovering the token."""
+    return hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def split_token_names(entries: tuple[str, ...], names: dict[str, str]) -> tuple[str, ...]:
+    """The tokens of `name=token` and bare `token` entries; each name goes into `names` under its
+    token's id. A name is a letter, then up to 63 of letters, digits and `._-`; an entry whose part
+    before the first `=` is no such name (or whose rest is empty, as base64 padding) is a bare token."""
+    tokens = []
+    for entry in entries:
+        name, sep, token = entry.partition("=")
+        if sep and token and _TOKEN_NAME.fullmatch(name):
+            if name in names.values() and names.get(token_id(token)) != name:
+                raise ValueError(f"two tokens are named {name!r}; give each token its own name")
+            names[token_id(token)] = name
+            tokens.append(token)
+        else:
+            tokens.append(entry)
+    return tuple(tokens)
+
+
 ENGINES, REPLICAS, ARTIFACTS, TENANTS = "engines", "replicas and scaling", "artifacts", "tenants and keys"
 
 
@@ -97,9 +124,11 @@ class ControlPlaneSettings:
         help="sqlite+aiosqlite:///… or postgresql+asyncpg://… (sqlite:// and postgresql:// are mapped to those "
         "drivers; default: an SQLite file, .loraplane/control.db under the current directory)")
     admin_tokens: tuple[str, ...] = setting((), env="LORAPLANE_ADMIN_TOKENS", secret=True,
-                                            help="tokens of the admin role, comma-separated (every call)")
+                                            help="tokens of the admin role, comma-separated (every call); an entry "
+                                            "name=token names its token in the audit trail (admin:name)")
     read_tokens: tuple[str, ...] = setting((), env="LORAPLANE_READ_TOKENS", secret=True,
-                                           help="tokens of the read role, comma-separated (the GET calls)")
+                                           help="tokens of the read role, comma-separated (the GET calls); "
+                                           "name=token entries as for the admin tokens")
     adapter_roots: tuple[str, ...] = setting(
         (), flag="--lora-roots", env="LORAPLANE_LORA_ROOTS", metavar="DIR", separators="," + os.pathsep,
         aliases=(Alias("--adapter-root", "the same directories"), Alias("LORAPLANE_ADAPTER_ROOTS")),
@@ -148,7 +177,7 @@ class ControlPlaneSettings:
     router_tokens: tuple[str, ...] = setting(
         (), env="LORAPLANE_ROUTER_TOKENS", secret=True,
         help="tokens of routers, comma-separated: they may read routes, report demand and ask for placements, "
-        "nothing else")
+        "nothing else; name=token entries as for the admin tokens")
     default_min_replicas: int = setting(
         1, flag="--default-min-replicas", env="LORAPLANE_DEFAULT_MIN_REPLICAS", group=REPLICAS, metavar="N",
         help="engines holding an adapter that sets no replicas.min")
@@ -201,15 +230,19 @@ class ControlPlaneSettings:
                                           help="the window over which failed tenant-key attempts are counted")
     log_level: str = log_level_setting()
     log_format: str = log_format_setting()
+    # filled from the `name=token` entries of the token lists (token id -> name); no flag, no variable
+    token_names: Mapping[str, str] = setting(default_factory=dict, parse=dict,
+                                             help="the tokens' names, by token id, as the audit trail shows them")
 
     __repr__ = __str__ = settings_repr  # tokens, secrets and the database password hidden
 
     def __post_init__(self) -> None:
         self.log_level = self.log_level.lower()
         check_choices(self)
-        self.admin_tokens = tuple(self.admin_tokens)
-        self.read_tokens = tuple(self.read_tokens)
-        self.router_tokens = tuple(self.router_tokens)
+        self.token_names = dict(self.token_names)
+        self.admin_tokens = split_token_names(tuple(self.admin_tokens), self.token_names)
+        self.read_tokens = split_token_names(tuple(self.read_tokens), self.token_names)
+        self.router_tokens = split_token_names(tuple(self.router_tokens), self.token_names)
         self.adapter_roots = tuple(str(Path(r).expanduser().resolve()) for r in self.adapter_roots)
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")

@@ -3,8 +3,9 @@
 `Mutation.run` is how every service changes state:
 - `prepare` (optional) runs first, outside any transaction: slow checks such as reading adapter files;
 - `work(session)` then runs in control_plane.db.transaction.transact (under the write gate, retried on lost
-  races, deadlocks and connections that broke before the commit); the audit row is added and everything
-  commits together;
+  races, deadlocks and connections that broke before the commit); the audit row (its actor `role:name`,
+  control_plane.auth) is added, unless `changed` says the work changed nothing, and everything commits
+  together;
 - a refusal (LoraplaneError) rolls everything back, then records only the audit row with the outcome.
 """
 
@@ -36,10 +37,12 @@ class Mutation:
         self, actor: Principal, action: str, target: str,
         work: Callable[[AsyncSession, P], Awaitable[T]],
         prepare: Callable[[], Awaitable[P]] | None = None,
+        changed: Callable[[T], bool] | None = None,
     ) -> T:
+        """`changed(result)` False: the work changed nothing, and no `ok` row is recorded (a refusal still is)."""
         try:
             prepared = await prepare() if prepare is not None else None
-            result = await self._transact(actor, action, target, work, prepared)  # type: ignore[arg-type]
+            result = await self._transact(actor, action, target, work, prepared, changed)  # type: ignore[arg-type]
         except LoraplaneError as exc:
             await self._record_refusal(actor, action, target, f"{exc.status_code} {exc.error_type}")
             raise
@@ -50,10 +53,12 @@ class Mutation:
         return result
 
     async def _transact(self, actor: Principal, action: str, target: str,
-                        work: Callable[[AsyncSession, P], Awaitable[T]], prepared: P) -> T:
+                        work: Callable[[AsyncSession, P], Awaitable[T]], prepared: P,
+                        changed: Callable[[T], bool] | None) -> T:
         async def audited(session: AsyncSession) -> T:
             result = await work(session, prepared)
-            session.add(audit.event(actor.token_id, action, target, "ok"))
+            if changed is None or changed(result):
+                session.add(audit.event(actor.actor, action, target, "ok"))
             return result
 
         return await transact(self.session, self.gate, audited, what=f"{action} on {target!r}",
@@ -61,4 +66,4 @@ class Mutation:
 
     async def _record_refusal(self, actor: Principal, action: str, target: str, outcome: str) -> None:
         self.metrics.mutations.labels(action, outcome).inc()
-        await audit.record_alone(self.session, self.gate, audit.event(actor.token_id, action, target, outcome))
+        await audit.record_alone(self.session, self.gate, audit.event(actor.actor, action, target, outcome))

@@ -15,7 +15,7 @@ HELP = "The audit trail, newest first: every mutating call, done or refused (GET
 
 @click.command(help=HELP)
 @click.option("--adapter", help="rows on this adapter (its name, or name@version)")
-@click.option("--actor", help="a token id, as the rows name it")
+@click.option("--actor", help="the caller, as the rows name it (role:name, e.g. admin:ops)")
 @click.option("--action", help="e.g. load_lora_adapter, pin_lora_adapter, drain_engine")
 @click.option("--since", help="at or after this time (ISO 8601, e.g. 2026-01-31T12:00:00Z; no offset: UTC)")
 @click.option("--limit", type=int, default=50, show_default=True)

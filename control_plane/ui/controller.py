@@ -161,7 +161,7 @@ class ConsoleController(Controller):
         session = codec.read(request.cookies.get(COOKIE))
         if session is None:
             return Redirect("/ui/login", status_code=303)
-        filters = {"adapter": adapter[:256], "actor": actor[:32], "action": action[:64]}
+        filters = {"adapter": adapter[:256], "actor": actor[:256], "action": action[:64]}
         try:
             trail = await audit.page(AuditQuery(limit=pages.AUDIT_PER_PAGE, offset=max(0, offset),
                                                 adapter=filters["adapter"] or None, actor=filters["actor"] or None,
@@ -185,7 +185,7 @@ class ConsoleController(Controller):
                             "reload the page and try again.", session)
         if not session.can_act:  # audited, as the API's admin guard audits a read token's attempt
             async with state.audit_sessions() as db:
-                row = audit.event(session.token_id, f"console_{form.get('action', '')[:40]}",
+                row = audit.event(session.principal.actor, f"console_{form.get('action', '')[:40]}",
                                   form.get("name", "")[:256] or request.url.path, "403 permission_error")
                 await audit.record_alone(db, state.write_gate, row)
             return _refused("Changing adapters needs an admin token; you signed in with a read token.", session)

@@ -33,10 +33,11 @@ class ConsoleSession:
     token_id: str
     csrf: str  # every form and htmx request sends it back; a cross-site page cannot read it
     expires: int  # unix seconds
+    name: str = ""  # the token's name (LORAPLANE_ADMIN_TOKENS' name=token), as audit rows name the caller
 
     @property
     def principal(self) -> Principal:
-        return Principal(kind=self.kind, token_id=self.token_id)
+        return Principal(kind=self.kind, token_id=self.token_id, name=self.name)
 
     @property
     def can_act(self) -> bool:
@@ -69,8 +70,10 @@ class SessionCodec:
         return found
 
     def issue(self, kind: Role, offered: str) -> tuple[ConsoleSession, str]:
-        session = ConsoleSession(kind=kind, token_id=token_id(offered), csrf=secrets.token_urlsafe(24),
-                                 expires=int(time.time()) + MAX_AGE_S)
+        offered_id = token_id(offered)
+        session = ConsoleSession(kind=kind, token_id=offered_id, csrf=secrets.token_urlsafe(24),
+                                 expires=int(time.time()) + MAX_AGE_S,
+                                 name=self._settings.token_names.get(offered_id, ""))
         payload = base64.urlsafe_b64encode(json.dumps(session.__dict__, separators=(",", ":")).encode()).decode()
         return session, f"{payload}.{self._sign(payload)}"
 

@@ -37,8 +37,8 @@ class AdapterVersion(IdentityBase):
     target_modules: Mapped[list[str]] = mapped_column(JsonB, default=list)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True), default=_now)
-    # who registered it: `<role>:<token id>` as audit rows name actors (None: made before revision 0006)
-    created_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # who registered it: `<role>:<name>` as audit rows name actors (None: made before revision 0006)
+    created_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
     def as_description(self) -> AdapterDescription:
         return AdapterDescription(sha256=self.sha256, rank=self.rank, alpha=self.alpha,

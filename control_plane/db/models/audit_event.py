@@ -1,7 +1,7 @@
 """audit_events: one row per mutating admin call, whether it succeeded or was refused.
 
-`actor` is a short sha256 prefix of the bearer token: enough to tell tokens apart in an audit, useless
-for recovering the token.
+`actor` is the caller's role and its token's or key's name (`admin:ops`); a token given without a name is
+named by a short sha256 prefix of it: enough to tell tokens apart in an audit, useless for recovering it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _now() -> dt.datetime:
 class AuditEvent(IdentityBase):
     __tablename__ = "audit_events"
 
-    actor: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(256))
     action: Mapped[str] = mapped_column(String(64))
     target: Mapped[str] = mapped_column(String(256))
     outcome: Mapped[str] = mapped_column(String(64))

@@ -126,7 +126,7 @@ class AdapterService:
                     select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id))
                 version = AdapterVersion(
                     **msgspec.structs.asdict(found.description), adapter_id=adapter.id, number=(last or 0) + 1,
-                    uri=found.path, created_by=f"{actor.kind}:{actor.token_id}")
+                    uri=found.path, created_by=actor.actor)
                 session.add(version)
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
             await blobs.reference(session, self.store, version.id, files.files.values())

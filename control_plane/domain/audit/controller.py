@@ -37,7 +37,8 @@ class AuditController(Controller):
         # not Optional: Litestar documents `X | None` as a oneOf whose constraints sit beside it
         adapter: Annotated[str, Parameter(max_length=256, pattern=_NO_NUL, description="rows on this adapter (its name, or "
                                           "name@version); empty: any")] = "",
-        actor: Annotated[str, Parameter(max_length=32, pattern=_NO_NUL, description="a token id as the rows name it")] = "",
+        actor: Annotated[str, Parameter(max_length=256, pattern=_NO_NUL, description="the caller as the rows name "
+                                        "it: role:name, e.g. admin:ops or engine:local-1")] = "",
         action: Annotated[str, Parameter(max_length=64, pattern=_NO_NUL, description="e.g. load_lora_adapter")] = "",
         # a string checked here (the framework's datetime would take a bare number, since=0.5, as a time);
         # Optional, as a default "" would have to pass min_length: left out is any time, since= a 400
@@ -46,7 +47,8 @@ class AuditController(Controller):
                                         description="rows at or after this time (RFC 3339, with its offset)")] = None,
     ) -> schemas.AuditPage:
         """A page of the audit trail, newest first: every mutating call, done or refused, with its actor
-        (a short sha256 prefix of the token, never the token), action, target and outcome; filtered by
+        (`role:name`: the token's or key's name, else a short sha256 prefix of the token; never the token),
+        action, target and outcome; filtered by
         adapter, actor, action and time (400 for a time that is not RFC 3339)."""
         query = AuditQuery(limit=limit, offset=offset, adapter=adapter or None, actor=actor or None,
                            action=action or None, since=as_utc(parse_time(since or "", "since")))

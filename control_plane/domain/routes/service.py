@@ -94,7 +94,8 @@ class RoutesService:
                       for o in await self.planner.ensure_placed(session, adapters[name])]
             return orders, [name for name in names if name not in adapters]
 
-        orders, unknown = await self.mutation.run(actor, "place_adapters", ", ".join(names)[:_AUDIT_TARGET], place)
+        orders, unknown = await self.mutation.run(actor, "place_adapters", ", ".join(names)[:_AUDIT_TARGET], place,
+                                                  changed=lambda result: bool(result[0]))  # audited when placed
         await self.pusher.push(orders)  # records each engine's answer, as after a load
 
         async def placed() -> DemandAnswer:

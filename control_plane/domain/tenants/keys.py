@@ -90,7 +90,8 @@ class TenantAuth:
                 raise AuthenticationError(_INVALID, code="invalid_api_key")
             if not await self._verify(key, secret, client):
                 raise InvalidKeyError(_INVALID)
-        principal = Principal(kind="tenant", token_id=f"key:{key_id}", tenant=tenant, scopes=frozenset(key.scopes))
+        principal = Principal(kind="tenant", token_id=f"key:{key_id}", tenant=tenant, scopes=frozenset(key.scopes),
+                              name=f"{tenant}/{key.name}")
         if len(self._cache) >= _MAX_CACHED:
             self._cache.clear()
         self._cache[key_id] = _Verified(digest, principal, expires_at, now)

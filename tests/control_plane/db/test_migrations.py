@@ -23,7 +23,7 @@ from tests.control_plane.conftest import create_pg_database, drop_pg_database
 
 TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events", "artifact_blobs", "version_files",
           "demand_reports", "stats_samples", "routers", "tenants", "api_keys"}
-HEAD = "0011_router_require_api_key"
+HEAD = "0012_actor_names"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -47,7 +47,7 @@ def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cp_
 @pytest.fixture
 async def cp(settings, engines: list[EngineServer], cp_port: int) -> AsyncIterator[httpx.AsyncClient]:
     settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials(),
-                                   router_tokens=(ROUTER_TOKEN,))
+                                   router_tokens=(f"edge={ROUTER_TOKEN}",))  # a named token
     async with served_control_plane(settings, cp_port) as c:
         await register_pair(c, engines, admin())
         yield c
@@ -160,6 +160,12 @@ async def test_place_loads_an_unplaced_adapter_and_demand_is_recorded(
     again = msgspec.json.decode((await cp.post(DEMAND_PATH, json={"place": ["wanted"]}, headers=ROUTER)).content,
                                 type=DemandAnswer)
     assert [h.engine for h in again.placed[0].holders] == [e for e, _ in placed]
+    # audited under the router token's name, and only the call that placed something
+    trail = (await cp.get("/v1/audit", params={"action": "place_adapters"}, headers=admin())).json()["data"]
+    assert [(e["actor"], e["target"], e["outcome"]) for e in trail] == [("router:edge", "wanted, nope", "ok")]
+    r = await cp.post(DEMAND_PATH, json={"place": ["nope"]}, headers=ROUTER)  # nothing to place: no row
+    assert r.status_code == 200 and r.json()["unknown"] == ["nope"], r.text
+    assert (await cp.get("/v1/audit", params={"action": "place_adapters"}, headers=admin())).json()["total"] == 1
     # the figures: one row per registered adapter under this router's source, duplicates added up
     db = create_async_engine(settings.database_url)
     try:
