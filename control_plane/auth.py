@@ -34,7 +34,8 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
 
 from control_plane import audit
-from control_plane.settings import ControlPlaneSettings, token_id
+from control_plane.settings import ControlPlaneSettings
+from control_plane.settings import token_id as token_id  # re-exported: callers name it by auth
 from shared.errors import AuthenticationError, PermissionDeniedError
 from shared.tenants import ADMIN_SCOPE_PREFIX, split_key
 

@@ -97,8 +97,10 @@ class AdapterLoaded(AdapterDescription, kw_only=True):
     created: bool  # False when identical files were registered before: the existing version was reused
     engines: list[EngineOutcome]
     # set when no engine could take it yet (none serves its base model, or none is healthy): it is placed
-    # as soon as one registers or recovers
+    # as soon as one registers or recovers; or when every engine refused it, so the version active
+    # before stays active
     warning: str | None = None
+    active_version: int | None = None  # the adapter's active version after the call (None: not activated)
 
 
 class AdapterUnloaded(msgspec.Struct, kw_only=True):
@@ -166,6 +168,7 @@ class AdapterUpdated(AdapterDetail, kw_only=True):
 
 class AdapterActivated(AdapterDetail, kw_only=True):
     engines: list[EngineOutcome]
+    warning: str | None = None  # set when every engine refused the version: the one active before stays so
 
 
 class AdapterResolved(msgspec.Struct, kw_only=True):

@@ -30,7 +30,7 @@ from control_plane.domain.placements.planner import (
     PushOrder,
     in_store,
 )
-from control_plane.domain.placements.push import Pusher
+from control_plane.domain.placements.push import EngineOutcome, Pusher
 from control_plane.domain.placements.replicas import ReplicaDefaults, ReplicaRule
 from control_plane.domain.tenants import service as tenant_rules
 from control_plane.domain.tenants import sources as tenant_sources
@@ -111,7 +111,8 @@ class AdapterService:
             await blobs.put_missing(self.store, incoming.spool.files.values(), rewrite=actor.tenant is not None)
             return incoming
 
-        async def work(session: AsyncSession, incoming: Incoming) -> tuple[schemas.AdapterLoaded, list[PushOrder]]:
+        async def work(session: AsyncSession, incoming: Incoming
+                       ) -> tuple[schemas.AdapterLoaded, list[PushOrder], int | None]:
             files, found, req, activate = incoming.spool, incoming.found, incoming.req, incoming.activate
             adapter = await self._adapter_for_load(session, req, found)
             await _refuse_base_model_names(session, adapter)
@@ -131,7 +132,7 @@ class AdapterService:
                 await session.flush()  # a concurrent twin fails here on the unique (adapter, sha256)
             await blobs.reference(session, self.store, version.id, files.files.values())
             orders: list[PushOrder] = []
-            warning = None
+            warning, previous = None, adapter.active_version_id
             if activate:
                 adapter.active_version_id = version.id
                 desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
@@ -140,10 +141,11 @@ class AdapterService:
                     warning = await self._unplaced_warning(session, adapter)
             return schemas.AdapterLoaded(
                 **msgspec.structs.asdict(version.as_description()), name=adapter.name, version=version.number,
-                created=created, engines=[], warning=warning), orders
+                created=created, engines=[], warning=warning,
+                active_version=version.number if activate else None), orders, previous if activate and previous != version.id else None
 
         try:
-            loaded, orders = await self.mutation.run(actor, action, name, work, prepare)
+            loaded, orders, previous = await self.mutation.run(actor, action, name, work, prepare)
         except Exception:
             for s in spooled:  # its files may be in the store by now: those no version lists go again
                 await removal.discard_spooled(self.session, self.mutation.gate, self.store, s.files.values())
@@ -152,7 +154,33 @@ class AdapterService:
             for s in spooled:
                 s.close()
         loaded.engines = await self.pusher.push(orders)
+        if previous is not None and refused_everywhere(orders, loaded.engines):
+            kept = await self._keep_previous(name, loaded.version, previous, actor)
+            if kept is not None:
+                loaded.active_version, loaded.warning = kept, _kept_warning(loaded.version, kept)
         return loaded
+
+    async def _keep_previous(self, name: str, refused: int, previous_id: int, actor: Principal) -> int | None:
+        """Version `refused` was made active and no engine could load it: make the version that was
+        active before it (`previous_id`) the active one again, on the engines that hold the adapter
+        (audited as keep_active_version). Its number; None when another call changed the active version
+        meanwhile, or the previous one is gone."""
+        async def work(session: AsyncSession, _: Any) -> tuple[int, list[PushOrder]] | None:
+            adapter = await queries.require_adapter(session, name, for_update=True)
+            active = await session.get(AdapterVersion, adapter.active_version_id) if adapter.active_version_id else None
+            kept = await session.get(AdapterVersion, previous_id)
+            if active is None or active.number != refused or kept is None or kept.adapter_id != adapter.id:
+                return None
+            adapter.active_version_id = kept.id
+            return kept.number, await self.planner.switch(session, adapter, kept)
+
+        done = await self.mutation.run(actor, "keep_active_version", name, work,
+                                       changed=lambda result: result is not None)
+        if done is None:
+            return None
+        number, orders = done
+        await self.pusher.push(orders)
+        return number
 
     async def _unplaced_warning(self, session: AsyncSession, adapter: Adapter) -> str | None:
         """In words, why a load reached no engine, when the reason is that none can take it yet."""
@@ -225,19 +253,27 @@ class AdapterService:
         return schemas.AdapterUnloaded(name=req.lora_name, engines=await self.pusher.push(orders))
 
     async def activate(self, name: str, req: schemas.AdapterActivate, actor: Principal) -> schemas.AdapterActivated:
-        async def work(session: AsyncSession, _: Any) -> list[PushOrder]:
+        """Make version `req.version` the active one; when every engine holding the adapter refuses it,
+        the version active before stays so (the answer's `warning` says so)."""
+        async def work(session: AsyncSession, _: Any) -> tuple[list[PushOrder], int | None]:
             adapter = await queries.require_adapter(session, name, for_update=True)
             version = await session.scalar(select(AdapterVersion).where(
                 AdapterVersion.adapter_id == adapter.id, AdapterVersion.number == req.version))
             if version is None:
                 raise NotFoundError(f"adapter {name!r} has no version {req.version}", param="version")
+            previous = adapter.active_version_id
             adapter.active_version_id = version.id
-            return await self.planner.switch(session, adapter, version)
+            return await self.planner.switch(session, adapter, version), previous if previous != version.id else None
 
-        orders = await self.mutation.run(actor, "activate_lora_adapter", f"{name}@{req.version}", work)
+        orders, previous = await self.mutation.run(actor, "activate_lora_adapter", f"{name}@{req.version}", work)
         engines = await self.pusher.push(orders)
+        warning = None
+        if previous is not None and refused_everywhere(orders, engines):
+            kept = await self._keep_previous(name, req.version, previous, actor)
+            warning = None if kept is None else _kept_warning(req.version, kept)
         detail = await self.get(name)
-        return schemas.AdapterActivated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines)
+        return schemas.AdapterActivated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines,
+                                        warning=warning)
 
     async def delete(self, name: str, actor: Principal) -> schemas.AdapterDeleted:
         """Remove an adapter and all its versions (409 while an engine should hold it), then its blobs."""
@@ -370,3 +406,14 @@ def _field_of(exc: msgspec.ValidationError) -> str | None:
     """The request field a validation error names (msgspec says `at `$.replicas.min``)."""
     found = re.search(r"at `\$\.(\w+)", str(exc))
     return None if found is None else found.group(1)
+
+
+def refused_everywhere(orders: list[PushOrder], outcomes: list[EngineOutcome]) -> bool:
+    """Loads were sent, and not one engine loaded the version."""
+    loads = [outcome for order, outcome in zip(orders, outcomes, strict=True) if order.action == "load"]
+    return bool(loads) and all(outcome.outcome == "failed" for outcome in loads)
+
+
+def _kept_warning(refused: int, kept: int) -> str:
+    return (f"no engine could load version {refused} (see engines[].error), so version {kept} stays active; "
+            f"fix the files and send them again, or activate version {refused} when the engines can load it")

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import json
 import socket
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -270,4 +272,38 @@ async def test_a_field_given_twice_is_a_400(client: AsyncTestClient, demo: dict,
                           content=tarball(files_of(demo["demo-poet"])),
                           params=[("base_model", "demo"), ("base_model", "other")])
     assert r.status_code == 400 and r.json()["error"]["param"] == "base_model", r.text
+    await assert_nothing_recorded(settings)
+
+
+def _with_header(weights: bytes, edit: Callable[[dict], None], data_cut: int = 0) -> bytes:
+    """The safetensors file with its header edited by `edit` and `data_cut` bytes taken off its data's end."""
+    n = int.from_bytes(weights[:8], "little")
+    header = json.loads(weights[8:8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    data = weights[8 + n:]
+    return len(raw).to_bytes(8, "little") + raw + data[:len(data) - data_cut]
+
+
+def _overlap(header: dict) -> None:
+    """The second tensor's data starts inside the first one's (its size unchanged)."""
+    first, second = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])[:2]
+    begin, end = header[second]["data_offsets"]
+    header[second]["data_offsets"] = [begin - 2, end - 2]
+
+
+@pytest.mark.parametrize(("case", "cause"), [("short", "past the end of the file's data"),
+                                             ("overlap", "no gap or overlap")])
+async def test_tensor_data_offsets_are_checked_at_upload(client: AsyncTestClient, demo: dict, case: str, cause: str,
+                                                         settings: ControlPlaneSettings) -> None:
+    """The data, not only the header: data cut short, or two tensors' bytes overlapping, is a 400 naming
+    the tensor before anything is recorded (an engine would refuse it, or read wrong weights)."""
+    files = files_of(demo["demo-poet"])
+    weights = (_with_header(files[WEIGHTS], lambda h: None, data_cut=4) if case == "short"
+               else _with_header(files[WEIGHTS], _overlap))
+    parts = [("files", (CONFIG, files[CONFIG], "application/json")),
+             ("files", (WEIGHTS, weights, "application/octet-stream"))]
+    r = await client.post(f"{ADAPTERS}/offsets/versions", headers=admin(), files=parts, data={"base_model": "demo"})
+    assert r.status_code == 400 and cause in r.json()["error"]["message"], r.text
+    assert "tensor " in r.json()["error"]["message"], r.text
     await assert_nothing_recorded(settings)
