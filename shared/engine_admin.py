@@ -57,12 +57,18 @@ def _unknown_yet(struct: type[msgspec.Struct]) -> type[msgspec.Struct]:
 
 
 # ---- engine replies (engine → control plane) ---------------------------------------------------
+RegistryVersion = Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)]
+
+
 class LoadedAdapter(AdapterDescription, kw_only=True):
-    """Reply of POST /v1/load_lora_adapter: the version now active under `name`."""
+    """Reply of POST /v1/load_lora_adapter: the version now active under `name`. `version` is the
+    control plane registry's version number, when the load came from it (None for a folder loaded
+    directly); `load_generation` is the engine's own count of the contents it loaded under the name."""
 
     name: Text
     id: Count
-    version: Count
+    version: RegistryVersion | None = None
+    load_generation: Count | None = None
     residency: Text | None = None  # device | host | disk
 
 
@@ -94,7 +100,8 @@ class AdapterListing(_PartialAdapterDescription, kw_only=True):
     name: Text
     state: Text  # loading | ready | draining
     id: Count | None = None
-    version: Count | None = None
+    version: RegistryVersion | None = None  # the registry's version (LoadedAdapter)
+    load_generation: Count | None = None
     path: Text | None = None  # may be left out of unauthenticated listings
     residency: Text | None = None
     pinned: bool = False

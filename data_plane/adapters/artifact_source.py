@@ -50,21 +50,23 @@ class ArtifactSource:
         await read_off_loop(self.cache.close)
         await self.cache.fetcher.aclose()
 
-    async def load(self, name: str, ref: ArtifactRef, *, pinned: bool = False, load_inplace: bool = False
-                   ) -> dict[str, Any]:
-        """The registry's load reply for `name` from the version `ref` names."""
+    async def load(self, name: str, ref: ArtifactRef, *, pinned: bool = False, load_inplace: bool = False,
+                   version: int | None = None) -> dict[str, Any]:
+        """The registry's load reply for `name` from the version `ref` names (`version`: the control
+        plane registry's number of it)."""
         try:
-            return await self._load(name, ref, pinned, load_inplace)
+            return await self._load(name, ref, pinned, load_inplace, version)
         except LoRAConflictError as exc:
             if exc.code != "sha256_mismatch":
                 raise
         await self.cache.discard(ref.digest)  # verified once, changed since: fetch again
-        return await self._load(name, ref, pinned, load_inplace)
+        return await self._load(name, ref, pinned, load_inplace, version)
 
-    async def _load(self, name: str, ref: ArtifactRef, pinned: bool, load_inplace: bool) -> dict[str, Any]:
+    async def _load(self, name: str, ref: ArtifactRef, pinned: bool, load_inplace: bool,
+                    version: int | None) -> dict[str, Any]:
         async with self.cache.acquire(ref) as folder:  # held: not evicted before the registry serves it
             return await self.registry.load(name, str(folder), pinned=pinned, load_inplace=load_inplace,
-                                            expected_sha256=ref.digest)
+                                            expected_sha256=ref.digest, version=version)
 
 
 def cache_dir_for(config: EngineConfig) -> tuple[Path, bool]:

@@ -40,7 +40,7 @@ class Residency(enum.StrEnum):
 class AdapterEntry:
     name: str
     adapter_id: int
-    version: int  # how many times this name got new content
+    load_generation: int  # how many times this name got new content on this engine
     path: str  # where its files are re-read from
     description: AdapterDescription
     cache_namespace: int
@@ -54,17 +54,20 @@ class AdapterEntry:
     abort_error: LoraplaneError | None = None  # set when its requests were aborted: they report this
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while in_flight == 0
     reread_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one disk re-read at a time
+    version: int | None = None  # the control plane registry's version number, when it sent the load
 
     def __post_init__(self) -> None:
         self.idle.set()
 
     @classmethod
     def from_weights(
-        cls, name: str, adapter_id: int, version: int, weights: LoRAAdapterWeights, pinned: bool
+        cls, name: str, adapter_id: int, load_generation: int, weights: LoRAAdapterWeights, pinned: bool,
+        version: int | None = None,
     ) -> AdapterEntry:
         return cls(
             name=name,
             adapter_id=adapter_id,
+            load_generation=load_generation,
             version=version,
             path=weights.path,
             description=weights.description,
@@ -80,6 +83,7 @@ class AdapterEntry:
             "name": self.name,
             "id": self.adapter_id,
             "version": self.version,
+            "load_generation": self.load_generation,
             "residency": str(residency),
         }
 

@@ -68,7 +68,7 @@ class LoRARegistry:
         self._active: dict[str, AdapterEntry] = {}  # name -> the READY version new requests get
         self._by_id: dict[int, AdapterEntry] = {}  # every version still known (ready or draining)
         self._loading: dict[str, str] = {}  # name -> path while its files are read
-        self._versions: dict[str, tuple[str, int]] = {}  # name -> (last sha256, version number)
+        self._generations: dict[str, tuple[str, int]] = {}  # name -> (last sha256, load generation)
         self._host = HostCache(max_cpu_loras)
         self._name_lock = KeyedLock()  # serializes load/unload per name
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -104,10 +104,11 @@ class LoRARegistry:
     # ---- load ----------------------------------------------------------------------------------
     async def load(
         self, name: str, path: str, *, pinned: bool = False, load_inplace: bool = False,
-        expected_sha256: str | None = None,
+        expected_sha256: str | None = None, version: int | None = None,
     ) -> dict[str, Any]:
         """Load (or re-declare) `name` from `path`; returns the load reply body. `expected_sha256`: the
-        manifest digest the caller recorded for this version; files that differ are refused, nothing loaded."""
+        manifest digest the caller recorded for this version; files that differ are refused, nothing loaded.
+        `version`: the control plane registry's number of this version, listed as the entry's `version`."""
         _check_name(name, self.base_name)
         async with self._name_lock(name):
             self._loading[name] = path
@@ -124,6 +125,8 @@ class LoRARegistry:
             current = self._active.get(name)
             if current is not None and current.description.sha256 == digest:
                 await self._redeclare(current, weights, pinned)
+                if version is not None:
+                    current.version = version
                 return current.info(self.residency(current))
             if current is not None and not load_inplace:
                 raise LoRAConflictError(
@@ -132,16 +135,19 @@ class LoRARegistry:
                     "replace it",
                     param="lora_name",
                 )
-            entry = AdapterEntry.from_weights(name, next(self._ids), self._next_version(name, weights), weights, pinned)
+            entry = AdapterEntry.from_weights(name, next(self._ids), self._next_generation(name, weights), weights,
+                                              pinned, version)
             if pinned:
                 await self._pin_replacing(entry, current)
-            self._versions[name] = (entry.description.sha256, entry.version)
+            self._generations[name] = (entry.description.sha256, entry.load_generation)
             self._by_id[entry.adapter_id] = entry
             self._active[name] = entry
             self._host.put(entry)
             if current is not None:  # load_inplace: new requests get the new id from here on
                 self._start_retire(current, self.default_drain_timeout_s)
-            logger.info("loaded adapter %s v%d as id %d from %s", name, entry.version, entry.adapter_id, path)
+            logger.info("loaded adapter %s (%s, load generation %d) as id %d from %s", name,
+                        "not from the registry" if version is None else f"version {version}",
+                        entry.load_generation, entry.adapter_id, path)
             return entry.info(self.residency(entry))
 
     async def _redeclare(self, entry: AdapterEntry, weights: LoRAAdapterWeights, pinned: bool) -> None:
@@ -170,8 +176,8 @@ class LoRARegistry:
                 old.pinned = True
             raise
 
-    def _next_version(self, name: str, weights: LoRAAdapterWeights) -> int:
-        last = self._versions.get(name)
+    def _next_generation(self, name: str, weights: LoRAAdapterWeights) -> int:
+        last = self._generations.get(name)
         if last is None:
             return 1
         return last[1] if last[0] == weights.description.sha256 else last[1] + 1

@@ -68,14 +68,16 @@ class ModelResolver:
         try:  # only the recorded bytes: files edited since the version was registered are refused
             if resolved.artifact is not None and self.artifacts is not None:  # fetched by digest, verified
                 path = resolved.artifact.url
-                await self.artifacts.load(name, resolved.artifact, load_inplace=True)
+                await self.artifacts.load(name, resolved.artifact, load_inplace=True, version=resolved.version or None)
             else:
-                await self.registry.load(name, path, load_inplace=True, expected_sha256=resolved.sha256)
+                await self.registry.load(name, path, load_inplace=True, expected_sha256=resolved.sha256,
+                                         version=resolved.version or None)
         except LoraplaneError as exc:
             logger.warning("adapter %s resolved by the control plane cannot be loaded from %s: %s", name, path,
                            exc.message)
             raise
-        logger.info("loaded adapter %s on demand from %s (resolved by the control plane)", name, path)
+        logger.info("loaded adapter %s version %d on demand from %s (resolved by the control plane)", name,
+                    resolved.version, path)
         return True
 
     async def acquire_many(self, name: str, count: int) -> list[Lease]:
@@ -100,12 +102,14 @@ class ModelResolver:
     def cards(self, *, show_paths: bool = True) -> list[dict[str, Any]]:
         """GET /v1/models entries (OpenAI shape plus vLLM's root / parent / max_model_len). `root` is
         where the files lie (as in vLLM) for callers allowed to see the engine's paths; for everyone
-        else it is the model's own name, so an open listing does not map the engine's disk."""
+        else it is the model's own name, so an open listing does not map the engine's disk. An adapter's
+        entry adds `version`: the control plane registry's version number (None: loaded directly)."""
         base_root = self.model_path if show_paths else self.served_model_name
         cards = [self._card(self.served_model_name, self.created, base_root, None)]
         if self.registry is not None:
             cards += [
-                self._card(e.name, int(e.loaded_at), e.path if show_paths else e.name, self.served_model_name)
+                {**self._card(e.name, int(e.loaded_at), e.path if show_paths else e.name, self.served_model_name),
+                 "version": e.version}
                 for e in sorted(self.registry.ready(), key=lambda e: e.name)
             ]
         return cards

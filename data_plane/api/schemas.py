@@ -139,6 +139,8 @@ class ModelCard(msgspec.Struct):
     root: str
     parent: str | None  # the base model's name for an adapter; null for the base model
     max_model_len: int
+    # an adapter's version in the control plane's registry (null: the base model, or loaded directly)
+    version: int | None = None
 
 
 class ModelList(msgspec.Struct):

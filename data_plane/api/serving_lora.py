@@ -47,6 +47,8 @@ class LoadLoRAAdapterRequest(msgspec.Struct):
     # digests what it read and refuses other content with a 409 `sha256_mismatch`, loading nothing.
     expected_sha256: Sha256 | None = None
     artifact: ArtifactRef | None = None
+    # the control plane registry's version number of these files: the engine lists it as `version`
+    version: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)] | None = None
 
 
 class UnloadLoRAAdapterRequest(msgspec.Struct):
@@ -100,7 +102,7 @@ class LoRAService:
         if body.lora_path is not None:
             info = await registry.load(
                 body.lora_name, body.lora_path, pinned=body.pinned, load_inplace=body.load_inplace,
-                expected_sha256=body.expected_sha256,
+                expected_sha256=body.expected_sha256, version=body.version,
             )
         else:
             assert body.artifact is not None
@@ -110,7 +112,7 @@ class LoRAService:
                 raise InvalidRequestError("expected_sha256 differs from artifact.digest; pass one digest",
                                           param="expected_sha256")
             info = await self._artifacts.load(body.lora_name, body.artifact, pinned=body.pinned,
-                                              load_inplace=body.load_inplace)
+                                              load_inplace=body.load_inplace, version=body.version)
         return msgspec.convert(info, engine_admin.LoadedAdapter)
 
     async def unload(self, body: UnloadLoRAAdapterRequest) -> engine_admin.UnloadedAdapter:

@@ -211,3 +211,80 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
             assert [p["engine"] for p in after["placements"]] == [p["engine"] for p in before["placements"]]
             assert after["replicas"]["min"] == before["replicas"]["min"]
         assert {e["name"]: e["url"] for e in reader.get(cp + "/v1/engines").json()["data"]} == engines_before
+
+
+def _broken_copy(folder: Path, to: Path) -> Path:
+    """The adapter's files with NaN in its first tensor: the header and offsets are fine, so the control
+    plane records it; an engine refuses to load it."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, to)
+    weights = load_file(str(to / "adapter_model.safetensors"))
+    first = sorted(weights)[0]
+    weights[first] = torch.full_like(weights[first], float("nan"))
+    save_file(weights, str(to / "adapter_model.safetensors"))
+    return to
+
+
+def test_a_version_no_engine_loads_stays_inactive_and_engines_list_registry_versions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version every engine refuses (NaN weights: 502 from each) does not become active: the previous
+    one stays active and keeps being served, and the answer says so. The engine lists the registry's
+    version number as `version` (its own count of loads is `load_generation`)."""
+    base = tmp_path / "models" / "demo"
+    write_demo_model(base, seed=0)
+    root = tmp_path / "adapters"
+    paths = write_demo_adapters(base, root)
+    broken = _broken_copy(paths["demo-poet"], root / "broken")
+    admin = httpx.Client(headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+    with contextlib.ExitStack() as stack:
+        cp = stack.enter_context(control_plane(tmp_path, root))
+        monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e1"])
+        e1 = stack.enter_context(run_engine(base, tmp_path / "e1.log", "--enable-lora", "--lora-roots", str(root),
+                                            "--admin-token", ENGINE_TOKEN, "--control-plane", cp, *SHARED_FLAGS,
+                                            "--engine-name", "e1"))
+        wait_for(lambda: [e["state"] for e in admin.get(cp + "/v1/engines").json()["data"]] == ["healthy"],
+                 "the engine to register")
+        engine_admin = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+
+        def listed(name: str) -> dict:
+            adapters = httpx.get(e1.api + "/lora_adapters", headers=engine_admin, timeout=10).json()["adapters"]
+            return next(a for a in adapters if a["name"] == name)
+
+        for folder, number in (("demo-short", 1), ("demo-pirate", 2)):
+            r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "base_model": "demo",
+                                                                "lora_path": str(paths[folder])})
+            assert r.status_code == 200 and r.json()["version"] == number, r.text
+        assert (listed("pirate")["version"], listed("pirate")["load_generation"]) == (2, 2)
+        card = httpx.get(e1.api + "/models/pirate", headers=engine_admin, timeout=10).json()
+        assert card["version"] == 2
+        served = complete(e1.api, "pirate")
+
+        r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(broken)})
+        assert r.status_code == 502 and r.json()["version"] == 3, r.text
+        assert r.json()["active_version"] == 2 and "version 2 stays active" in r.json()["warning"], r.text
+        assert "NaN" in r.json()["engines"][0]["error"], r.text
+        detail = admin.get(cp + "/v1/lora_adapters/pirate").json()
+        assert detail["active_version"] == 2
+        assert listed("pirate")["version"] == 2 and complete(e1.api, "pirate") == served
+        routes_ok = [(p["engine"], p["version"], p["desired"]) for p in detail["placements"] if p["desired"] != "absent"]
+        assert routes_ok == [("e1", 2, "loaded")], detail["placements"]
+        trail = admin.get(cp + "/v1/audit", params={"action": "keep_active_version"}).json()["data"]
+        assert [(e["actor"], e["target"], e["outcome"]) for e in trail] == [(f"admin:{_token_id(ADMIN)}", "pirate", "ok")]
+
+        # activating the broken version explicitly: refused everywhere too, so version 2 stays active
+        r = admin.post(cp + "/v1/lora_adapters/pirate/activate", json={"version": 3})
+        assert r.status_code == 502 and r.json()["active_version"] == 2 and r.json()["warning"], r.text
+        # a version that loads becomes active as usual, and the engine lists its number
+        r = admin.post(cp + "/v1/lora_adapters/pirate/activate", json={"version": 1})
+        assert r.status_code == 200 and r.json()["active_version"] == 1 and r.json()["warning"] is None, r.text
+        assert listed("pirate")["version"] == 1
+
+
+def _token_id(token: str) -> str:
+    from control_plane.auth import token_id
+
+    return token_id(token)

@@ -81,14 +81,14 @@ async def engine_rows(session: AsyncSession, engine_id: int) -> list[EngineRow]:
     rows = (await session.execute(
         select(Placement.id, Placement.desired, Placement.observed, Placement.last_error, Placement.residency,
                AdapterVersion.adapter_id, Adapter.name, AdapterVersion.sha256, AdapterVersion.uri,
-               in_store(AdapterVersion.id), AdapterVersion.size_bytes)
+               in_store(AdapterVersion.id), AdapterVersion.size_bytes, AdapterVersion.number)
         .join(AdapterVersion, AdapterVersion.id == Placement.adapter_version_id)
         .join(Adapter, Adapter.id == AdapterVersion.adapter_id)
         .where(Placement.engine_id == engine_id).order_by(Placement.id)
     )).all()
     return [EngineRow(pid, desired, observed, error, residency, adapter_id, name,
-                      RecordedVersion(sha256=sha, uri=uri, in_store=bool(stored), size_bytes=size))
-            for pid, desired, observed, error, residency, adapter_id, name, sha, uri, stored, size in rows]
+                      RecordedVersion(sha256=sha, uri=uri, in_store=bool(stored), size_bytes=size, number=number))
+            for pid, desired, observed, error, residency, adapter_id, name, sha, uri, stored, size, number in rows]
 
 
 def news(answers: Sequence[EngineAnswer], rows: Sequence[EngineRow]) -> list[EngineAnswer]:

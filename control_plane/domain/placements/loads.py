@@ -9,6 +9,7 @@ the engine fetches and verifies the bytes itself, which may take a while for a l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from control_plane.engine_client import EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
@@ -24,6 +25,7 @@ class RecordedVersion:
     uri: str
     in_store: bool
     size_bytes: int
+    number: int | None = None  # the registry's version number, which the engine lists as `version`
 
 
 class VersionLoader:
@@ -48,10 +50,16 @@ class VersionLoader:
         if version.in_store:
             ref = self.artifact_ref(version.sha256)
             loaded = await self.client.load(url, adapter, None, artifact=ref, pinned=pinned, load_inplace=True,
-                                            expected_sha256=version.sha256, deadline_s=self.deadline_s(version))
+                                            expected_sha256=version.sha256, deadline_s=self.deadline_s(version),
+                                            **_numbered(version))
         else:
             loaded = await self.client.load(url, adapter, version.uri, pinned=pinned, load_inplace=True,
-                                            expected_sha256=version.sha256)
+                                            expected_sha256=version.sha256, **_numbered(version))
         if loaded.sha256 != version.sha256:
             raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded "
                                   f"{version.sha256[:16]}…")
+
+
+def _numbered(version: RecordedVersion) -> dict[str, Any]:
+    """The load body's `version` field: the registry's number, when known."""
+    return {} if version.number is None else {"version": version.number}

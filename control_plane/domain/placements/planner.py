@@ -87,7 +87,8 @@ def in_store(version_id: SQLColumnExpression[int] | int) -> ColumnElement[bool]:
 
 async def recorded_version(session: AsyncSession, version: AdapterVersion) -> RecordedVersion:
     stored = bool(await session.scalar(select(in_store(version.id))))
-    return RecordedVersion(sha256=version.sha256, uri=version.uri, in_store=stored, size_bytes=version.size_bytes)
+    return RecordedVersion(sha256=version.sha256, uri=version.uri, in_store=stored, size_bytes=version.size_bytes,
+                           number=version.number)
 
 
 def replica_defaults(settings: ControlPlaneSettings) -> ReplicaDefaults:

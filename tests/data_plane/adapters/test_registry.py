@@ -116,7 +116,7 @@ def rewrite(base_dir: Path, roots: Path, name: str, seed: int) -> None:
 
 async def test_load_reports_the_adapter(registry, adapters):
     info = await registry.load("demo-poet", str(adapters["demo-poet"]))
-    assert info["name"] == "demo-poet" and info["id"] >= 1 and info["version"] == 1
+    assert info["name"] == "demo-poet" and info["id"] >= 1 and info["load_generation"] == 1
     assert info["rank"] == 16 and info["alpha"] == 32.0 and len(info["sha256"]) == 64
     assert info["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert info["size_bytes"] > 0 and info["residency"] == "host"
@@ -126,7 +126,7 @@ async def test_load_reports_the_adapter(registry, adapters):
 async def test_same_content_is_idempotent_and_updates_pin(registry, adapters, engine):
     first = await registry.load("demo-poet", str(adapters["demo-poet"]))
     again = await registry.load("demo-poet", str(adapters["demo-poet"]), pinned=True)
-    assert again["id"] == first["id"] and again["version"] == 1
+    assert again["id"] == first["id"] and again["load_generation"] == 1
     assert engine.pinned == {first["id"]} and again["residency"] == "device"
     await registry.load("demo-poet", str(adapters["demo-poet"]))  # pinned=false is the desired state
     assert engine.pinned == set()
@@ -148,7 +148,7 @@ async def test_load_inplace_gets_a_fresh_id_and_drains_the_old(registry, adapter
     old_lease = await registry.acquire("demo-poet")
     rewrite(base_dir, roots, "demo-poet", seed=1)
     second = await registry.load("demo-poet", str(adapters["demo-poet"]), load_inplace=True)
-    assert second["id"] > first["id"] and second["version"] == 2 and second["sha256"] != first["sha256"]
+    assert second["id"] > first["id"] and second["load_generation"] == 2 and second["sha256"] != first["sha256"]
     new_lease = await registry.acquire("demo-poet")
     assert new_lease.adapter_id == second["id"] and new_lease.cache_namespace != old_lease.cache_namespace
     states = {e.adapter_id: e.state for e in registry.entries()}
@@ -160,7 +160,7 @@ async def test_load_inplace_gets_a_fresh_id_and_drains_the_old(registry, adapter
     # back to the first content: new content again for this name, so version 3 and yet another id
     rewrite(base_dir, roots, "demo-poet", seed=0)
     third = await registry.load("demo-poet", str(adapters["demo-poet"]), load_inplace=True)
-    assert third["version"] == 3 and third["id"] > second["id"] and third["sha256"] == first["sha256"]
+    assert third["load_generation"] == 3 and third["id"] > second["id"] and third["sha256"] == first["sha256"]
 
 
 async def test_ids_are_fresh_per_load_and_never_reused(registry, adapters):

@@ -111,7 +111,7 @@ def test_load_list_stats_unload_and_reload(http, lora_dirs):
     r = load(http, "short-a", lora_dirs["demo-short"])
     assert r.status_code == 200, r.text
     info = r.json()
-    assert info["rank"] == 4 and info["version"] == 1 and info["residency"] in ("host", "device")
+    assert info["rank"] == 4 and info["load_generation"] == 1 and info["residency"] in ("host", "device")
     assert load(http, "short-a", lora_dirs["demo-short"]).json()["id"] == info["id"]  # idempotent
     before = text(http, "short-a")
     listed = adapters(http)["short-a"]
@@ -140,7 +140,7 @@ def test_load_inplace_serves_the_new_content_without_stale_prefix_hits(http, lor
     r = load(http, "mut", mutable)
     assert r.status_code == 409 and "load_inplace" in r.json()["error"]["message"]
     r = load(http, "mut", mutable, load_inplace=True)
-    assert r.status_code == 200 and r.json()["version"] == 2
+    assert r.status_code == 200 and r.json()["load_generation"] == 2
     second = complete(http, "mut")
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # new version: no old KV
     assert second["choices"][0]["text"] == text(http, "demo-pirate") != first["choices"][0]["text"]

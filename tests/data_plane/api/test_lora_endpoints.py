@@ -80,12 +80,25 @@ def test_load_list_models_and_requests_carry_the_adapter(client, engine, adapter
     r = load(client, adapter_root, "demo-poet")
     assert r.status_code == 200, r.text
     info = r.json()
-    assert set(info) == {"name", "id", "version", "sha256", "rank", "alpha", "target_modules", "size_bytes", "residency"}
+    assert set(info) == {"name", "id", "version", "load_generation", "sha256", "rank", "alpha", "target_modules",
+                         "size_bytes", "residency"}
+    assert (info["version"], info["load_generation"]) == (None, 1)  # no registry version: loaded directly
     assert info["residency"] == "host" and info["rank"] == 16
     models = client.get("/v1/models").json()["data"]
     assert [(m["id"], m["parent"]) for m in models] == [(SERVED, None), ("demo-poet", SERVED)]
     assert models[1]["root"] == str(adapter_root / "demo-poet")
     assert client.get("/v1/models/demo-poet").json() == models[1]
+    assert models[1].get("version") is None and models[0].get("version") is None
+    # a load that names the registry's version (the control plane's): listed as `version`, beside the
+    # engine's own count of contents loaded under the name
+    r = client.post(LOAD, json={"lora_name": "numbered", "lora_path": str(adapter_root / "demo-short"), "version": 7})
+    assert r.status_code == 200 and (r.json()["version"], r.json()["load_generation"]) == (7, 1), r.text
+    listed = {a["name"]: a for a in client.get("/v1/lora_adapters").json()["adapters"]}
+    assert (listed["numbered"]["version"], listed["numbered"]["load_generation"]) == (7, 1)
+    assert client.get("/v1/models/numbered").json()["version"] == 7
+    assert client.post(LOAD, json={"lora_name": "numbered", "lora_path": str(adapter_root / "demo-short"),
+                                   "version": 0}).status_code == 400
+    assert client.post(UNLOAD, json={"lora_name": "numbered"}).status_code == 200
 
     # the base model first, twice: the second finds the prompt's blocks in the prefix cache
     base = [chat(client, SERVED, temperature=0, return_token_ids=True).json() for _ in range(2)]
@@ -143,7 +156,7 @@ def test_idempotent_load_conflict_and_unload(client, adapter_root, demo_model_di
     error = assert_openai_error(other, 409, "conflict_error")
     assert first["sha256"][:12] in error["message"]
     r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-short"), "load_inplace": True})
-    assert r.status_code == 200 and r.json()["id"] > first["id"] and r.json()["version"] == 2
+    assert r.status_code == 200 and r.json()["id"] > first["id"] and r.json()["load_generation"] == 2
     assert client.post(UNLOAD, json={"lora_name": "demo-poet"}).json() == {
         "name": "demo-poet",
         "drained": True,
@@ -296,7 +309,7 @@ def test_expected_sha256_refuses_other_content_and_loads_nothing(client, adapter
     # the same name, now loaded: a mismatching re-declaration changes nothing either
     assert_openai_error(load(client, adapter_root, "demo-poet", expected_sha256=other, load_inplace=True), 409)
     [held] = client.get("/v1/lora_adapters").json()["adapters"]
-    assert (held["sha256"], held["version"]) == (digest, 1)
+    assert (held["sha256"], held["load_generation"]) == (digest, 1)
 
 
 def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(demo_model_dir, adapter_root):
