@@ -47,26 +47,32 @@ DEMO_ADAPTERS: dict[str, DemoAdapter] = {
 
 
 def write_demo_adapters(
-    base_dir: Path, out_root: Path, seed: int = 0, *, names: Iterable[str] | None = None
+    base_dir: Path, out_root: Path, seed: int = 0, *, names: Iterable[str] | None = None,
+    base_model: str | None = None,
 ) -> dict[str, Path]:
     """Write DEMO_ADAPTERS (or only `names`) for the model in base_dir to out_root/<name>; name -> folder.
+    Their `base_model_name_or_path` is `base_model` (e.g. the name an engine serves the model under),
+    else base_dir.
 
-    Deterministic: the same base config, seed and base_dir string give byte-identical files.
+    Deterministic: the same base config, seed and base model string give byte-identical files.
     """
     written: dict[str, Path] = {}
     for name in DEMO_ADAPTERS if names is None else names:
         # crc32, not hash(): Python salts str hashes per process
         written[name] = write_lora_adapter(
-            base_dir, Path(out_root) / name, DEMO_ADAPTERS[name], seed * 1_000_003 + zlib.crc32(name.encode())
+            base_dir, Path(out_root) / name, DEMO_ADAPTERS[name], seed * 1_000_003 + zlib.crc32(name.encode()),
+            base_model=base_model,
         )
     return written
 
 
-def write_lora_adapter(base_dir: Path, out: Path, spec: DemoAdapter, seed: int) -> Path:
-    """One random PEFT-format adapter of the given shape for the model in base_dir (benchmarks use it too)."""
+def write_lora_adapter(base_dir: Path, out: Path, spec: DemoAdapter, seed: int, *, base_model: str | None = None
+                       ) -> Path:
+    """One random PEFT-format adapter of the given shape for the model in base_dir (benchmarks use it too);
+    its config names `base_model`, else base_dir, as its base model."""
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "adapter_config.json", _peft_config(spec, str(base_dir)))
+    _write_json(out / "adapter_config.json", _peft_config(spec, base_model or str(base_dir)))
     tensors = _weights(spec, base_config, seed)
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     return out

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 ADAPTERS_SUBDIR = "adapters"
+DEMO_SERVED_NAME = "demo"  # the name `loraplane up` serves the demo model under
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"adapter {name}: {adapters_root / name} exists; leaving it as it is (use --force to overwrite)")
         else:
             missing.append(name)
-    for name, path in write_demo_adapters(out_dir, adapters_root, seed=args.seed, names=missing).items():
+    # the adapters name the base model as the demo engine serves it (`loraplane up`: --served-model-name
+    # demo), so that a copy uploaded anywhere matches that engine
+    written = write_demo_adapters(out_dir, adapters_root, seed=args.seed, names=missing, base_model=DEMO_SERVED_NAME)
+    for name, path in written.items():
         print(f"wrote adapter {name} to {path}")
     return 0

@@ -236,8 +236,12 @@ class AdapterService:
             await session.flush()  # a concurrent first load of the same name fails here on the unique name
             return adapter
         if req.base_model is not None and req.base_model != adapter.base_model:
-            raise ConflictError(f"adapter {adapter.name!r} is registered for base model {adapter.base_model!r}, "
-                                f"not {req.base_model!r}", param="base_model")
+            raise ConflictError(
+                f"adapter {adapter.name!r} is registered for base model {adapter.base_model!r}, not "
+                f"{req.base_model!r}; an adapter's base model is set by its first load: send these files under "
+                f"another name with base_model {req.base_model!r}, or unload and delete {adapter.name!r} "
+                f"(loraplane adapters unload {adapter.name}; loraplane adapters delete {adapter.name}) and send "
+                "them again", param="base_model")
         if req.description is not None:
             adapter.description = req.description
         if req.labels is not None:

@@ -8,7 +8,10 @@ adapter's base model equals any of what the engine registered:
 - its served name (`Engine.base_model`, what clients send as `model`);
 - its checkpoint's `_name_or_path` (config.json);
 - its model path (the folder it loaded);
-- the sha256 hex digest of its config.json (optionally written `sha256:<hex>`).
+- the sha256 hex digest of its config.json (optionally written `sha256:<hex>`);
+- for a relative path of two or more segments (`.demo/model`, `./models/llama`; no `..`): a model path
+  or `_name_or_path` that ends with it, as the path resolves from the folder the model lies under
+  (`/srv/loraplane/.demo/model`).
 
 Paths and ids are compared without trailing slashes (`/models/llama/` is `/models/llama`). One SQL
 clause, so callers filter engines set-wise (the planner) instead of per row in Python; `engine_serves`
@@ -35,21 +38,40 @@ def _digest(wanted: str) -> str:
     return wanted.removeprefix(_DIGEST_PREFIX).lower()
 
 
+def relative_tail(wanted: str) -> str | None:
+    """`/` + a relative path of two or more segments (without a leading `./`), as an absolute path
+    that it resolves to ends; None for anything else (an absolute path, a URL, a single name, `..`)."""
+    path = wanted
+    while path.startswith("./"):
+        path = path[2:]
+    segments = path.split("/")
+    if (wanted.startswith("/") or "://" in wanted or len(segments) < 2
+            or any(s in ("", ".", "..") for s in segments)):
+        return None
+    return "/" + path
+
+
 def serves_base_model(base: str) -> ColumnElement[bool]:
     """True for the engines whose served name, `_name_or_path`, model path or config digest is `base`."""
     wanted = normalise(base)
+    tail = relative_tail(wanted)
+    tails = [] if tail is None else [func.rtrim(Engine.model_path, "/").endswith(tail, autoescape=True),
+                                     func.rtrim(Engine.model_name_or_path, "/").endswith(tail, autoescape=True)]
     return or_(
         Engine.base_model == base,
         Engine.base_model == wanted,
         func.rtrim(Engine.model_name_or_path, "/") == wanted,
         func.rtrim(Engine.model_path, "/") == wanted,
         Engine.config_digest == _digest(wanted),
+        *tails,
     )
 
 
 def engine_serves(engine: Engine, base: str) -> bool:
     """`serves_base_model` for an engine row in memory."""
     wanted = normalise(base)
-    paths = (engine.model_name_or_path, engine.model_path)
-    return (engine.base_model in (base, wanted) or any(p is not None and p.rstrip("/") == wanted for p in paths)
+    tail = relative_tail(wanted)
+    paths = [p.rstrip("/") for p in (engine.model_name_or_path, engine.model_path) if p is not None]
+    return (engine.base_model in (base, wanted) or wanted in paths
+            or (tail is not None and any(p.endswith(tail) for p in paths))
             or (engine.config_digest is not None and engine.config_digest == _digest(wanted)))

@@ -156,6 +156,16 @@ def test_demo_cli_writes_skips_and_forces(tmp_path: Path, capsys: pytest.Capture
     assert (out / "model.safetensors").read_bytes() != first
 
 
+def test_demo_adapters_name_the_demo_engines_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy of a demo adapter uploaded anywhere names the base model as the demo engine serves it
+    (`demo`), not the folder it was written beside (a relative path that matched no engine)."""
+    assert demo_main([str(tmp_path / "model")]) == 0
+    capsys.readouterr()
+    for folder in (tmp_path / "model" / "adapters").iterdir():
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "demo", folder
+
+
 def test_loraplane_dispatches_demo_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         cli_main(["demo-model", str(tmp_path / "m")])

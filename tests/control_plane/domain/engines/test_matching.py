@@ -28,6 +28,8 @@ async def session(db_url: str) -> AsyncIterator[AsyncSession]:
             Engine(name="bare", url="http://127.0.0.1:2", base_model="llama"),  # served name only
             Engine(name="other", url="http://127.0.0.1:3", base_model="qwen", model_name_or_path="Qwen/Qwen2",
                    model_path="/models/qwen", config_digest="cd" * 32),
+            Engine(name="demo", url="http://127.0.0.1:4", base_model="demo", model_name_or_path="demo",
+                   model_path="/srv/lp/.demo/model/"),
         ])
         await s.commit()
         yield s
@@ -54,6 +56,16 @@ async def matching(session: AsyncSession, base: str) -> list[str]:
     ("/models", []),
     ("Llama", []),  # names are case-sensitive (hub ids and paths are)
     ("mistral", []),
+    # a relative path that resolves to an engine's model path (from the folder it lies under)
+    (".demo/model", ["demo"]),
+    ("./.demo/model/", ["demo"]),
+    ("lp/.demo/model", ["demo"]),
+    ("models/llama-3", ["full"]),
+    ("demo/model", []),  # `.demo` is not `demo`
+    ("_demo/model", []),  # LIKE's wildcards are plain characters here
+    ("%/model", []),
+    ("../models/llama-3", []),  # `..` resolves nowhere definite
+    ("model", []),  # one segment: a name, matched only whole
 ])
 async def test_an_engine_matches_by_any_name_it_registered(session: AsyncSession, base: str,
                                                            expected: list[str]) -> None:
