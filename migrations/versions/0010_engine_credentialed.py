@@ -2,7 +2,7 @@
 
 Revision ID: 0010_engine_credentialed
 Revises: 0009_tenant_sources
-Create Date: 2026-12-07
+Create Date: 2026-12-06
 
 - engines.credentialed: true when the last registration came from the engine's own token
   (LORAPLANE_ENGINE_CREDENTIALS), false when an admin token registered it. The routing table carries it,

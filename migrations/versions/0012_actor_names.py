@@ -2,7 +2,7 @@
 
 Revision ID: 0012_actor_names
 Revises: 0011_router_require_api_key
-Create Date: 2026-12-20
+Create Date: 2026-12-06
 
 The caller is named by its role and its token's or key's name (`admin:ops`, `engine:local-1`,
 `tenant:team-a/ci`), no longer only by a short sha256 prefix; existing rows keep what they hold.
