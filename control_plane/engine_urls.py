@@ -5,8 +5,11 @@ Accepted: `http(s)://host[:port][/]` with no userinfo, query, fragment or furthe
 canonical IPv4/IPv6 literal or an ASCII DNS name; refused by default: link-local addresses
 (169.254.0.0/16, fe80::/10, where the cloud metadata services live), the other cloud-metadata
 addresses and names, unspecified/multicast/broadcast addresses, and the odd spellings of addresses that
-some resolvers accept (`0x7f.1`, `2130706433`, `127.1`, `0177.0.0.1`). With `allowed_networks` (CIDR)
-the address, or every address a name resolves to, must lie in one of them.
+some resolvers accept (`0x7f.1`, `2130706433`, `127.1`, `0177.0.0.1`). An IPv6 address that carries an
+IPv4 address (IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`, IPv4-translated
+`::ffff:0:a.b.c.d`, NAT64 `64:ff9b::/96` and `64:ff9b:1::/48`, 6to4 `2002::/16`, Teredo) is refused
+when the IPv4 address inside would be. With `allowed_networks` (CIDR) the address, or every address a
+name resolves to, must lie in one of them.
 
 A name is resolved at registration; it can resolve elsewhere later (DNS rebinding), so the same
 address policy (`address_problem`) is applied again on every connection (control_plane.egress).
@@ -74,11 +77,58 @@ def _literal(host: str) -> IPAddress | None:
         return None
 
 
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+_NAT64_WELL_KNOWN = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+# RFC 6052: where the 32 IPv4 bits sit for each NAT64 prefix length (bits 64..71 are always skipped).
+_NAT64_LAYOUTS = {32: 32, 40: 40, 48: 48, 56: 56, 64: 72, 96: 96}
+
+
+def _bits_at(value: int, start: int, count: int) -> int:
+    return (value >> (128 - start - count)) & ((1 << count) - 1)
+
+
+def _nat64_embedded(value: int, prefix_len: int) -> ipaddress.IPv4Address:
+    start = _NAT64_LAYOUTS[prefix_len]
+    if start >= 72 or start + 32 <= 64:
+        return ipaddress.IPv4Address(_bits_at(value, start, 32))
+    before = 64 - start  # the IPv4 bits are split around the reserved octet
+    return ipaddress.IPv4Address((_bits_at(value, start, before) << (32 - before)) | _bits_at(value, 72, 32 - before))
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address can reach through a translator or tunnel (empty for a plain one)."""
+    value, found = int(address), []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if address in _IPV4_TRANSLATED or (address in _IPV4_COMPATIBLE and value > 1):  # `::` and `::1` are not
+        found.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
+    if address in _NAT64_WELL_KNOWN:
+        found.append(_nat64_embedded(value, 96))
+    if address in _NAT64_LOCAL:  # the operator picks the prefix length inside it: every layout counts
+        found.extend(_nat64_embedded(value, n) for n in (48, 56, 64, 96))
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
+
+
 def address_problem(address: IPAddress, allowed: tuple[str, ...]) -> str | None:
     """Why the control plane must not call `address`, or None."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        for inner in embedded_ipv4(address):
+            # an all-zero field is where one prefix layout finds nothing, not an address in disguise
+            problem = None if inner.is_unspecified else _own_problem(inner, ())
+            if problem is not None:
+                return f"{address} embeds {problem}"
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+    return _own_problem(address, allowed)
+
+
+def _own_problem(address: IPAddress, allowed: tuple[str, ...]) -> str | None:
     if address in _METADATA_ADDRESSES:
         return f"{address} is a cloud metadata address"
     if address.is_link_local:

@@ -153,7 +153,9 @@ async def test_connections_are_checked_against_the_address_policy_before_anythin
         default = EngineClient("engine-admin-token", 5.0)
         assert (await default.list_adapters(f"http://localhost:{port}")).adapters == []  # loopback is fine
         start = time.monotonic()
-        for url in ("http://169.254.169.254", "http://[::ffff:169.254.169.254]:80", "http://[fe80::1]:8000"):
+        for url in ("http://169.254.169.254", "http://[::ffff:169.254.169.254]:80", "http://[fe80::1]:8000",
+                    "http://[64:ff9b::a9fe:a9fe]", "http://[::a9fe:a9fe]", "http://[2002:a9fe:a9fe::1]",
+                    "http://[::ffff:0:a9fe:a9fe]"):
             with pytest.raises(EngineCallError, match="egress refused: .*(metadata|link-local)"):
                 await default.stats(url)
         assert time.monotonic() - start < 1.0  # refused at once, not retried or timed out

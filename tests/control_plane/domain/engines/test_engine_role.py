@@ -57,6 +57,14 @@ ATTACKS = {
     "http://[fe80::1]:8000": "link-local",
     "http://[::ffff:169.254.169.254]": "cloud metadata address",
     "http://[fd00:ec2::254]": "cloud metadata address",
+    # IPv6 spellings that reach an IPv4 address through a translator or tunnel
+    "http://[64:ff9b::a9fe:a9fe]": "embeds 169.254.169.254 is a cloud metadata address",  # NAT64
+    "http://[64:ff9b:1:a9fe:a9:fe00::]:80": "embeds 169.254.169.254",  # local NAT64, /48 layout
+    "http://[::a9fe:a9fe]": "embeds 169.254.169.254",  # IPv4-compatible
+    "http://[2002:a9fe:a9fe::1]": "embeds 169.254.169.254",  # 6to4
+    "http://[::ffff:0:a9fe:a9fe]": "embeds 169.254.169.254",  # IPv4-translated
+    "http://[::ffff:0:a9fe:1]": "embeds 169.254.0.1 is link-local",
+    "http://[2001:0:4136:e378:8000:63bf:5601:5601]": "embeds 169.254.169.254",  # Teredo (client bits inverted)
     "http://metadata.google.internal": "cloud metadata name",
     "http://METADATA.google.internal.:80": "cloud metadata name",
     "http://0.0.0.0:8000": "not a unicast address",
@@ -79,6 +87,7 @@ async def test_attack_urls_are_refused_naming_the_problem(cp: AsyncTestClient, u
 
 async def test_good_urls_are_accepted_and_normalized(cp: AsyncTestClient) -> None:
     for url, stored in (("http://127.0.0.1:8000/", "http://127.0.0.1:8000"), ("HTTPS://[::1]:9", "https://[::1]:9"),
+                        ("http://[64:ff9b::a00:5]:80", "http://[64:ff9b::a00:5]:80"),  # NAT64 of 10.0.0.5
                         ("http://localhost:8000", "http://localhost:8000")):
         r = await cp.post(f"{ENGINES}/register", json=spec(url=url), headers=admin())
         assert r.status_code == 200 and r.json()["url"] == stored, r.text
