@@ -5,6 +5,9 @@ The rules, in the order they are applied:
    (--control-plane) or the configured artifact store endpoint (--lora-artifact-endpoint, for
    presigned object-store URLs). Anything else is refused before a request is made: a body cannot
    make the engine fetch from (or send its token to) another host. Redirects are never followed.
+   On the control plane's origin a URL must lie under its `/v1/artifacts/` (at the root or under the
+   --control-plane URL's path), so the engine's token fetches artifacts and nothing else; a `.` or `..`
+   segment, in any spelling (`%2e%2e`, `..%2f`, a backslash, encoded twice), is refused on every origin.
 2. The manifest (`GET ref.url`, with the engine's control-plane token when it goes to the control
    plane) must be the version the push named (`manifest.digest == ref.digest`) and its files must hash
    to that digest (`manifest_matches`): a manifest cannot vouch for itself.
@@ -30,6 +33,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import msgspec
@@ -44,7 +48,14 @@ from data_plane.adapters.artifacts.download import (
     status_problem,
 )
 from data_plane.background import BackgroundPace, fetch_off_loop
-from shared.artifacts import ArtifactFile, ArtifactManifest, ArtifactRef, file_url, manifest_matches
+from shared.artifacts import (
+    ARTIFACTS_PATH,
+    ArtifactFile,
+    ArtifactManifest,
+    ArtifactRef,
+    file_url,
+    manifest_matches,
+)
 from shared.errors import LoraplaneError, PayloadTooLargeError
 from shared.peft import CONFIG_NAME, WEIGHTS_NAME, AdapterFilesError
 
@@ -55,6 +66,7 @@ MAX_LISTED = 8  # file names quoted in a refusal
 # a PEFT LoRA version, as the loader reads and digests it (shared.peft)
 ADAPTER_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_MAX_DECODINGS = 4  # percent-decoding rounds a path gets before it is judged (more is refused)
 
 
 class ArtifactFetchError(LoraplaneError):
@@ -98,6 +110,24 @@ class ArtifactOrigins:
                 f"{what} URL {_shown(url)} is not on a trusted origin; artifacts are fetched only from the "
                 f"engine's control plane or its artifact store endpoint ({trusted}); nothing was fetched",
                 "untrusted_artifact_origin")
+        path = _decoded_path(url)
+        if path is None:
+            raise refusal(f"{what} URL {_shown(url)} has a `.` or `..` segment (or an encoding of one); artifact "
+                          "URLs are plain paths; nothing was fetched", "untrusted_artifact_url")
+        if self.is_control_plane(url) and not self._under_artifacts(url, path):
+            raise refusal(f"{what} URL {_shown(url)} is not under the control plane's {ARTIFACTS_PATH}/; the engine "
+                          f"fetches nothing else from it; nothing was fetched", "untrusted_artifact_url")
+
+    def _under_artifacts(self, url: str, decoded: str) -> bool:
+        """Both the path as sent and as decoded lie under `<root or --control-plane path>/v1/artifacts/`,
+        or under the store endpoint's path when the store shares the control plane's origin."""
+        assert self.control_plane is not None
+        base = urlsplit(self.control_plane).path.rstrip("/")
+        prefixes = {f"{ARTIFACTS_PATH}/", f"{base}{ARTIFACTS_PATH}/"}
+        if self.store and origin_of(self.store) == origin_of(url):
+            prefixes.add(urlsplit(self.store).path.rstrip("/") + "/")
+        raw = urlsplit(url).path
+        return any(raw.startswith(p) and decoded.startswith(p) for p in prefixes)
 
     def resolve(self, url: str) -> str:
         """A path (`/v1/artifacts/…`: what the control plane sends unless it was told its public URL) lies
@@ -235,6 +265,20 @@ class ArtifactFetcher:
                 yield r
         except httpx.HTTPError as exc:  # connect, read timeout, or the body broke off (the server died)
             raise ArtifactFetchError(f"{where}: {type(exc).__name__}", param="artifact") from None
+
+
+def _decoded_path(url: str) -> str | None:
+    """The URL's path, percent-decoded until it no longer changes, with `\\` read as `/`; None when any
+    spelling of it holds a `.` or `..` segment (or it is encoded more deeply than anyone needs)."""
+    path = urlsplit(url).path
+    for _ in range(_MAX_DECODINGS):
+        if any(segment in (".", "..") for segment in path.replace("\\", "/").split("/")):
+            return None
+        decoded = unquote(path)
+        if decoded == path:
+            return path
+        path = decoded
+    return None
 
 
 def _shown(url: str) -> str:

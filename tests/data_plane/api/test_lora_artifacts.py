@@ -138,6 +138,11 @@ def test_untrusted_urls_and_ambiguous_bodies_are_refused(demo_model_dir, adapter
         assert "exactly one of lora_path" in assert_openai_error(both, 400)["message"]
         neither = client.post(LOAD, json={"lora_name": "poet"})
         assert "exactly one of lora_path" in assert_openai_error(neither, 400)["message"]
+        published = cp.publish_folder(adapters / "demo-poet")
+        for url in ("/v1/artifacts/../v1/engines", f"{cp.url}/v1/artifacts/%2e%2e/v1/tenancy/keys", f"{cp.url}/v1/engines"):
+            error = assert_openai_error(load(client, "poet", msgspec.structs.replace(published, url=url)), 400)
+            assert error["code"] == "untrusted_artifact_url" and "nothing was fetched" in error["message"], error
+        assert cp.seen == []  # the engine's token went nowhere
         # a path load still needs --lora-roots: the cache dir is no root for direct paths elsewhere
         direct = client.post(LOAD, json={"lora_name": "poet", "lora_path": str(adapters / "demo-poet")})
         assert "no LoRA roots are configured" in assert_openai_error(direct, 400)["message"]

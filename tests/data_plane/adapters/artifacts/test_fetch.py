@@ -202,3 +202,40 @@ async def test_a_download_rests_while_the_engine_is_busy_and_still_completes(cp)
         finally:
             await fetcher.aclose()
     assert busy.rested_s > 0 and idle.rested_s == 0
+
+
+TRAVERSALS = ("/v1/artifacts/../v1/engines", "/v1/artifacts/%2e%2e/v1/engines", "/v1/artifacts/%2E./v1/engines",
+              "/v1/artifacts/..%2fv1/engines", "/v1/artifacts/..%5cv1/engines", "/v1/artifacts/%252e%252e/v1/engines",
+              "/v1/artifacts/./x", "/v1/engines", "/v1/tenancy/keys", "/v1/artifactsX/y", "/")
+
+
+@pytest.mark.parametrize("path", TRAVERSALS)
+async def test_control_plane_urls_outside_the_artifacts_path_are_refused_without_a_request(cp, fetcher, path):
+    """The engine's token goes to the control plane only for `/v1/artifacts/…`: a push or a manifest naming
+    another path on the control plane, directly or through `..` in any spelling, asks nothing of anyone."""
+    ref = cp.publish(FILES)
+    for url in (cp.url + path, path):  # absolute on the control plane's origin, or a path resolved against it
+        with pytest.raises(LoRAAdapterError, match="segment|not under the control plane's /v1/artifacts/") as exc:
+            await fetcher.manifest(msgspec.structs.replace(ref, url=url))
+        assert exc.value.code == "untrusted_artifact_url" and exc.value.param == "artifact"
+    assert cp.seen == []
+
+
+async def test_a_manifest_pointing_files_at_other_control_plane_paths_is_refused_before_any_file(cp, fetcher):
+    cp.presign_via = cp  # the files' URLs lie on the control plane's origin, outside /v1/artifacts/
+    ref = cp.publish(FILES)
+    with pytest.raises(LoRAAdapterError, match="file adapter_config.json URL .* not under the control plane's"):
+        await fetcher.manifest(ref)
+    assert cp.paths() == [f"/v1/artifacts/{ref.digest}"]
+
+
+def test_artifact_paths_are_judged_as_sent_and_as_decoded():
+    origins = ArtifactOrigins("http://127.0.0.1:9000/prefix", "https://s3.local:9443")
+    for url in ("http://127.0.0.1:9000/v1/artifacts/a..b/c", "http://127.0.0.1:9000/prefix/v1/artifacts/d/f.json",
+                "https://s3.local:9443/bucket/k?sig=1"):
+        origins.check(url, "artifact")
+    for url in ("https://s3.local:9443/bucket/../other", "http://127.0.0.1:9000/prefix/v1/engines",
+                "http://127.0.0.1:9000/v1/artifacts%2f..%2fengines", "http://127.0.0.1:9000/v1%2fartifacts/x"):
+        with pytest.raises(LoRAAdapterError) as exc:
+            origins.check(url, "artifact")
+        assert exc.value.code == "untrusted_artifact_url"
