@@ -170,6 +170,9 @@ class ControlPlaneSettings:
         4 << 30, flag="--max-artifact-bytes", env="LORAPLANE_MAX_ARTIFACT_BYTES", group=ARTIFACTS, metavar="N",
         default_text="4 GiB",
         help="the largest version a load or upload may bring in, all its files together (413 above it)")
+    upload_idle_timeout_s: float = setting(
+        30.0, flag="--upload-idle-timeout-s", env="LORAPLANE_UPLOAD_IDLE_TIMEOUT_S", group=ARTIFACTS, metavar="S",
+        help="an upload whose body sends nothing for this long is cut off (408) and its connection closed")
     public_url: str | None = setting(
         None, flag="--public-url", env="LORAPLANE_PUBLIC_URL", group=ARTIFACTS, metavar="URL",
         help="how engines reach this control plane, for absolute artifact URLs; unset, engines resolve artifact "
@@ -296,6 +299,8 @@ class ControlPlaneSettings:
             raise ValueError(f"artifact_store must be a URL with one of the schemes {', '.join(ARTIFACT_SCHEMES)}")
         if self.max_artifact_bytes <= 0:
             raise ValueError("max_artifact_bytes must be positive")
+        if not self.upload_idle_timeout_s > 0:
+            raise ValueError("upload_idle_timeout_s must be positive")
         if self.public_url is not None:
             self.public_url = self.public_url.rstrip("/")
             if not self.public_url.startswith(("http://", "https://")):

@@ -58,6 +58,13 @@ class ConflictError(LoraplaneError):
     error_type = "conflict_error"
 
 
+class RequestTimeoutError(LoraplaneError):
+    """408: the client stopped sending its request's body."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+
+
 class PayloadTooLargeError(LoraplaneError):
     status_code = 413
     error_type = "invalid_request_error"

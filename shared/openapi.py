@@ -53,6 +53,7 @@ ERROR_DESCRIPTIONS = {
     401: "Missing or invalid credentials: send `Authorization: Bearer <key>`.",
     403: "The credentials are valid but not allowed to do this.",
     404: "No such model, adapter or object.",
+    408: "The request's body stopped arriving (no byte within the idle timeout); the connection is closed.",
     409: "Conflicts with the current state.",
     413: "The request body is over the size limit.",
     416: "The requested byte range lies outside the file (`Content-Range: bytes */SIZE` gives its size).",

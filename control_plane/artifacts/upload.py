@@ -8,9 +8,11 @@ Two bodies are accepted:
 
 Nothing is held in memory beyond a chunk: file parts go straight into the spool, whose limit
 (`--max-artifact-bytes`) counts the files' bytes (for a tarball, after decompression: a small archive
-cannot expand past it); the body itself may exceed that by little (headers, text fields). A client
-that disconnects mid-way is a refusal like any other (400, audited as such) and leaves only the spool,
-which the caller removes.
+cannot expand past it); the body itself may exceed that by little (headers, text fields, BODY_OVERHEAD).
+A `Content-Length` above that is a 413 before any byte of the body is read. A client that disconnects
+mid-way is a refusal like any other (400, audited as such), and one that sends nothing for
+`idle_timeout_s` is cut off (408; the server then closes the connection, whose body was not read to the
+end); either leaves only the spool, which the caller removes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from litestar import Request
 from litestar.exceptions import InternalServerException
 
 from control_plane.artifacts.spool import VERSION_FILES, Spool
-from shared.errors import InvalidRequestError, PayloadTooLargeError
+from shared.errors import InvalidRequestError, PayloadTooLargeError, RequestTimeoutError
 
 FIELDS = ("base_model", "description", "activate", "pinned", "replicas")
 MAX_FIELD_BYTES = 8192
@@ -43,13 +45,23 @@ class Upload:
     fields: dict[str, str] = field(default_factory=dict)
 
 
-async def receive(request: Request[Any, Any, Any], limit_bytes: int,
-                  query: Iterable[tuple[str, str]]) -> Upload:
+def refuse_declared_size(request: Request[Any, Any, Any], limit_bytes: int) -> None:
+    """A 413 for a body whose Content-Length is over the cap, before a byte of it is read."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes + BODY_OVERHEAD:
+        raise PayloadTooLargeError(f"the upload's Content-Length ({declared} bytes) is more than --max-artifact-bytes "
+                                   f"allows ({limit_bytes} bytes, plus {BODY_OVERHEAD} for the form's own "
+                                   "overhead); nothing was read", param="file")
+
+
+async def receive(request: Request[Any, Any, Any], limit_bytes: int, query: Iterable[tuple[str, str]],
+                  idle_timeout_s: float) -> Upload:
     """The upload's files in a new Spool (the caller closes it) and its fields."""
+    refuse_declared_size(request, limit_bytes)
     content_type, options = multipart.parse_options_header(request.headers.get("content-type", ""))
     upload = Upload(Spool(limit_bytes, param="file"))
     try:
-        body = _capped(_received(request), limit_bytes + BODY_OVERHEAD)
+        body = _capped(_received(request, idle_timeout_s), limit_bytes + BODY_OVERHEAD)
         if content_type == "multipart/form-data":
             if not options.get("boundary"):
                 raise InvalidRequestError("multipart/form-data without a boundary", param="content-type")
@@ -71,12 +83,20 @@ async def receive(request: Request[Any, Any, Any], limit_bytes: int,
         raise
 
 
-async def _received(request: Request[Any, Any, Any]) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in request.stream():
-            yield chunk
-    except InternalServerException:  # Litestar's word for an http.disconnect before the body ended
-        raise InvalidRequestError("the client disconnected before the upload ended", param="file") from None
+async def _received(request: Request[Any, Any, Any], idle_timeout_s: float) -> AsyncIterator[bytes]:
+    chunks = aiter(request.stream())
+    while True:
+        try:
+            async with asyncio.timeout(idle_timeout_s):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RequestTimeoutError(f"the upload sent nothing for {idle_timeout_s:g} s and was cut off "
+                                      "(--upload-idle-timeout-s); send it again", param="file") from None
+        except InternalServerException:  # Litestar's word for an http.disconnect before the body ended
+            raise InvalidRequestError("the client disconnected before the upload ended", param="file") from None
+        yield chunk
 
 
 async def _capped(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:

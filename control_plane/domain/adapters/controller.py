@@ -185,7 +185,7 @@ class AdapterController(Controller):
                         errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/activate", path_params=_NAME,
                         operation_id="activateLoraAdapter"),
               route_doc(request_content=_UPLOAD_CONTENT, response=schemas.AdapterLoaded, alternates=_PUSH,
-                        errors=_MUTATION_ERRORS, path="/v1/lora_adapters/{name}/versions", path_params=_NAME,
+                        errors=(*_MUTATION_ERRORS, 408), path="/v1/lora_adapters/{name}/versions", path_params=_NAME,
                         operation_id="uploadLoraAdapterVersion"))})
     async def activate_or_upload(self, service: AdapterService, principal: Principal, name: str,
                                  request: Request[Any, Any, Any]

@@ -84,7 +84,8 @@ class AdapterService:
         _refuse_route_names(name)
 
         async def spool() -> Incoming:
-            received = await upload.receive(request, self.settings.max_artifact_bytes, request.query_params.multi_items())
+            received = await upload.receive(request, self.settings.max_artifact_bytes,
+                                            request.query_params.multi_items(), self.settings.upload_idle_timeout_s)
             try:
                 req, activate = upload_request(name, received.fields)
                 found = await asyncio.to_thread(received.spool.inspect)

@@ -1,0 +1,73 @@
+"""Uploads against a real `loraplane control` over raw sockets: a body declared too large is refused
+before a byte of it is read, and a client that stops sending is cut off and its connection closed
+(what a slow-upload attack holds open otherwise)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from control_plane.artifacts.upload import BODY_OVERHEAD
+from tests.e2e.test_control_plane_engines import ADMIN, control_plane
+
+CAP = 64 << 10  # --max-artifact-bytes
+IDLE_S = 1.0  # --upload-idle-timeout-s
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("upload-connections")
+    with control_plane(tmp, tmp, flags=("--max-artifact-bytes", str(CAP),
+                                        "--upload-idle-timeout-s", str(IDLE_S))) as url:
+        yield url
+
+
+def head(name: str, content_length: int) -> bytes:
+    return (f"POST /v1/lora_adapters/{name}/versions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}"
+            f"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: {content_length}\r\n\r\n").encode()
+
+
+def answer_and_close(sock: socket.socket, within_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection (a timeout here: it kept it open), and
+    how long the answer's first byte took."""
+    start = time.monotonic()
+    sock.settimeout(within_s)
+    received, first = b"", None
+    while chunk := sock.recv(65536):
+        first = first if first is not None else time.monotonic() - start
+        received += chunk
+    assert first is not None, "the server closed the connection without an answer"
+    return received, first
+
+
+def audit_outcomes(url: str, name: str) -> list[str]:
+    events = httpx.get(f"{url}/v1/audit", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()["data"]
+    return [e["outcome"] for e in events if e["target"] == name]
+
+
+def test_a_content_length_over_the_cap_is_413_before_any_byte_is_read(cp: str) -> None:
+    port = int(cp.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head("huge", CAP + BODY_OVERHEAD + 1))  # the headers only: not one byte of the body
+        received, took = answer_and_close(sock, 10)
+    status, _, rest = received.partition(b"\r\n")
+    assert status.startswith(b"HTTP/1.1 413 "), received[:300]
+    assert b"Content-Length" in rest and b"nothing was read" in rest and b"--max-artifact-bytes" in rest
+    assert took < 2  # at once: the server did not wait for the body
+    assert audit_outcomes(cp, "huge") == ["413 invalid_request_error"]
+
+
+def test_an_upload_that_stops_sending_is_cut_off_and_its_connection_closed(cp: str) -> None:
+    port = int(cp.rsplit(":", 1)[1])
+    part = b'--b\r\nContent-Disposition: form-data; name="files"; filename="adapter_config.json"\r\n\r\n{"r": 8'
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head("stalled", CAP // 2) + part)  # then nothing more
+        received, took = answer_and_close(sock, IDLE_S + 10)
+    assert received.startswith(b"HTTP/1.1 408 "), received[:300]
+    assert b"sent nothing for 1 s" in received and b"--upload-idle-timeout-s" in received
+    assert IDLE_S * 0.9 < took < IDLE_S + 10
+    assert audit_outcomes(cp, "stalled") == ["408 invalid_request_error"]
