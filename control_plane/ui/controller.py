@@ -37,7 +37,7 @@ from control_plane.domain.placements.push import EngineOutcome
 from control_plane.domain.routers.service import list_routers
 from control_plane.settings import ControlPlaneSettings
 from control_plane.ui import pages
-from control_plane.ui.session import COOKIE, MAX_AGE_S, ConsoleSession, SessionCodec
+from control_plane.ui.session import COOKIE, MAX_AGE_S, ConsoleSession, SessionCodec, SignInLimits, over_https
 from shared.errors import InvalidRequestError, LoraplaneError
 from shared.http_errors import handle_http_exception
 
@@ -50,9 +50,11 @@ _CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inlin
 _ACTIONS = ("load", "unload", "activate", "rollback", "pin", "unpin")
 
 
-def _cookie(key: str, value: str, max_age: int) -> Cookie:
+def _cookie(request: Request[Any, Any, Any], key: str, value: str, max_age: int) -> Cookie:
+    """Secure when the request came over https (TLS may end at a trusted proxy: X-Forwarded-Proto); a
+    Secure cookie would be dropped on plain http."""
     return Cookie(key=key, value=value, path="/ui", httponly=True, samesite="strict", max_age=max_age,
-                  secure=False)  # TLS ends in front of the control plane; Secure would drop it on plain http
+                  secure=over_https(request))
 
 
 def _html(template: str, status_code: int = 200, cookies: list[Cookie] | None = None, **context: Any) -> Response[str]:
@@ -81,13 +83,21 @@ class ConsoleController(Controller):
         return Redirect("/ui/fleet", status_code=303)
 
     @get("/login")
-    async def login_page(self, error: str = "") -> Response[str]:
+    async def login_page(self, request: Request[Any, Any, Any], error: str = "") -> Response[str]:
         token = secrets.token_urlsafe(24)
         return _html("login.html", session=None, page="login", csrf=token, error=error,
-                     cookies=[_cookie(_LOGIN_CSRF, token, 600)])
+                     cookies=[_cookie(request, _LOGIN_CSRF, token, 600)])
 
     @post("/login")
-    async def login(self, request: Request[Any, Any, Any], codec: SessionCodec) -> Response[Any]:
+    async def login(self, request: Request[Any, Any, Any], codec: SessionCodec, sign_ins: SignInLimits,
+                    state: State) -> Response[Any]:
+        host = request.client.host if request.client else "unknown"
+        wait = sign_ins.wait_s(host)
+        if wait is not None:  # before any token is compared
+            response = _html("refused.html", status_code=429, session=None, page="", message=(
+                f"Too many failed sign-ins from your address; try again in {wait:.0f} s."))
+            response.headers["Retry-After"] = str(max(1, int(wait + 0.999)))
+            return response
         form = await request.form()
         sent, expected = str(form.get("csrf", "")), request.cookies.get(_LOGIN_CSRF, "")
         if not expected or not hmac.compare_digest(sent.encode(), expected.encode()):
@@ -95,27 +105,33 @@ class ConsoleController(Controller):
         offered = str(form.get("token", "")).strip()
         role = codec.role_of(offered) if offered else None
         if role is None:
+            failures = sign_ins.fail(host)
+            async with state.audit_sessions() as db:  # the address, never what was offered
+                row = audit.event(f"address:{host}"[:32], "console_sign_in", "/ui/login", "401 authentication_error",
+                                  detail={"address": host, "failures_in_window": failures})
+                await audit.record_alone(db, state.write_gate, row)
             return _back("/ui/login", error="That token is not a read or admin token of this control plane.")
         _, cookie = codec.issue(role, offered)
         response = Redirect("/ui/fleet", status_code=303)
-        response.cookies = [_cookie(COOKIE, cookie, MAX_AGE_S), _cookie(_LOGIN_CSRF, "", 0)]
+        response.cookies = [_cookie(request, COOKIE, cookie, MAX_AGE_S), _cookie(request, _LOGIN_CSRF, "", 0)]
         return response
 
     @post("/logout")
     async def logout(self, request: Request[Any, Any, Any], codec: SessionCodec) -> Response[Any]:
-        session = codec.read(request.cookies.get(COOKIE))
+        session = await codec.current(request)
         form = await request.form()
         if session is None or not _csrf_ok(session, str(form.get("csrf", ""))):
             return _refused("This form did not come from your console session.", session)
+        await codec.end(request, session)  # a copy of the cookie is refused from now on
         response = Redirect("/ui/login", status_code=303)
-        response.cookies = [_cookie(COOKIE, "", 0)]
+        response.cookies = [_cookie(request, COOKIE, "", 0)]
         return response
 
     @get("/fleet")
     async def fleet(self, request: Request[Any, Any, Any], state: State, codec: SessionCodec,
                     engines: EngineService, db_session: AsyncSession,
                     live: bool = False) -> Response[Any]:
-        session = codec.read(request.cookies.get(COOKIE))
+        session = await codec.current(request)
         if session is None:
             return Redirect("/ui/login", status_code=303)
         rows = await pages.fleet(engines, db_session)
@@ -126,7 +142,7 @@ class ConsoleController(Controller):
     async def adapter_list(self, request: Request[Any, Any, Any], codec: SessionCodec, adapters: AdapterService,
                            live: bool = False, search: str = "", base_model: str = "", label: str = "",
                            offset: int = 0) -> Response[Any]:
-        session = codec.read(request.cookies.get(COOKIE))
+        session = await codec.current(request)
         if session is None:
             return Redirect("/ui/login", status_code=303)
         filters = pages.AdapterFilters(search=search[:128], base_model=base_model[:256], label=label[:400])
@@ -158,7 +174,7 @@ class ConsoleController(Controller):
     async def audit_page(self, request: Request[Any, Any, Any], codec: SessionCodec, audit: AuditService,
                          live: bool = False, adapter: str = "", actor: str = "", action: str = "",
                          offset: int = 0) -> Response[Any]:
-        session = codec.read(request.cookies.get(COOKIE))
+        session = await codec.current(request)
         if session is None:
             return Redirect("/ui/login", status_code=303)
         filters = {"adapter": adapter[:256], "actor": actor[:256], "action": action[:64]}
@@ -178,7 +194,7 @@ class ConsoleController(Controller):
                   adapters: AdapterService) -> Response[Any]:
         """One admin form on the Adapters or Adapter page: load (name, path), unload, activate (version),
         rollback, pin, unpin; the service call the API's handler makes, as the signed-in token."""
-        session = codec.read(request.cookies.get(COOKIE))
+        session = await codec.current(request)
         form = {k: str(v) for k, v in (await request.form()).items()}
         if session is None or not _csrf_ok(session, form.get("csrf", "")):
             return _refused("This form did not come from your console session (CSRF token missing or wrong); "
@@ -202,7 +218,7 @@ class ConsoleController(Controller):
 async def _adapter_page(request: Request[Any, Any, Any], codec: SessionCodec, state: State, adapters: AdapterService,
                         audit: AuditService, db_session: AsyncSession, name: str, live: str, notice: str,
                         error: str) -> Response[Any]:
-    session = codec.read(request.cookies.get(COOKIE))
+    session = await codec.current(request)
     if session is None:
         return Redirect("/ui/login", status_code=303)
     if not name:
@@ -258,8 +274,10 @@ class Console:
         self.codec = codec = SessionCodec(settings)
         static = create_static_files_router(path="/ui/static", directories=[HERE / "static"], include_in_schema=False,
                                             name="console-static")
+        sign_ins = SignInLimits(settings.key_failures_per_address, settings.key_failure_window_s)
         self.router = Router(path="/", route_handlers=[ConsoleController, static], include_in_schema=False,
-                             dependencies={"codec": Provide(lambda: codec, sync_to_thread=False)})
+                             dependencies={"codec": Provide(lambda: codec, sync_to_thread=False),
+                                           "sign_ins": Provide(lambda: sign_ins, sync_to_thread=False)})
 
     def not_found(self, request: Request[Any, Any, Any], exc: NotFoundException) -> Response[Any]:
         """A 404 under /ui is the console's page saying so, with the console's links when signed in;

@@ -22,8 +22,8 @@ from control_plane.db import migrate
 from tests.control_plane.conftest import create_pg_database, drop_pg_database
 
 TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events", "artifact_blobs", "version_files",
-          "demand_reports", "stats_samples", "routers", "tenants", "api_keys"}
-HEAD = "0012_actor_names"
+          "demand_reports", "stats_samples", "routers", "tenants", "api_keys", "console_session_ends"}
+HEAD = "0013_console_session_ends"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
