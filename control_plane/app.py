@@ -6,6 +6,7 @@ migrations are applied at start; errors are OpenAI-style bodies; metrics live on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from control_plane.artifacts.controller import ArtifactController
+from control_plane.artifacts.spool import clean_spools
 from control_plane.artifacts.store import ArtifactStore
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
@@ -106,6 +108,8 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     revocations = RevocationPublisher(settings.redis_url, settings.redis_prefix, on_publish=tenant_auth.forget)
 
     async def apply_migrations(_: Litestar) -> None:
+        assert settings.data_dir is not None  # ControlPlaneSettings.__post_init__ sets the default
+        await asyncio.to_thread(clean_spools, settings.data_dir)  # what a killed process left mid-upload
         await migrate.check_integrity(engine)  # a damaged SQLite file stops the start, saying so
         if settings.migrate_on_start:
             await migrate.upgrade(engine)

@@ -52,6 +52,14 @@ def default_artifact_store(database_url: str) -> str:
     return (Path.cwd() / ".loraplane" / "artifacts").as_uri()
 
 
+def default_data_dir(database_url: str) -> str:
+    """The folder of the SQLite file, else .loraplane/ (where the spool lives)."""
+    parsed = make_url(database_url)
+    if parsed.drivername.startswith("sqlite") and parsed.database and parsed.database != ":memory:":
+        return str(Path(parsed.database).resolve().parent)
+    return str(Path.cwd() / ".loraplane")
+
+
 def without_password(url: str) -> str:
     """A database URL as logs and repr may show it."""
     return make_url(url).render_as_string(hide_password=True)
@@ -170,6 +178,10 @@ class ControlPlaneSettings:
         4 << 30, flag="--max-artifact-bytes", env="LORAPLANE_MAX_ARTIFACT_BYTES", group=ARTIFACTS, metavar="N",
         default_text="4 GiB",
         help="the largest version a load or upload may bring in, all its files together (413 above it)")
+    data_dir: str | None = setting(
+        None, flag="--data-dir", env="LORAPLANE_DATA_DIR", group=ARTIFACTS, metavar="DIR",
+        help="the control plane's own folder: incoming versions are spooled in its spool/ (what a killed process "
+        "left there is removed at start); default: the SQLite file's folder, or .loraplane/ with PostgreSQL")
     upload_idle_timeout_s: float = setting(
         30.0, flag="--upload-idle-timeout-s", env="LORAPLANE_UPLOAD_IDLE_TIMEOUT_S", group=ARTIFACTS, metavar="S",
         help="an upload whose body sends nothing for this long is cut off (408) and its connection closed")
@@ -297,6 +309,8 @@ class ControlPlaneSettings:
             self.artifact_store = default_artifact_store(self.database_url)
         if self.artifact_store.split("://", 1)[0] not in ARTIFACT_SCHEMES or "://" not in self.artifact_store:
             raise ValueError(f"artifact_store must be a URL with one of the schemes {', '.join(ARTIFACT_SCHEMES)}")
+        if self.data_dir is None:
+            self.data_dir = default_data_dir(self.database_url)
         if self.max_artifact_bytes <= 0:
             raise ValueError("max_artifact_bytes must be positive")
         if not self.upload_idle_timeout_s > 0:

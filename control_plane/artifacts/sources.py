@@ -58,9 +58,10 @@ def hub_url(lora_path: str) -> str:
     return f"{endpoint}/{quote(repo)}/resolve/{quote(revision or 'main', safe='')}/"
 
 
-async def spool_source(lora_path: str, roots: tuple[str, ...], limit_bytes: int) -> tuple[Spool, InspectedAdapter]:
-    """The validated files of `lora_path` in a new Spool (the caller closes it)."""
-    spool = Spool(limit_bytes)
+async def spool_source(lora_path: str, roots: tuple[str, ...], limit_bytes: int,
+                       spool_root: Path) -> tuple[Spool, InspectedAdapter]:
+    """The validated files of `lora_path` in a new Spool (under `spool_root`; the caller closes it)."""
+    spool = Spool(limit_bytes, spool_root)
     try:
         if is_object_store_url(lora_path):
             await _from_object_store(spool, lora_path)

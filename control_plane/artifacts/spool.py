@@ -1,15 +1,19 @@
 """Spool: one incoming version's files on local disk, hashed as they are written, then validated.
 
 Every way in (a folder under the adapter roots, an object-store prefix, an upload) copies the PEFT files
-into a fresh temporary folder first, counting bytes against `--max-artifact-bytes` and hashing each file
+into a fresh folder of this process's spool root first (`<data dir>/spool/p<pid>/`, `spool_root`), counting bytes against `--max-artifact-bytes` and hashing each file
 as it lands. Validation (control_plane/artifacts/inspect.py) and the store's copy then read that
 private copy, so what is recorded is exactly what was checked, even if the source changes meanwhile,
-and nothing ever holds a whole upload in memory. The folder is removed when the spool closes.
+and nothing ever holds a whole upload in memory. The folder is removed when the spool closes; what a
+killed process left is removed when the next one starts (`clean_spools`: every process folder whose
+process is gone).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterable
@@ -26,6 +30,39 @@ from shared.peft import CONFIG_NAME, WEIGHTS_NAME
 # What a version is made of: the files the manifest digest covers (shared.manifest), nothing else.
 VERSION_FILES = (CONFIG_NAME, WEIGHTS_NAME)
 _CHUNK = 1 << 20
+SPOOL_FOLDER = "spool"
+logger = logging.getLogger(__name__)
+
+
+def spool_root(data_dir: str | None) -> Path:
+    """This process's spool folder under the control plane's data folder."""
+    assert data_dir is not None, "ControlPlaneSettings sets data_dir"
+    return Path(data_dir) / SPOOL_FOLDER / f"p{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def clean_spools(data_dir: str) -> int:
+    """Remove what earlier processes left in the spool (a process killed mid-upload): every process folder
+    but those of processes still running (another replica on this data folder); returns how many went."""
+    removed = 0
+    parent = Path(data_dir) / SPOOL_FOLDER
+    for folder in parent.glob("p*") if parent.is_dir() else ():
+        pid = folder.name[1:]
+        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    if removed:
+        logger.info("spool: removed %d folder(s) that stopped processes left in %s", removed, parent)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -37,10 +74,11 @@ class SpooledFile:
 
 
 class Spool:
-    def __init__(self, limit_bytes: int, param: str = "lora_path") -> None:
+    def __init__(self, limit_bytes: int, root: Path, param: str = "lora_path") -> None:
         self.limit_bytes = limit_bytes
         self.param = param  # the request field errors name
-        self.folder = Path(tempfile.mkdtemp(prefix="loraplane-spool-"))
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.folder = Path(tempfile.mkdtemp(prefix="spool-", dir=root))
         self.files: dict[str, SpooledFile] = {}
 
     def __enter__(self) -> Spool:

@@ -22,7 +22,7 @@ import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import multipart
@@ -55,11 +55,11 @@ def refuse_declared_size(request: Request[Any, Any, Any], limit_bytes: int) -> N
 
 
 async def receive(request: Request[Any, Any, Any], limit_bytes: int, query: Iterable[tuple[str, str]],
-                  idle_timeout_s: float) -> Upload:
+                  idle_timeout_s: float, spool_root: Path) -> Upload:
     """The upload's files in a new Spool (the caller closes it) and its fields."""
     refuse_declared_size(request, limit_bytes)
     content_type, options = multipart.parse_options_header(request.headers.get("content-type", ""))
-    upload = Upload(Spool(limit_bytes, param="file"))
+    upload = Upload(Spool(limit_bytes, spool_root, param="file"))
     try:
         body = _capped(_received(request, idle_timeout_s), limit_bytes + BODY_OVERHEAD)
         if content_type == "multipart/form-data":

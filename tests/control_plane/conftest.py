@@ -119,7 +119,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def settings(db_url: str, demo: dict[str, Path], tmp_path: Path) -> ControlPlaneSettings:
     return ControlPlaneSettings(database_url=db_url, admin_tokens=(ADMIN,), read_tokens=(READ,),
                                 adapter_roots=(str(demo["root"]),), artifact_store=(tmp_path / "artifacts").as_uri(),
-                                key_pepper=KEY_PEPPER)
+                                key_pepper=KEY_PEPPER, data_dir=str(tmp_path / "data"))
 
 
 @pytest.fixture

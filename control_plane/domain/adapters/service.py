@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.artifacts import blobs, upload
 from control_plane.artifacts.inspect import InspectedAdapter
 from control_plane.artifacts.sources import is_object_store_url, spool_source
-from control_plane.artifacts.spool import Spool
+from control_plane.artifacts.spool import Spool, spool_root
 from control_plane.artifacts.store import ArtifactStore
 from control_plane.auth import Principal
 from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine
@@ -73,7 +73,8 @@ class AdapterService:
                                      f"sources of {tenant!r}")
                 await self.session.commit()  # end the read: the copy may take long, holding no transaction
                 roots = await asyncio.to_thread(tenant_sources.confine, req.lora_path, sources, roots, tenant)
-            spooled, found = await spool_source(req.lora_path, roots, self.settings.max_artifact_bytes)
+            spooled, found = await spool_source(req.lora_path, roots, self.settings.max_artifact_bytes,
+                                                spool_root(self.settings.data_dir))
             return Incoming(spooled, dataclasses.replace(found, path=_source_of(req.lora_path, found)), req)
 
         return await self.record_version("load_lora_adapter", req.lora_name, actor, spool)
@@ -85,7 +86,8 @@ class AdapterService:
 
         async def spool() -> Incoming:
             received = await upload.receive(request, self.settings.max_artifact_bytes,
-                                            request.query_params.multi_items(), self.settings.upload_idle_timeout_s)
+                                            request.query_params.multi_items(), self.settings.upload_idle_timeout_s,
+                                            spool_root(self.settings.data_dir))
             try:
                 req, activate = upload_request(name, received.fields)
                 found = await asyncio.to_thread(received.spool.inspect)

@@ -10,7 +10,6 @@ import io
 import json
 import socket
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -218,8 +217,8 @@ async def test_names_with_a_route_segment_are_refused(client: AsyncTestClient, d
     await assert_nothing_recorded(settings)
 
 
-def spools() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("loraplane-spool-*")}
+def spools(settings: ControlPlaneSettings) -> set[str]:
+    return {p.name for p in Path(str(settings.data_dir), "spool").glob("p*/spool-*")}
 
 
 async def test_a_client_that_disconnects_mid_upload_leaves_nothing(settings: ControlPlaneSettings, demo: dict) -> None:
@@ -230,7 +229,7 @@ async def test_a_client_that_disconnects_mid_upload_leaves_nothing(settings: Con
     head = (f"POST {ADAPTERS}/cut/versions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN}\r\n"
             f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     port = free_port()
-    before = spools()
+    before = spools(settings)
     async with served_control_plane(settings, port) as cp:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(head + body[: len(body) * 2 // 3])  # the config and part of the weights
@@ -239,8 +238,8 @@ async def test_a_client_that_disconnects_mid_upload_leaves_nothing(settings: Con
         while not [row for row in await audit(settings.database_url) if row[1] == "cut"]:
             assert time.monotonic() < deadline, "the interrupted upload was never finished by the server"
             await asyncio.sleep(0.05)
-        while spools() - before:  # its spool folder goes too (removed as the refused request unwinds)
-            assert time.monotonic() < deadline, f"the interrupted upload's spool stayed: {spools() - before}"
+        while spools(settings) - before:  # its spool folder goes too (removed as the refused request unwinds)
+            assert time.monotonic() < deadline, f"the interrupted upload's spool stayed: {spools(settings) - before}"
             await asyncio.sleep(0.05)
         await assert_nothing_recorded(settings)
         r = await upload(cp, "after", demo["demo-poet"])  # the control plane keeps serving uploads

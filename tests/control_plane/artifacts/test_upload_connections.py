@@ -1,12 +1,16 @@
 """Uploads against a real `loraplane control` over raw sockets: a body declared too large is refused
-before a byte of it is read, and a client that stops sending is cut off and its connection closed
-(what a slow-upload attack holds open otherwise)."""
+before a byte of it is read, a client that stops sending is cut off and its connection closed (what a
+slow-upload attack holds open otherwise), and a control plane killed mid-upload leaves no spool behind
+once it starts again."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -71,3 +75,28 @@ def test_an_upload_that_stops_sending_is_cut_off_and_its_connection_closed(cp: s
     assert b"sent nothing for 1 s" in received and b"--upload-idle-timeout-s" in received
     assert IDLE_S * 0.9 < took < IDLE_S + 10
     assert audit_outcomes(cp, "stalled") == ["408 invalid_request_error"]
+
+
+def test_a_spool_left_by_a_killed_control_plane_is_removed_at_the_next_start(tmp_path: Path) -> None:
+    """SIGKILL during an upload: the spool lies under the control plane's data folder (not the system's
+    temporary folder), and the next `loraplane control` on that folder removes it as it starts."""
+    data = tmp_path / "data"
+    flags = ("--data-dir", str(data), "--upload-idle-timeout-s", "60")
+    part = (b'--b\r\nContent-Disposition: form-data; name="files"; filename="adapter_model.safetensors"\r\n\r\n'
+            + b"\0" * (64 << 10))
+    with control_plane(tmp_path, tmp_path, flags=flags) as url, \
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=10) as sock:
+        sock.sendall(head("killed", 1 << 20) + part)  # the upload is under way, its spool half written
+        deadline = time.monotonic() + 20
+        while not (spooled := [p for p in data.glob("spool/p*/spool-*/*") if p.stat().st_size > 0]):
+            assert time.monotonic() < deadline, "the upload was never spooled under --data-dir"
+            time.sleep(0.05)
+        process_folder = spooled[0].parents[1]
+        os.kill(int(process_folder.name[1:]), signal.SIGKILL)
+        while Path(f"/proc/{process_folder.name[1:]}/status").exists() and \
+                "zombie" not in Path(f"/proc/{process_folder.name[1:]}/status").read_text():
+            time.sleep(0.05)
+    assert spooled[0].exists()  # what the killed process left
+    with control_plane(tmp_path, tmp_path, flags=flags) as url:
+        assert not process_folder.exists()
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
