@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from control_plane.artifacts.controller import ArtifactController
 from control_plane.artifacts.spool import clean_spools
 from control_plane.artifacts.store import ArtifactStore
+from control_plane.artifacts.sweeper import StoreSweeper
 from control_plane.db import migrate
 from control_plane.db.session import WriteGate, create_engine, plugin_config
 from control_plane.db.transaction import database_error_handlers
@@ -100,6 +101,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     reconciler = Reconciler(sessions, gate, engine_client, settings, app_metrics)
     assert settings.artifact_store is not None  # ControlPlaneSettings.__post_init__ sets the default
     artifact_store = ArtifactStore(settings.artifact_store)
+    sweeper = StoreSweeper(sessions, gate, artifact_store, settings.store_gc_grace_s, app_metrics)
     stats_cache = StatsCache()
     history = HistorySampler(sessions, gate, settings, engine_client, stats_cache)  # the console's charts
     tenant_auth = TenantAuth(sessions, gate, KeyHasher(settings.key_pepper),
@@ -115,8 +117,10 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
             await migrate.upgrade(engine)
         await reconciler.start()
         await history.start()
+        await sweeper.start()
 
     async def stop_background(_: Litestar) -> None:
+        await sweeper.stop()
         await history.stop()
         await reconciler.stop()
         await engine_client.aclose()

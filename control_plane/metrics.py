@@ -31,6 +31,10 @@ class ControlPlaneMetrics:
         self.artifact_bytes = Counter("loraplane_control_artifact_bytes_total",
                                       "Bytes of adapter files streamed to engines from the artifact store",
                                       registry=self.registry)
+        self.store_orphans_removed = Counter("loraplane_control_store_orphans_removed_total",
+                                             "Artifact store objects removed because no version named them past "
+                                             "the grace period (an upload killed before its commit)",
+                                             registry=self.registry)
         self.engine_calls = Counter("loraplane_control_engine_calls_total", "Load and unload calls to engines "
                                     "by source (push, reconcile), action and outcome (ok, failed)",
                                     ["source", "action", "outcome"], registry=self.registry)

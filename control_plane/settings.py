@@ -182,6 +182,10 @@ class ControlPlaneSettings:
         None, flag="--data-dir", env="LORAPLANE_DATA_DIR", group=ARTIFACTS, metavar="DIR",
         help="the control plane's own folder: incoming versions are spooled in its spool/ (what a killed process "
         "left there is removed at start); default: the SQLite file's folder, or .loraplane/ with PostgreSQL")
+    store_gc_grace_s: float = setting(
+        3600.0, flag="--store-gc-grace-s", env="LORAPLANE_STORE_GC_GRACE_S", group=ARTIFACTS, metavar="S",
+        help="store objects no version names (an upload killed before its commit) are removed once older than "
+        "this; the store is walked at start and every this many seconds")
     upload_idle_timeout_s: float = setting(
         30.0, flag="--upload-idle-timeout-s", env="LORAPLANE_UPLOAD_IDLE_TIMEOUT_S", group=ARTIFACTS, metavar="S",
         help="an upload whose body sends nothing for this long is cut off (408) and its connection closed")
@@ -313,8 +317,8 @@ class ControlPlaneSettings:
             self.data_dir = default_data_dir(self.database_url)
         if self.max_artifact_bytes <= 0:
             raise ValueError("max_artifact_bytes must be positive")
-        if not self.upload_idle_timeout_s > 0:
-            raise ValueError("upload_idle_timeout_s must be positive")
+        if not self.upload_idle_timeout_s > 0 or not self.store_gc_grace_s > 0:
+            raise ValueError("upload_idle_timeout_s and store_gc_grace_s must be positive")
         if self.public_url is not None:
             self.public_url = self.public_url.rstrip("/")
             if not self.public_url.startswith(("http://", "https://")):

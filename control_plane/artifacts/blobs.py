@@ -12,10 +12,16 @@ So an upload either commits its reference before a collection looks (the blob st
 collection to finish and then finds the row and the object gone, and inserts and puts them again
 (tests/control_plane/artifacts/test_blob_race.py drives that order on PostgreSQL). A collection that fails after
 deleting an object leaves an unreferenced row without object: harmless, the next reference re-puts it.
+
+An object put before its transaction (`put_missing`) has no row until the commit; a process killed in
+between leaves it with none for ever. `orphans` walks the store against the rows: an object older than
+the grace period that no row names is collected as any blob is (its row made and locked first, so an
+upload that names it meanwhile wins).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterable
 
@@ -96,3 +102,22 @@ async def discard(session: AsyncSession, store: ArtifactStore, files: Iterable[S
     Each blob's row is created if need be and locked first, so this is a collection like any other."""
     ids = [(await _locked_blob(session, f.sha256, f.size)).id for f in sorted(files, key=lambda f: f.sha256)]
     return await collect(session, store, ids)
+
+
+async def orphans(session: AsyncSession, store: ArtifactStore, grace_s: float) -> list[tuple[str, int]]:
+    """(sha256, size) of the store's objects older than `grace_s` that no blob row names."""
+    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=grace_s)
+    old = [(sha, size) async for sha, size, modified in store.blobs() if modified < cutoff]
+    known: set[str] = set()
+    for start in range(0, len(old), 500):
+        names = [sha for sha, _ in old[start:start + 500]]
+        known |= set((await session.scalars(select(ArtifactBlob.sha256).where(ArtifactBlob.sha256.in_(names)))).all())
+    await session.commit()  # end the read
+    return [(sha, size) for sha, size in old if sha not in known]
+
+
+async def collect_orphan(session: AsyncSession, store: ArtifactStore, sha256: str, size: int) -> list[str]:
+    """Collect one object that had no row: its row made and locked, then collected unless a manifest now
+    lists it. Inside the caller's transaction."""
+    blob = await _locked_blob(session, sha256, size)
+    return await collect(session, store, [blob.id])

@@ -119,6 +119,19 @@ class ArtifactStore:
             async for chunk in self.stream(sha256):
                 fh.write(chunk)
 
+    async def blobs(self) -> AsyncIterator[tuple[str, int, dt.datetime]]:
+        """(sha256, size, last modified) of every blob the store holds, in batches as the store lists them."""
+        try:
+            async for batch in obstore.list(self._store, prefix=BLOB_PREFIX):
+                for meta in batch:
+                    name = str(meta["path"]).removeprefix(BLOB_PREFIX)
+                    if len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+                        yield name, int(meta["size"]), meta["last_modified"]
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._error("list", exc) from None
+
     async def delete(self, sha256: str) -> None:
         try:
             await obstore.delete_async(self._store, blob_key(sha256))

@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 from control_plane.artifacts.upload import BODY_OVERHEAD
+from data_plane.demo.adapters import write_demo_adapters
+from data_plane.demo.model_builder import write_demo_model
 from tests.e2e.test_control_plane_engines import ADMIN, control_plane
 
 CAP = 64 << 10  # --max-artifact-bytes
@@ -100,3 +102,39 @@ def test_a_spool_left_by_a_killed_control_plane_is_removed_at_the_next_start(tmp
     with control_plane(tmp_path, tmp_path, flags=flags) as url:
         assert not process_folder.exists()
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_store_objects_no_version_names_are_collected_past_the_grace_period(tmp_path: Path) -> None:
+    """What a kill between the store's put and the commit leaves (an object without a row) goes at the next
+    start once older than --store-gc-grace-s, audited and counted; a young one, and every object a version
+    names, stay."""
+    store = tmp_path / "store"
+    flags = ("--artifact-store", store.as_uri(), "--store-gc-grace-s", "600")
+    demo = tmp_path / "adapters"
+    write_demo_model(tmp_path / "base", seed=0)
+    write_demo_adapters(tmp_path / "base", demo)
+    with control_plane(tmp_path, demo, flags=flags) as url:
+        files = [("files", (p.name, p.read_bytes(), "application/octet-stream")) for p in sorted(
+            (demo / "demo-poet").iterdir())]
+        r = httpx.post(f"{url}/v1/lora_adapters/kept/versions", files=files, data={"base_model": "demo"},
+                       headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+        assert r.status_code in (200, 207), r.text
+    kept = sorted((store / "blobs").iterdir())
+    old, young = store / "blobs" / ("a" * 64), store / "blobs" / ("b" * 64)
+    old.write_bytes(b"left by a killed upload")
+    young.write_bytes(b"an upload about to commit")
+    an_hour_ago = time.time() - 3600
+    for path in (old, *kept):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    with control_plane(tmp_path, demo, flags=flags) as url:
+        deadline = time.monotonic() + 20
+        while old.exists():
+            assert time.monotonic() < deadline, "the orphaned object was never collected"
+            time.sleep(0.1)
+        assert young.exists() and all(p.exists() for p in kept)
+        events = httpx.get(f"{url}/v1/audit", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10).json()["data"]
+        swept = [e for e in events if e["action"] == "collect_store_orphans"]
+        assert [(e["actor"], e["outcome"]) for e in swept] == [("system:store-gc", "ok")], swept
+        assert "loraplane_control_store_orphans_removed_total 1.0" in httpx.get(f"{url}/metrics", timeout=10).text
+        r = httpx.get(f"{url}/v1/lora_adapters/kept", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+        assert r.status_code == 200
