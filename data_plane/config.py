@@ -132,6 +132,11 @@ class EngineConfig:
     admin_token: str | None = setting(None, flag="--admin-token", env="LORAPLANE_ADMIN_TOKEN", secret=True,
                                       group="HTTP", help="bearer token of the admin endpoints (loading and "
                                       "unloading adapters, draining); unset, they are refused")
+    read_token: str | None = setting(None, flag="--read-token", env="LORAPLANE_READ_TOKEN", secret=True,
+                                     group="HTTP", help="bearer token that may read the listings (/v1/lora_adapters, "
+                                     "/v1/lora_stats, /v1/models) and nothing else; with this or --admin-token set, "
+                                     "they need one of the two (/v1/models also takes --api-key); with neither, "
+                                     "they are open")
     api_key: str | None = setting(None, flag="--api-key", env="LORAPLANE_API_KEY", secret=True, group="HTTP",
                                   help="bearer key required by the inference endpoints, as vLLM's --api-key; "
                                   "/health and /metrics stay open; unset, the engine is open")

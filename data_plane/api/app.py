@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ from data_plane.adapters.loading.spec import AdapterReading
 from data_plane.adapters.registry import Loader, LoRARegistry
 from data_plane.adapters.stats import AdapterRequestStats
 from data_plane.api import lora_routes, schemas
-from data_plane.api.auth import api_key_guard, is_admin
+from data_plane.api.auth import api_key_guard, is_admin, listing_guard, models_guard
 from data_plane.api.models import ModelResolver
 from data_plane.api.protocol import decode_request, request_types
 from data_plane.api.serving_chat import ChatService
@@ -105,7 +105,7 @@ async def create_completion(request: Request[Any, Any, Any], state: State) -> Re
     return _respond(await _until_disconnect(request, state.completion.create(body)))
 
 
-@get("/v1/models", operation_id="listModels", guards=[api_key_guard], opt=route_doc(response=schemas.ModelList))
+@get("/v1/models", operation_id="listModels", guards=[models_guard], opt=route_doc(response=schemas.ModelList))
 async def list_models(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
     """List the models this engine serves: the base model and every ready adapter (`parent` = base).
     `root` is where the model's files lie for admin callers (as in vLLM), the model's name otherwise."""
@@ -115,7 +115,7 @@ async def list_models(request: Request[Any, Any, Any], state: State) -> dict[str
 @get(
     "/v1/models/{model_id:path}",
     operation_id="retrieveModel",
-    guards=[api_key_guard],
+    guards=[models_guard],
     opt=route_doc(response=schemas.ModelCard, errors=[404]),
 )
 async def retrieve_model(model_id: str, request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
@@ -153,6 +153,16 @@ async def get_version() -> dict[str, str]:
 def _has_requests(engine: EngineProtocol) -> bool:
     """Whether the engine is serving: background adapter work rests then."""
     return engine.num_requests() > 0
+
+
+def _guard_errors(config: EngineConfig, guards: Sequence[object]) -> list[int]:
+    """The statuses a route's guard adds to its document, with this engine's tokens."""
+    listings_guarded = bool(config.admin_token or config.read_token)
+    if listing_guard in guards and listings_guarded:
+        return [401, 403]
+    if api_key_guard in guards and config.api_key or models_guard in guards and (config.api_key or listings_guarded):
+        return [401]
+    return []
 
 
 def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loader | None = None) -> Litestar:
@@ -260,5 +270,5 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
         openapi_config=OpenAPIConfig(title="loraplane engine", version=__version__),
         logging_config=None,  # the process configures logging at its edge (server.py), not the app
     )
-    document_app(app, extra_errors=lambda handler: [401] if config.api_key and api_key_guard in (handler.guards or ()) else [])
+    document_app(app, extra_errors=lambda handler: _guard_errors(config, handler.guards or ()))
     return app

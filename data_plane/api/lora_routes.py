@@ -12,7 +12,7 @@ from typing import Any
 from litestar import Request, get, post
 from litestar.datastructures import State
 
-from data_plane.api.auth import admin_guard, is_admin
+from data_plane.api.auth import admin_guard, is_admin, listing_guard
 from data_plane.api.serving_lora import (
     LoadLoRAAdapterRequest,
     LoRAService,
@@ -60,7 +60,7 @@ async def unload_lora_adapter(request: Request[Any, Any, Any], state: State) -> 
     return await lora.unload(body)
 
 
-@get("/v1/lora_adapters", operation_id="listLoraAdapters",
+@get("/v1/lora_adapters", operation_id="listLoraAdapters", guards=[listing_guard],
      opt=route_doc(response=engine_admin.AdapterList, errors=(400,)))
 async def list_lora_adapters(request: Request[Any, Any, Any], state: State) -> engine_admin.AdapterList:
     """Loaded adapters with residency (device/host/disk), state, pin, queues; plus device slot usage.
@@ -69,7 +69,7 @@ async def list_lora_adapters(request: Request[Any, Any, Any], state: State) -> e
     return lora.list(show_paths=is_admin(request))
 
 
-@get("/v1/lora_stats", operation_id="loraStats", opt=route_doc(response=engine_admin.LoraStats, errors=(400,)))
+@get("/v1/lora_stats", operation_id="loraStats", guards=[listing_guard], opt=route_doc(response=engine_admin.LoraStats, errors=(400,)))
 async def lora_stats(state: State) -> engine_admin.LoraStats:
     """Per adapter: requests by outcome, tokens, TTFT and end-to-end p50/p99, tokens/s over the last
     minute, slot loads, evictions and load latency."""

@@ -100,7 +100,8 @@ def start_engines(stack: contextlib.ExitStack, base: Path, cp: str, tmp: Path, *
 
 
 def serves(engine: EngineServer, name: str) -> bool:
-    listed = httpx.get(engine.api + "/lora_adapters", timeout=10).json()["adapters"]
+    listed = httpx.get(engine.api + "/lora_adapters", timeout=10,
+                       headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}).json()["adapters"]
     return any(a["name"] == name and a["state"] == "ready" for a in listed)
 
 

@@ -28,6 +28,7 @@ from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
 openai = pytest.importorskip("openai")
 
 ADMIN, READ, ENGINE_TOKEN = "e2e-admin-token", "e2e-read-token", "e2e-engine-token"
+ENGINE_AUTH = {"Authorization": f"Bearer {ENGINE_TOKEN}"}  # an engine with --admin-token lists to it only
 # each engine's own token at the control plane (LORAPLANE_CONTROL_PLANE_TOKEN on the engine)
 CP_TOKENS = {"e1": "e2e-e1-cp-token", "e2": "e2e-e2-cp-token", "e3": "e2e-e3-cp-token"}
 KEY_PEPPER = "e2e-key-pepper-" + "p" * 32  # tenant keys' hashes (LORAPLANE_KEY_PEPPER), the routers' too
@@ -133,10 +134,19 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
         assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [("e1", "loaded"), ("e2", "loaded")]
         v1_text = {}
         for n, s in engines.items():
-            listed = httpx.get(s.api + "/lora_adapters", timeout=10).json()["adapters"]
+            assert httpx.get(s.api + "/lora_adapters", timeout=10).status_code == 401  # not to anyone
+            listed = httpx.get(s.api + "/lora_adapters", headers=ENGINE_AUTH, timeout=10).json()["adapters"]
             assert [a["name"] for a in listed] == ["pirate"]
             v1_text[n] = complete(s.api, "pirate")
             assert v1_text[n] != base_text[n]
+        # the control plane reads the engines' listings with its engine token: its view fills
+        def residency() -> dict[str, str | None]:
+            stats = reader.get(cp + "/v1/lora_stats").json()
+            assert {(e["engine"], e["error"]) for e in stats["engines"]} == {("e1", None), ("e2", None)}, stats
+            return {e["engine"]: e["residency"] for a in stats["adapters"] if a["name"] == "pirate" for e in a["engines"]}
+
+        wait_for(lambda: set(residency()) == {"e1", "e2"} and None not in residency().values(),
+                 "the control plane's stats to show pirate on both engines")
 
         # new files → version 2, active at once; roll back to 1 and forward to 2 again
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(paths["demo-poet"])})
@@ -164,7 +174,8 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
                                                             "replicas": {"min": 0}})
         assert r.status_code == 200 and r.json()["engines"] == [], r.text
         assert complete(e1.api, "poet") == v2_text["e1"]  # the same files as pirate v2
-        assert "poet" in [a["name"] for a in httpx.get(e1.api + "/lora_adapters", timeout=10).json()["adapters"]]
+        listed = httpx.get(e1.api + "/lora_adapters", headers=ENGINE_AUTH, timeout=10).json()["adapters"]
+        assert "poet" in [a["name"] for a in listed]
         with pytest.raises(openai.NotFoundError):
             complete(e1.api, "nobody-registered-this")
         placed = reader.get(cp + "/v1/lora_adapters/poet").json()["placements"]
@@ -189,7 +200,8 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
 
         # the stopped engine comes back (new process, new port, same name) → the reconciler restores it
         e2 = stack.enter_context(run_engine(base, tmp_path / "e2-again.log", *engine_flags, "--engine-name", "e2"))
-        wait_for(lambda: "short" in [a["name"] for a in httpx.get(e2.api + "/lora_adapters", timeout=10)
+        wait_for(lambda: "short" in [a["name"] for a in httpx.get(e2.api + "/lora_adapters", headers=ENGINE_AUTH,
+                                                                  timeout=10)
                                      .json()["adapters"] if a["state"] == "ready"], "the reconciler to restore e2")
         assert complete(e2.api, "short") == complete(e1.api, "short")
         wait_for(lambda: {(p["engine"], p["observed"]) for p in

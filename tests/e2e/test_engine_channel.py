@@ -133,7 +133,8 @@ def test_a_pull_serves_the_recorded_bytes_whatever_became_of_the_folder(stack: S
     (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4096}))
     served = complete(stack.e1, "edited-short")
     assert served.status_code == 200, served.text
-    listed = httpx.get(stack.e1.url + "/v1/lora_adapters", timeout=30).json()["adapters"]
+    listed = httpx.get(stack.e1.url + "/v1/lora_adapters", timeout=30,
+                       headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}).json()["adapters"]
     assert {a["name"]: a["sha256"] for a in listed}["edited-short"] == recorded
 
 

@@ -51,8 +51,9 @@ BUSY_STREAMS = 12  # concurrent streams of one adapter: above the default 8 wait
 
 
 def adapter_counts(engine_url: str) -> dict[str, int]:
-    """The engine's finished requests per adapter (GET /v1/lora_stats)."""
-    body = httpx.get(engine_url + "/v1/lora_stats", timeout=10).json()
+    """The engine's finished requests per adapter (GET /v1/lora_stats, which needs its admin token)."""
+    body = httpx.get(engine_url + "/v1/lora_stats", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
+                     timeout=10).json()
     return {a["name"]: sum(a["requests"].values()) for a in body["adapters"]}
 
 

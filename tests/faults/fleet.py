@@ -212,7 +212,8 @@ class Fleet:
         return {a["name"]: self.adapter(a["name"], cp) for a in page["data"]}
 
     def listing(self, engine: str, timeout_s: float = 5) -> dict:
-        return self.plain.get(self.engines[engine].url + "/v1/lora_adapters", timeout=timeout_s).json()
+        return self.plain.get(self.engines[engine].url + "/v1/lora_adapters", timeout=timeout_s,
+                              headers={"Authorization": f"Bearer {ENGINE_ADMIN}"}).json()
 
     def engine_metric(self, engine: str, metric: str) -> float:
         text = self.plain.get(self.engines[engine].url + "/metrics", timeout=5).text

@@ -15,7 +15,7 @@ from shared.settings import Alias, SettingsParser, deprecations, from_args, sett
 
 CONFIGS = (EngineConfig, RouterConfig, ControlPlaneSettings, UpConfig)
 # vLLM users type these engine flags; every other secret comes from the environment (or a file) only
-SECRET_FLAGS = {"--api-key", "--admin-token", "--control-plane-token"}
+SECRET_FLAGS = {"--api-key", "--admin-token", "--read-token", "--control-plane-token"}
 
 
 def meta(cls: type) -> dict[str, object]:

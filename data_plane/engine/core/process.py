@@ -33,7 +33,7 @@ from shared.secret_env import without_secrets
 
 logger = logging.getLogger(__name__)
 StartMessage = tuple[EngineConfig, str]  # (config, log level): the first message, before the engine's wire types
-SECRETS = ("admin_token", "api_key", "control_plane_token")  # config fields the core needs none of
+SECRETS = ("admin_token", "read_token", "api_key", "control_plane_token")  # config fields the core needs none of
 
 
 @dataclass

@@ -124,9 +124,9 @@ def start_engine(demo_model_dir: Path, tmp_path: Path) -> Iterator[Callable[...,
     numbers = itertools.count()
     with contextlib.ExitStack() as stack:
 
-        def start(*flags: str) -> EngineServer:
+        def start(*flags: str, env: dict[str, str] | None = None) -> EngineServer:
             log = tmp_path / f"engine-{next(numbers)}.log"
-            return stack.enter_context(run_engine(demo_model_dir, log, *flags))
+            return stack.enter_context(run_engine(demo_model_dir, log, *flags, env=env))
 
         yield start
 

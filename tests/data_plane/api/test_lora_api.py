@@ -248,16 +248,24 @@ def test_lora_endpoints_are_400_without_enable_lora(engine_server):
 
 
 def test_admin_token_and_adapter_metrics_with_a_label_cap(start_engine, lora_dirs):
+    read = "engine-read-token"
     server = start_engine(
-        "--enable-lora", "--lora-roots", str(lora_dirs["root"]), "--admin-token", TOKEN, "--max-adapter-labels", "1"
+        "--enable-lora", "--lora-roots", str(lora_dirs["root"]), "--admin-token", TOKEN, "--max-adapter-labels", "1",
+        env={"LORAPLANE_READ_TOKEN": read},
     )
     with httpx.Client(base_url=server.url, timeout=60) as http:
         auth = {"Authorization": f"Bearer {TOKEN}"}
         body = {"lora_name": "demo-pirate", "lora_path": str(lora_dirs["demo-pirate"])}
-        for headers, status in [({}, 401), ({"Authorization": "Bearer nope"}, 403), ({"Authorization": TOKEN}, 401)]:
+        for headers, status in [({}, 401), ({"Authorization": "Bearer nope"}, 403), ({"Authorization": TOKEN}, 401),
+                                ({"Authorization": f"Bearer {read}"}, 403)]:  # the read token loads nothing
             assert http.post("/v1/load_lora_adapter", json=body, headers=headers).status_code == status
             assert http.post("/v1/unload_lora_adapter", json={"lora_name": "x"}, headers=headers).status_code == status
-        assert http.get("/v1/lora_adapters").status_code == 200 and http.get("/v1/lora_stats").status_code == 200
+        # the listings name every loaded adapter: not to anyone, with an admin token set
+        for path in ("/v1/lora_adapters", "/v1/lora_stats", "/v1/models"):
+            assert http.get(path).status_code == 401, path
+            assert http.get(path, headers={"Authorization": "Bearer nope"}).status_code in (401, 403), path
+            assert http.get(path, headers=auth).status_code == 200, path
+            assert http.get(path, headers={"Authorization": f"Bearer {read}"}).status_code == 200, path
         assert http.post("/v1/load_lora_adapter", json=body, headers=auth).status_code == 200
         body = {"lora_name": "demo-short", "lora_path": str(lora_dirs["demo-short"])}
         assert http.post("/v1/load_lora_adapter", json=body, headers=auth).status_code == 200
@@ -274,7 +282,7 @@ def test_admin_token_and_adapter_metrics_with_a_label_cap(start_engine, lora_dir
     assert server.metric("loraplane_lora_running_sequences", 'adapter="demo-pirate"') == 0
     metrics = httpx.get(server.url + "/metrics").text
     assert 'adapter="demo-short"' not in metrics and "not-served" not in metrics
-    assert TOKEN not in server.log.read_text()
+    assert TOKEN not in server.log.read_text() and read not in server.log.read_text()
 
 
 def test_concurrent_load_unload_storm_on_one_name_ends_consistent(lora_server, lora_dirs):

@@ -53,10 +53,10 @@ def load(client: TestClient, root: Path, name: str, **fields):
     return client.post(LOAD, json={"lora_name": name, "lora_path": str(root / name), **fields})
 
 
-def chat(client: TestClient, model: str, **fields):
+def chat(client: TestClient, model: str, headers: dict[str, str] | None = None, **fields):
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": True,
             **fields}
-    return client.post(CHAT, json=body)
+    return client.post(CHAT, json=body, headers=headers or {})
 
 
 def in_flight(client: TestClient) -> dict[str, int]:
@@ -213,9 +213,58 @@ def test_admin_token(demo_model_dir, adapter_root, caplog, header, status):
             assert_openai_error(r, status)
         r = client.post(UNLOAD, json={"lora_name": "demo-poet"}, headers=headers)
         assert r.status_code == (status if status != 200 else 200), r.text
-        assert client.get("/v1/lora_adapters").status_code == 200  # reading needs no token
-        assert client.get("/v1/lora_stats").status_code == 200
+        assert client.get("/v1/lora_adapters").status_code == 401  # listings need a token too
+        assert client.get("/v1/lora_stats", headers=headers).status_code == status
     assert TOKEN not in caplog.text
+
+
+READ, KEY = "r3ad-token", "ap1-key"
+_LISTINGS = ("/v1/lora_adapters", "/v1/lora_stats")
+_MODELS = ("/v1/models", f"/v1/models/{SERVED}")
+
+
+@pytest.mark.parametrize(
+    ("offered", "listing", "models"),
+    [(None, 401, 401), ("Basic abc", 401, 401), ("Bearer wrong", 403, 401), (f"Bearer {KEY}", 403, 200),
+     (f"Bearer {READ}", 200, 200), (f"Bearer {TOKEN}", 200, 200)],
+)
+def test_the_listings_need_the_admin_or_read_token_and_models_also_the_api_key(
+        demo_model_dir, adapter_root, caplog, offered, listing, models):
+    """The engine's auth matrix with all three secrets: who may read what, and what else the read token
+    opens (nothing)."""
+    caplog.set_level(logging.DEBUG)
+    headers = {"Authorization": offered} if offered else {}
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN, read_token=READ,
+                    api_key=KEY) as client:
+        for path in _LISTINGS:
+            r = client.get(path, headers=headers)
+            assert r.status_code == listing, (path, r.text)
+            if listing != 200:
+                error = assert_openai_error(r, listing)
+                assert "--read-token or --admin-token" in error["message"] and "--api-key" not in error["message"]
+        for path in _MODELS:
+            r = client.get(path, headers=headers)
+            assert r.status_code == models, (path, r.text)
+            if models != 200:
+                assert "--read-token or --admin-token, or its --api-key" in assert_openai_error(r, 401)["message"]
+        chat_status = chat(client, SERVED, max_tokens=1, headers=headers).status_code
+        assert chat_status == (200 if offered == f"Bearer {KEY}" else 401)  # the read token serves nothing
+        r = client.post(UNLOAD, json={"lora_name": "demo-poet"}, headers=headers)
+        assert r.status_code == (404 if offered == f"Bearer {TOKEN}" else 401 if listing == 401 else 403)
+        doc = client.get("/schema/openapi.json").json()["paths"]
+        assert {"401", "403"} <= set(doc["/v1/lora_adapters"]["get"]["responses"])
+        assert "401" in doc["/v1/models"]["get"]["responses"]
+    for secret in (TOKEN, READ, KEY):
+        assert secret not in caplog.text
+
+
+@pytest.mark.parametrize("config", [{}, {"api_key": KEY}])
+def test_without_admin_or_read_token_the_listings_stay_open(demo_model_dir, adapter_root, config):
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, **config) as client:
+        for path in _LISTINGS:
+            assert client.get(path).status_code == 200
+        assert client.get("/v1/models").status_code == (401 if config else 200)  # --api-key alone, as vLLM
+        assert client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
 def test_stats_and_metrics_per_adapter_with_label_cap(demo_model_dir, adapter_root):
@@ -269,13 +318,13 @@ def test_nul_or_overlong_paths_are_400_not_500(client, adapter_root, kind):
 
 
 def test_listings_show_paths_to_admin_callers_only(demo_model_dir, adapter_root):
-    with app_client(demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN) as client:
+    with app_client(demo_model_dir, adapter_root, enable_lora=True, admin_token=TOKEN, read_token=READ) as client:
         admin = {"Authorization": f"Bearer {TOKEN}"}
         assert load(client, adapter_root, "demo-poet", **{}).status_code == 401
         r = client.post(LOAD, json={"lora_name": "demo-poet", "lora_path": str(adapter_root / "demo-poet")},
                         headers=admin)
         assert r.status_code == 200, r.text
-        for headers in ({}, {"Authorization": "Bearer wrong"}):
+        for headers in ({"Authorization": f"Bearer {READ}"},):  # the read token sees no paths
             body = client.get("/v1/lora_adapters", headers=headers)
             assert body.status_code == 200 and str(adapter_root) not in body.text
             assert body.json()["adapters"][0]["path"] is None
@@ -327,7 +376,7 @@ def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(demo_mod
         routes = {LOAD: "post", UNLOAD: "post", "/v1/lora_adapters": "get", "/v1/lora_stats": "get"}
         documented = {p: set(map(int, paths[p][m]["responses"])) for p, m in routes.items()}
         assert documented == {LOAD: {200, 400, 401, 403, 409, 413, 502, 503}, UNLOAD: {200, 400, 401, 403, 404, 413},
-                              "/v1/lora_adapters": {200, 400}, "/v1/lora_stats": {200, 400}}
+                              "/v1/lora_adapters": {200, 400, 401, 403}, "/v1/lora_stats": {200, 400, 401, 403}}
         refs = {p: paths[p][m]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/")[-1]
                 for p, m in routes.items()}
         assert refs == {LOAD: "LoadedAdapter", UNLOAD: "UnloadedAdapter", "/v1/lora_adapters": "AdapterList",
@@ -360,14 +409,16 @@ def test_the_lora_admin_routes_are_typed_and_every_status_is_documented(demo_mod
         check(LOAD, client.post(LOAD, content=b"x" * 5000, headers=admin), engine_admin.LoadedAdapter)  # 413
         check(LOAD, client.post(LOAD, json={**body, "expected_sha256": digest, "pinned": True}, headers=admin),
               engine_admin.LoadedAdapter)
-        check("/v1/lora_adapters", client.get("/v1/lora_adapters"), engine_admin.AdapterList)
-        check("/v1/lora_stats", client.get("/v1/lora_stats"), engine_admin.LoraStats)
+        for headers in (admin, {}, {"Authorization": "Bearer no"}):
+            check("/v1/lora_adapters", client.get("/v1/lora_adapters", headers=headers), engine_admin.AdapterList)
+            check("/v1/lora_stats", client.get("/v1/lora_stats", headers=headers), engine_admin.LoraStats)
         check(UNLOAD, client.post(UNLOAD, json={"lora_name": "nope"}, headers=admin), engine_admin.UnloadedAdapter)
         check(UNLOAD, client.post(UNLOAD, json={"lora_name": "demo-poet", "drain_timeout_s": -1}, headers=admin),
               engine_admin.UnloadedAdapter)
         check(UNLOAD, client.post(UNLOAD, json={"lora_name": "demo-poet"}, headers=admin),
               engine_admin.UnloadedAdapter)
         assert seen[LOAD] == {200, 400, 401, 403, 409, 413} and seen[UNLOAD] == {200, 400, 404}
+        assert seen["/v1/lora_adapters"] == seen["/v1/lora_stats"] == {200, 401, 403}
         assert all(seen[p] <= documented[p] for p in routes)
     with app_client(demo_model_dir, adapter_root) as off:  # LoRA off: the documented 400
         for p in ("/v1/lora_adapters", "/v1/lora_stats"):
