@@ -47,11 +47,14 @@ except PackageNotFoundError:  # a source tree that was never installed
 Prompt = str | Annotated[list[str | int | list[int]], msgspec.Meta(min_length=1)]
 
 
+ModelName = Annotated[str, msgspec.Meta(min_length=1)]  # an empty one is a 400 naming `model`
+
+
 class RoutedCompletionRequest(msgspec.Struct):
     """What the router documents of a completion request: what the engines require besides the fields the
     router reads (`model`, `stream`); every other field goes to the engine as sent."""
 
-    model: str  # a base model's served name or an adapter's name
+    model: ModelName  # a base model's served name or an adapter's name
     prompt: Prompt  # required: an engine answers 400 without it
     stream: bool = False
 
@@ -59,7 +62,7 @@ class RoutedCompletionRequest(msgspec.Struct):
 class RoutedChatRequest(msgspec.Struct):
     """A chat request as the router documents it (see RoutedCompletionRequest)."""
 
-    model: str
+    model: ModelName
     messages: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1)]  # required, as by the engines
     stream: bool = False
 

@@ -26,3 +26,5 @@ def test_prompt_and_messages_are_required_in_the_document() -> None:
     assert set(completion["required"]) == {"model", "prompt"}, completion
     assert set(chat["required"]) == {"model", "messages"}, chat
     assert chat["properties"]["messages"]["minItems"] == 1
+    # an empty `model` is the router's own 400, so the document says so
+    assert completion["properties"]["model"]["minLength"] == chat["properties"]["model"]["minLength"] == 1
