@@ -70,7 +70,7 @@ from pathlib import Path
 import httpx
 import redis as redis_client
 
-from control_plane.settings import without_password
+from control_plane.settings import split_token_names, without_password
 from shared.cpus import available_cpus
 from shared.key_secrets import PEPPER_ENV
 from shared.logging_setup import configure_logging
@@ -167,6 +167,13 @@ def _token(env_names: tuple[str, ...], file_name: str, nbytes: int = 24) -> tupl
     return path.read_text().strip(), path
 
 
+def _admin_token() -> tuple[str, Path | None]:
+    """The admin token `up` calls the control plane with: LORAPLANE_ADMIN_TOKENS' first entry (its token
+    when the entry is `name=token`), else .loraplane/admin-token's."""
+    entry, path = _token(("LORAPLANE_ADMIN_TOKENS",), "admin-token")
+    return split_token_names((entry,), {})[0], path
+
+
 def _wait(url: str, headers: dict[str, str], ok: Callable[[httpx.Response], bool], what: str,
           processes: list[subprocess.Popen[bytes]], timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
@@ -227,7 +234,7 @@ def _launch(args: UpConfig) -> _Launch:
     roots = [str(Path(r)) for r in args.lora_roots] or ([str(demo / "adapters")] if args.model is None else [])
     adapters = {} if args.model is not None else {n: (demo / "adapters" / n).resolve() for n in DEMO_ADAPTERS}
     names = [ENGINE_NAME] if args.engines == 1 else [f"{ENGINE_NAME}-{i + 1}" for i in range(args.engines)]
-    admin, admin_file = _token(("LORAPLANE_ADMIN_TOKENS",), "admin-token")
+    admin, admin_file = _admin_token()
     engine_admin, _ = _token(("LORAPLANE_ENGINE_ADMIN_TOKEN", "LORAPLANE_ENGINE_TOKEN"), "engine-token")
     engine_cp = {n: _token((), "engine-cp-token" if n == ENGINE_NAME else f"engine-cp-token-{n}")[0] for n in names}
     router_token, _ = _token(("LORAPLANE_ROUTER_TOKEN",), "router-token")

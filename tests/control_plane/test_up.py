@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from control_plane.up import _parser, engine_thread_flags, main
+from control_plane.up import _admin_token, _parser, engine_thread_flags, main
 
 NOBIND = ["--omp-threads-bind", "nobind"]
 
@@ -29,3 +29,11 @@ def test_counts_below_one_are_refused_before_anything_starts(flag: str, capsys: 
     assert _parser().parse_args([flag, "2"]) is not None
     assert main([flag, "0"]) == 2
     assert f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [("ops=token-one,token-two", "token-one"),
+                                                  ("token-one,ops=token-two", "token-one")])
+def test_up_calls_with_the_first_admin_tokens_token_named_or_not(tokens: str, expected: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LORAPLANE_ADMIN_TOKENS", tokens)
+    assert _admin_token() == (expected, None)
