@@ -138,9 +138,10 @@ class UpConfig:
         help=f"the router refuses clients without a key and applies tenants' quotas and private adapters; a "
         f"first key of tenant {TENANT!r} is written to {STATE_DIR}/tenant-key, the demo adapters are public")
     redis_url: str | None = setting(
-        None, flag="--redis-url", env="LORAPLANE_REDIS_URL", secret=True, metavar="URL", group="tenants",
-        help="the Redis of the quotas and key revocations, with --require-api-key (unset: `up` starts redis-server "
-        "from PATH on a free port of 127.0.0.1, with no persistence, and stops it with the stack)")
+        None, flag="--redis-url", env="LORAPLANE_REDIS_URL", mask=without_password, metavar="URL", group="tenants",
+        help="the Redis of the quotas and key revocations, with --require-api-key; a URL with a password belongs "
+        "in LORAPLANE_REDIS_URL, off the command line (unset: `up` starts redis-server from PATH on a free port "
+        "of 127.0.0.1, with no persistence, and stops it with the stack)")
 
     __repr__ = settings_repr
 

@@ -28,7 +28,7 @@ ADMIN = "admin-token-for-tests"
 KEY_PEPPER = "key-pepper-for-tests-" + "p" * 32
 READ = "read-token-for-tests"
 PG_URL = os.environ.get("LORAPLANE_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-TABLES = ("console_session_ends", "routers", "stats_samples", "audit_events", "placements", "version_files", "artifact_blobs", "adapter_versions", "adapters", "engines")
+TABLES = ("api_keys", "tenants", "demand_reports", "console_session_ends", "routers", "stats_samples", "audit_events", "placements", "version_files", "artifact_blobs", "adapter_versions", "adapters", "engines")
 
 
 def admin() -> dict[str, str]:

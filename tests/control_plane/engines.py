@@ -103,5 +103,6 @@ def serve_app(app: Litestar, port: int) -> Iterator[str]:
 
 def engine_adapters(server: EngineServer) -> dict[str, dict]:
     """name -> listing entry of the adapters the engine holds (ready ones, not draining)."""
-    body = httpx.get(server.api + "/lora_adapters", timeout=10).json()
+    body = httpx.get(server.api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
+                     timeout=10).json()
     return {a["name"]: a for a in body["adapters"] if a["state"] != "draining"}

@@ -72,7 +72,8 @@ def as_json(result: subprocess.CompletedProcess[str], code: int = 0) -> dict:
 
 def on_engine(fleet: Fleet) -> dict[str, bool]:
     """What the engine itself holds: adapter name -> pinned."""
-    listed = httpx.get(fleet.engine.api + "/lora_adapters", timeout=10).json()["adapters"]
+    listed = httpx.get(fleet.engine.api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
+                       timeout=10).json()["adapters"]
     return {a["name"]: a["pinned"] for a in listed}
 
 

@@ -78,8 +78,8 @@ def fleet(tmp: Path) -> Iterator[tuple[str, str, dict[str, Path]]]:
 
 
 def held(engine_api: str) -> dict[str, dict]:
-    return {a["name"]: a for a in httpx.get(engine_api + "/lora_adapters", timeout=10).json()["adapters"]
-            if a["state"] != "draining"}
+    listed = httpx.get(engine_api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}, timeout=10)
+    return {a["name"]: a for a in listed.json()["adapters"] if a["state"] != "draining"}
 
 
 def test_console_in_a_real_browser(tmp_path: Path, chromium: str) -> None:

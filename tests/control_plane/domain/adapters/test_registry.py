@@ -88,7 +88,9 @@ async def test_planner_records_desired_placements_on_matching_engines(client: As
         detail = (await client.get(f"{ADAPTERS}/p", headers=reader())).json()
         return [(p["engine"], p["version"], p["desired"]) for p in detail["placements"]]
 
-    assert await desired() == [("e1", 1, "absent"), ("e1", 2, "loaded")]  # the switch to v2
+    # no engine could load v2, so v1 stays active (and desired on e1), and the answer says so
+    assert v2["active_version"] == 1 and "stays active" in v2["warning"]
+    assert await desired() == [("e1", 1, "loaded"), ("e1", 2, "absent")]
     detail = (await client.get(f"{ADAPTERS}/p", headers=reader())).json()
     assert {p["observed"] for p in detail["placements"]} == {"failed"}
     r = await client.post(f"{ADAPTERS}/p/activate", json={"version": 1}, headers=admin())

@@ -23,6 +23,7 @@ from data_plane.adapters.loading.peft_loader import load_peft_adapter
 from data_plane.adapters.loading.peft_targets import TargetSpec, module_name
 from data_plane.adapters.loading.staging import TensorStage
 from data_plane.demo.adapters import DEMO_ADAPTERS, write_demo_adapters
+from data_plane.demo.cli import DEMO_SERVED_NAME
 from data_plane.demo.cli import main as demo_main
 from data_plane.lora.errors import LoRAAdapterError
 from data_plane.lora.weights import LoRAAdapterWeights
@@ -386,7 +387,7 @@ def test_demo_adapters_load_here_and_in_peft_and_change_answers(demo_dir) -> Non
 
 
 def test_demo_adapters_are_deterministic(demo_dir, tmp_path) -> None:
-    again = write_demo_adapters(demo_dir, tmp_path, seed=0)
+    again = write_demo_adapters(demo_dir, tmp_path, seed=0, base_model=DEMO_SERVED_NAME)  # as the CLI names it
     for name, path in again.items():
         for f in ("adapter_config.json", "adapter_model.safetensors"):
             assert (path / f).read_bytes() == (demo_dir / "adapters" / name / f).read_bytes()
