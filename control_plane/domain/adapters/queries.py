@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from sqlalchemy import Select, func, select
@@ -82,7 +82,7 @@ async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPla
     )).all()
     active = next((v.number for v in versions if v.id == adapter.active_version_id), None)
     return schemas.AdapterDetail(
-        **_fields(adapter, active),
+        **msgspec.structs.asdict(_adapter(adapter, active)),
         pinned=any(p.desired == DesiredState.PINNED.value for p, *_ in placements),
         versions=[schemas.AdapterVersion(**msgspec.structs.asdict(v.as_description()), number=v.number, uri=v.uri,
                                          created_at=v.created_at, created_by=v.created_by)
@@ -108,26 +108,11 @@ def _decision(raw: dict[str, Any] | None) -> schemas.ScaleDecision | None:
                                  reason=raw["reason"], figures=raw.get("figures", {}))
 
 
-class _AdapterFields(TypedDict):
-    """What schemas.Adapter and schemas.AdapterDetail both show of an adapter."""
-
-    name: str
-    base_model: str
-    description: str
-    labels: dict[str, str]
-    active_version: int | None
-    created_at: dt.datetime
-    updated_at: dt.datetime
-
-
-def _fields(adapter: Adapter, active: int | None) -> _AdapterFields:
-    return {"name": adapter.name, "base_model": adapter.base_model, "description": adapter.description,
-            "labels": dict(adapter.labels or {}), "active_version": active, "created_at": adapter.created_at,
-            "updated_at": adapter.updated_at}
-
-
 def _adapter(adapter: Adapter, active: int | None) -> schemas.Adapter:
-    return schemas.Adapter(**_fields(adapter, active))
+    """What schemas.Adapter and schemas.AdapterDetail (its subclass) both show of an adapter."""
+    return schemas.Adapter(name=adapter.name, base_model=adapter.base_model, description=adapter.description,
+                           labels=dict(adapter.labels or {}), active_version=active, created_at=adapter.created_at,
+                           updated_at=adapter.updated_at)
 
 
 async def active_version(session: AsyncSession, name: str, base_model: str | None) -> tuple[Adapter, AdapterVersion]:
