@@ -4,15 +4,15 @@
 - `prepare` (optional) runs first, outside any transaction: slow checks such as reading adapter files;
 - `work(session)` then runs in control_plane.db.transaction.transact (under the write gate, retried on lost
   races, deadlocks and connections that broke before the commit); the audit row (its actor `role:name`,
-  control_plane.auth) is added, unless `changed` says the work changed nothing, and everything commits
-  together;
+  control_plane.auth, and the `detail` made of the work's result) is added, unless `changed` says the
+  work changed nothing, and everything commits together;
 - a refusal (LoraplaneError) rolls everything back, then records only the audit row with the outcome.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -38,11 +38,13 @@ class Mutation:
         work: Callable[[AsyncSession, P], Awaitable[T]],
         prepare: Callable[[], Awaitable[P]] | None = None,
         changed: Callable[[T], bool] | None = None,
+        detail: Callable[[T], dict[str, Any]] | None = None,
     ) -> T:
-        """`changed(result)` False: the work changed nothing, and no `ok` row is recorded (a refusal still is)."""
+        """`changed(result)` False: the work changed nothing, and no `ok` row is recorded (a refusal still is);
+        `detail(result)`: the `ok` row's detail (what the change was, e.g. a re-target's old and new base)."""
         try:
             prepared = await prepare() if prepare is not None else None
-            result = await self._transact(actor, action, target, work, prepared, changed)  # type: ignore[arg-type]
+            result = await self._transact(actor, action, target, work, prepared, changed, detail)  # type: ignore[arg-type]
         except LoraplaneError as exc:
             await self._record_refusal(actor, action, target, f"{exc.status_code} {exc.error_type}")
             raise
@@ -54,11 +56,12 @@ class Mutation:
 
     async def _transact(self, actor: Principal, action: str, target: str,
                         work: Callable[[AsyncSession, P], Awaitable[T]], prepared: P,
-                        changed: Callable[[T], bool] | None) -> T:
+                        changed: Callable[[T], bool] | None,
+                        detail: Callable[[T], dict[str, Any]] | None) -> T:
         async def audited(session: AsyncSession) -> T:
             result = await work(session, prepared)
             if changed is None or changed(result):
-                session.add(audit.event(actor.actor, action, target, "ok"))
+                session.add(audit.event(actor.actor, action, target, "ok", detail(result) if detail else None))
             return result
 
         return await transact(self.session, self.gate, audited, what=f"{action} on {target!r}",

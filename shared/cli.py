@@ -20,11 +20,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("control_plane.up", "start the control plane, engines and the router on the demo model, adapters loaded"),
     "demo-model": ("data_plane.demo.cli", "write a small random Qwen2 checkpoint for demos and tests"),
     # the admin CLI, a client of the control plane's API (LORAPLANE_URL, LORAPLANE_TOKEN)
-    "adapters": ("control_plane.admin_cli.adapters", "list, show, load, upload, unload, activate, pin, unpin, delete adapters"),
+    "adapters": ("control_plane.admin_cli.adapters", "list, show, load, upload, unload, activate, update, pin, unpin, delete adapters"),
     "engines": ("control_plane.admin_cli.engines", "list, drain, remove engines"),
     "stats": ("control_plane.admin_cli.stats", "per-adapter figures across the engines (--watch to follow)"),
     "audit": ("control_plane.admin_cli.audit", "the audit trail of admin calls, newest first"),
-    "tenants": ("control_plane.admin_cli.tenants", "tenants, their API keys and quotas; move adapters between them"),
+    "tenants": ("control_plane.admin_cli.tenants", "tenants, their API keys, quotas and adapters; move adapters between them"),
 }
 # Commands that run the engine (or write a torch checkpoint): they need `pip install 'loraplane[engine]'`.
 NEEDS_ENGINE = frozenset({"engine", "up", "demo-model"})

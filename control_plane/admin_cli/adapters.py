@@ -1,9 +1,10 @@
-"""`loraplane adapters list|show|load|upload|unload|activate|pin|unpin|delete`.
+"""`loraplane adapters list|show|load|upload|unload|activate|update|pin|unpin|delete`.
 
     export LORAPLANE_URL=http://127.0.0.1:8080 LORAPLANE_TOKEN=…   # an admin token to change things
     loraplane adapters load org/pirate /srv/adapters/pirate --base-model demo
     loraplane adapters list
     loraplane adapters show org/pirate --json
+    loraplane adapters update org/pirate --base-model demo   # re-target it to another base model
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from control_plane.admin_cli.options import Session, connected, run
 UPLOAD_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-@click.group(help="The adapter registry: list, show, load, upload, unload, activate, pin, unpin, delete.")
+@click.group(help="The adapter registry: list, show, load, upload, unload, activate, update, pin, unpin, delete.")
 def adapters() -> None:
     pass
 
@@ -30,24 +31,30 @@ def adapters() -> None:
 @click.option("--base-model", default="", help="only adapters of this base model")
 @click.option("--prefix", default="", help="only names starting with this")
 @click.option("--label", multiple=True, help="key=value or key; repeat to AND")
+@click.option("--owner", default="", help="only adapters this tenant owns; '-': those no tenant owns")
+@click.option("--visibility", type=click.Choice(["any", "public", "private"]), default="any", show_default=True,
+              help="public: every tenant's keys may use it; private: its owner's only")
 @click.option("--limit", type=int, default=100, show_default=True)
 @click.option("--offset", type=int, default=0, show_default=True)
 @connected
-def list_(session: Session, base_model: str, prefix: str, label: tuple[str, ...], limit: int, offset: int) -> int:
-    """A page of registered adapters, by name."""
-    params: dict[str, Any] = {"limit": limit, "offset": offset, "label": list(label)}
+def list_(session: Session, base_model: str, prefix: str, label: tuple[str, ...], owner: str, visibility: str,
+          limit: int, offset: int) -> int:
+    """A page of registered adapters, by name, with their owner tenant."""
+    params: dict[str, Any] = {"limit": limit, "offset": offset, "label": list(label), "visibility": visibility}
     if base_model:
         params["base_model"] = base_model
     if prefix:
         params["name_prefix"] = prefix
+    if owner:
+        params["owner"] = owner
     return session.finish(session.api.get("/v1/lora_adapters", params), _page)
 
 
 def _page(body: dict[str, Any]) -> None:
-    rows = [(a["name"], a["base_model"], a["active_version"],
+    rows = [(a["name"], a["base_model"], render.ownership(a), a["active_version"],
              ",".join(f"{k}={v}" for k, v in sorted(a["labels"].items())), render.when(a["updated_at"]))
             for a in body["data"]]
-    render.show(render.table(("NAME", "BASE MODEL", "ACTIVE", "LABELS", "UPDATED"), rows),
+    render.show(render.table(("NAME", "BASE MODEL", "OWNER", "ACTIVE", "LABELS", "UPDATED"), rows),
                 f"{len(rows)} of {body['total']} (offset {body['offset']})")
 
 
@@ -62,7 +69,8 @@ def show(session: Session, name: str) -> int:
 def detail(body: dict[str, Any]) -> None:
     replicas = body["replicas"]
     facts = render.table(("", ""), [
-        ("name", body["name"]), ("base model", body["base_model"]), ("description", body["description"]),
+        ("name", body["name"]), ("base model", body["base_model"]), ("owner", render.ownership(body)),
+        ("description", body["description"]),
         ("labels", ",".join(f"{k}={v}" for k, v in sorted(body["labels"].items()))),
         ("active version", body["active_version"]), ("pinned", "yes" if body["pinned"] else "no"),
         ("replicas", f"{replicas['current']} held, target {replicas['target']} "
@@ -179,6 +187,23 @@ def activate(session: Session, name: str, version: int) -> int:
     """Make VERSION the one NAME serves (roll back or forward); its engines switch in place."""
     reply = session.api.call("POST", adapter_path(name, "activate"), json={"version": version})
     return session.finish(reply, detail)
+
+
+@adapters.command()
+@click.argument("name")
+@click.option("--base-model", help="re-target NAME to this base model: engines of the old one unload it, "
+              "engines of this one load it (an admin token)")
+@click.option("--min-replicas", type=int)
+@click.option("--max-replicas", help="a count or 'all'")
+@connected
+def update(session: Session, name: str, base_model: str | None, min_replicas: int | None,
+           max_replicas: str | None) -> int:
+    """Change NAME's base model and/or replica counts (what is left out is kept; pin and unpin set the pin)."""
+    body = {k: v for k, v in (("base_model", base_model), ("replicas", _replicas(min_replicas, max_replicas)))
+            if v is not None}
+    if not body:
+        raise click.UsageError("nothing to change: give --base-model, --min-replicas or --max-replicas")
+    return session.finish(session.api.call("PATCH", adapter_path(name), json=body), detail)
 
 
 def _pin(session: Session, name: str, pinned: bool) -> int:

@@ -49,6 +49,13 @@ def seconds(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
 
 
+def ownership(adapter: dict[str, Any]) -> str:
+    """An adapter's owner tenant and whether it is public: `team-a (private)`, or `-` when nobody owns it."""
+    if adapter.get("owner") is None:
+        return "-"
+    return f"{adapter['owner']} ({'public' if adapter.get('public') else 'private'})"
+
+
 def engines(body: dict[str, Any]) -> None:
     """A push's outcome per engine (load, unload, activate, pin...)."""
     rows = [(e["engine"], e["desired"], e["outcome"], e.get("error")) for e in body.get("engines", [])]

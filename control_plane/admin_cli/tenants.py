@@ -1,13 +1,15 @@
-"""`loraplane tenants list|create|update|set-limits|keys|create-key|revoke-key|move`: tenants, their API
+"""`loraplane tenants list|show|create|update|set-limits|keys|create-key|revoke-key|move`: tenants, their API
 keys, quotas and sources, and which tenant owns an adapter. A key's secret is printed once, by create-key."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 import click
+from rich.table import Table
 
 from control_plane.admin_cli import render
 from control_plane.admin_cli.options import Session, connected, run
@@ -43,7 +45,7 @@ def source_option(command: Callable[..., int]) -> Callable[..., int]:
                              "repeat for several")(command)
 
 
-@click.group(help="Tenants, their API keys, quotas and sources: list, create, update, set-limits, keys, "
+@click.group(help="Tenants, their API keys, quotas and sources: list, show, create, update, set-limits, keys, "
                   "create-key, revoke-key, move (an adapter to a tenant).")
 def tenants() -> None:
     pass
@@ -57,6 +59,41 @@ def list_(session: Session) -> int:
         ("NAME", "DISPLAY NAME", "ADAPTERS", "KEYS", "LIMITS", "SOURCES"),
         [(t["name"], t["display_name"], t["adapters"], t["keys"], _show_limits(t["limits"]), _show_sources(t["sources"]))
          for t in body["data"]])))
+
+
+@tenants.command()
+@click.argument("name")
+@connected
+def show(session: Session, name: str) -> int:
+    """NAME's quotas, sources, keys (ids, never secrets) and the adapters it owns, public or private."""
+    path = f"/v1/tenants/{quote(name, safe='')}"
+    tenant = session.api.get(path)
+    if tenant.exit_code != 0:
+        return session.finish(tenant, lambda _: None)
+    keys, owned = session.api.get(path + "/keys"), session.api.get(path + "/adapters")
+    for reply in (keys, owned):
+        if reply.exit_code != 0:
+            return session.finish(reply, lambda _: None)
+    body = {**tenant.body, "api_keys": keys.body["data"], "owned_adapters": owned.body["adapters"]}
+    return session.finish(dataclasses.replace(tenant, body=body), _tenant)
+
+
+def _tenant(body: dict[str, Any]) -> None:
+    facts = render.table(("", ""), [
+        ("name", body["name"]), ("display name", body["display_name"]), ("limits", _show_limits(body["limits"])),
+        ("sources", _show_sources(body["sources"])), ("created", render.when(body["created_at"])),
+    ])
+    facts.show_header = False
+    render.show(facts, _keys_table(body["api_keys"], title="keys"), render.table(
+        ("ADAPTER", "VISIBILITY"), [(a["name"], "public" if a["public"] else "private")
+                                    for a in body["owned_adapters"]], title="adapters"))
+
+
+def _keys_table(rows: list[dict[str, Any]], title: str | None = None) -> Table:
+    return render.table(("KEY ID", "NAME", "SCOPES", "LIMITS", "EXPIRES", "LAST USED", "REVOKED"),
+                        [(k["key_id"], k["name"], " ".join(k["scopes"]), _show_limits(k["limits"]),
+                          render.when(k["expires_at"]), render.when(k["last_used_at"]), render.when(k["revoked_at"]))
+                         for k in rows], title=title)
 
 
 @tenants.command()
@@ -111,11 +148,8 @@ def set_limits(session: Session, name: str, adapters: int | None, **limits: int 
 @connected
 def keys(session: Session, name: str) -> int:
     """NAME's keys (ids, never secrets)."""
-    return session.finish(session.api.get(f"/v1/tenants/{quote(name, safe='')}/keys"), lambda body: render.show(
-        render.table(("KEY ID", "NAME", "SCOPES", "LIMITS", "EXPIRES", "LAST USED", "REVOKED"),
-                     [(k["key_id"], k["name"], " ".join(k["scopes"]), _show_limits(k["limits"]),
-                       render.when(k["expires_at"]), render.when(k["last_used_at"]), render.when(k["revoked_at"]))
-                      for k in body["data"]])))
+    return session.finish(session.api.get(f"/v1/tenants/{quote(name, safe='')}/keys"),
+                          lambda body: render.show(_keys_table(body["data"])))
 
 
 @tenants.command("create-key")

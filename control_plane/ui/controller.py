@@ -141,11 +141,12 @@ class ConsoleController(Controller):
     @get("/adapters")
     async def adapter_list(self, request: Request[Any, Any, Any], codec: SessionCodec, adapters: AdapterService,
                            live: bool = False, search: str = "", base_model: str = "", label: str = "",
-                           offset: int = 0) -> Response[Any]:
+                           owner: str = "", offset: int = 0) -> Response[Any]:
         session = await codec.current(request)
         if session is None:
             return Redirect("/ui/login", status_code=303)
-        filters = pages.AdapterFilters(search=search[:128], base_model=base_model[:256], label=label[:400])
+        filters = pages.AdapterFilters(search=search[:128], base_model=base_model[:256], label=label[:400],
+                                       owner=owner.strip()[:64])
         error = ""
         try:
             details, total = await pages.adapters(adapters, filters, max(0, offset))

@@ -36,10 +36,12 @@ class AdapterFilters:
     search: str = ""  # a name prefix
     base_model: str = ""
     label: str = ""  # key=value or key
+    owner: str = ""  # a tenant's name, or queries.NO_OWNER
 
     def query(self, offset: int) -> AdapterQuery:
         return AdapterQuery(limit=ADAPTERS_PER_PAGE, offset=offset, base_model=self.base_model or None,
-                            name_prefix=self.search or None, labels=[self.label] if self.label else [])
+                            name_prefix=self.search or None, labels=[self.label] if self.label else [],
+                            owner=self.owner or None)
 
 
 async def fleet(engines: EngineService, session: AsyncSession) -> list[EngineRow]:

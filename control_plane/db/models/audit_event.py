@@ -27,5 +27,6 @@ class AuditEvent(IdentityBase):
     target: Mapped[str] = mapped_column(String(256))
     outcome: Mapped[str] = mapped_column(String(64))
     at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True), default=_now, index=True)
-    # what a decision was based on (demand scaling: its reason and figures); None for admin calls
+    # what a decision was based on (demand scaling: its reason and figures), a re-target's `from` and `to`
+    # base model; None for other admin calls
     detail: Mapped[dict[str, Any] | None] = mapped_column(JsonB, nullable=True)

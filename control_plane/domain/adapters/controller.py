@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.auth import Principal, admin_guard, provide_principal, read_guard, require_engine
 from control_plane.db.paging import MAX_OFFSET
 from control_plane.domain.adapters import schemas
-from control_plane.domain.adapters.queries import MAX_PAGE, AdapterQuery
+from control_plane.domain.adapters.queries import MAX_PAGE, NO_OWNER, AdapterQuery, Visibility
 from control_plane.domain.adapters.service import AdapterService
 from control_plane.domain.placements.planner import PlacementPlanner
 from control_plane.domain.placements.push import Pusher
@@ -34,6 +34,7 @@ from shared.openapi import (
     route_doc,
     route_docs,
 )
+from shared.tenants import TENANT_NAME_PATTERN
 
 _ACTIVATE = "/activate"
 _VERSIONS = "/versions"
@@ -60,6 +61,7 @@ _UPLOAD_CONTENT = {
 _PUSH = (207, 502)  # a push answers the success body with these when some / all engines failed
 _MUTATION_ERRORS = (400, 404, 409, 413)
 _NAME = {"name": AdapterName}
+_OWNER_FILTER = f"^({TENANT_NAME_PATTERN.strip('^$')}|{NO_OWNER})?$"
 _TENANT_ROLE = {"tenant_role": "adapter"}  # a tenant key with admin:<tenant> may call it on its tenant's adapters
 
 
@@ -123,10 +125,15 @@ class AdapterController(Controller):
         label: Annotated[tuple[schemas.LabelFilter, ...], Parameter(
             description="key=value or key; repeat to AND", max_items=schemas.MAX_LABELS,
             schema_extra={"items": msgspec.json.schema(schemas.LabelFilter)})] = (),
+        owner: Annotated[str, Parameter(pattern=_OWNER_FILTER, description=(
+            f"a tenant's name: the adapters it owns; `{NO_OWNER}`: those no tenant owns; empty: any"))] = "",
+        visibility: Visibility = "any",
     ) -> schemas.AdapterPage:
-        """A page of registered adapters ordered by name, filtered by base model, name prefix and labels."""
+        """A page of registered adapters ordered by name, filtered by base model, name prefix, labels, owner
+        tenant and visibility (public: every tenant's keys may use it; private: its owner's only)."""
         query = AdapterQuery(limit=limit, offset=offset, base_model=base_model or None,
-                             name_prefix=name_prefix or None, labels=list(label))
+                             name_prefix=name_prefix or None, labels=list(label), owner=owner or None,
+                             visibility=visibility)
         return await service.list(query)
 
     @get("/lora_adapters/{name:path}", operation_id="getLoraAdapter",
@@ -143,15 +150,21 @@ class AdapterController(Controller):
                             example={"replicas": {"min": 1, "max": 2}, "pinned": True})})
     async def update_adapter(self, service: AdapterService, principal: Principal, name: str,
                              request: Request[Any, Any, Any]) -> Response[Any]:
-        """Set the adapter's `replicas {min, max}` and/or `pinned` (at least one; one left out is kept).
+        """Set the adapter's `replicas {min, max}`, `pinned` and/or `base_model` (at least one; one left out
+        is kept; unknown fields are a 400 naming them).
 
         `replicas` (`max` may be "all"; a field left out or null is the control plane's default; 400 when
         min is above max): replicas are added or let go at once to meet the new counts (never a loaded
         one that would leave fewer than desired loaded), and demand scaling moves between them from now
         on. `pinned`: every engine holding the adapter keeps it in a device slot, never evicted (true) or
         may evict it again (false); they are told at once, and replicas added later follow (409 when no
-        engine is to hold it). Audited as pin_lora_adapter / unpin_lora_adapter when only `pinned` is
-        given. Status as for loads: 200, 207 (some engines failed), 502 (all)."""
+        engine is to hold it). `base_model` re-targets the adapter (an admin token only: 403 for a tenant
+        key; 400 when the adapter is named like a base model): engines that do not serve the new base model
+        are told to unload it and its placements there are removed, and the active version is placed on
+        engines of the new base model as a load places it (`warning` says when none can take it yet).
+        Audited as retarget_lora_adapter (detail: `from` and `to` base model) when `base_model` is given,
+        as pin_lora_adapter / unpin_lora_adapter when only `pinned` is. Status as for loads: 200, 207
+        (some engines failed), 502 (all)."""
         target = name.lstrip("/")
         if target.endswith((_ACTIVATE, _VERSIONS)) or _VERSION_PATH.match(target):
             return method_not_allowed(request)  # …/activate, …/versions[/n]: no adapter has such a name

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement
+from control_plane.db.models import HOLDING, Adapter, AdapterVersion, DesiredState, Engine, Placement, Tenant
 from control_plane.domain.adapters import schemas
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.engines.matching import serves_base_model
@@ -22,6 +22,8 @@ from shared.errors import InvalidRequestError, NotFoundError
 _Select = TypeVar("_Select", bound=Select[Any])
 
 MAX_PAGE = 500
+NO_OWNER = "-"  # the owner filter's value for adapters no tenant owns (no tenant name starts with `-`)
+Visibility = Literal["any", "public", "private"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,8 @@ class AdapterQuery:
     base_model: str | None = None
     name_prefix: str | None = None
     labels: list[str] = field(default_factory=list)  # "key=value" (equal) or "key" (present)
+    owner: str | None = None  # a tenant's name, or NO_OWNER
+    visibility: Visibility = "any"
 
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_PAGE:
@@ -52,6 +56,12 @@ def _filtered(stmt: _Select, query: AdapterQuery) -> _Select:
         stmt = stmt.where(Adapter.base_model == query.base_model)
     if query.name_prefix:
         stmt = stmt.where(Adapter.name.startswith(query.name_prefix, autoescape=True))
+    if query.owner == NO_OWNER:
+        stmt = stmt.where(Adapter.owner_tenant_id.is_(None))
+    elif query.owner is not None:
+        stmt = stmt.where(Adapter.owner_tenant_id.in_(select(Tenant.id).where(Tenant.name == query.owner)))
+    if query.visibility != "any":
+        stmt = stmt.where(Adapter.public.is_(query.visibility == "public"))
     for label in query.labels:
         key, has_value, value = label.partition("=")
         # labels[key] renders as JSON_EXTRACT on SQLite and ->> on PostgreSQL
@@ -62,12 +72,13 @@ def _filtered(stmt: _Select, query: AdapterQuery) -> _Select:
 
 async def list_adapters(session: AsyncSession, query: AdapterQuery) -> schemas.AdapterPage:
     total = await session.scalar(_filtered(select(func.count()).select_from(Adapter), query))
-    stmt = (_filtered(select(Adapter, AdapterVersion.number), query)
+    stmt = (_filtered(select(Adapter, AdapterVersion.number, Tenant.name), query)
             .outerjoin(AdapterVersion, AdapterVersion.id == Adapter.active_version_id)
+            .outerjoin(Tenant, Tenant.id == Adapter.owner_tenant_id)
             .order_by(Adapter.name).limit(query.limit).offset(query.offset))
     rows = (await session.execute(stmt)).all()
-    return schemas.AdapterPage(data=[_adapter(a, n) for a, n in rows], total=total or 0, limit=query.limit,
-                               offset=query.offset)
+    return schemas.AdapterPage(data=[_adapter(a, n, owner) for a, n, owner in rows], total=total or 0,
+                               limit=query.limit, offset=query.offset)
 
 
 async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPlanner) -> schemas.AdapterDetail:
@@ -81,8 +92,10 @@ async def adapter_detail(session: AsyncSession, name: str, planner: PlacementPla
         .where(AdapterVersion.adapter_id == adapter.id).order_by(Engine.name, AdapterVersion.number)
     )).all()
     active = next((v.number for v in versions if v.id == adapter.active_version_id), None)
+    owner = None if adapter.owner_tenant_id is None else await session.scalar(
+        select(Tenant.name).where(Tenant.id == adapter.owner_tenant_id))
     return schemas.AdapterDetail(
-        **msgspec.structs.asdict(_adapter(adapter, active)),
+        **msgspec.structs.asdict(_adapter(adapter, active, owner)),
         pinned=any(p.desired == DesiredState.PINNED.value for p, *_ in placements),
         versions=[schemas.AdapterVersion(**msgspec.structs.asdict(v.as_description()), number=v.number, uri=v.uri,
                                          created_at=v.created_at, created_by=v.created_by)
@@ -108,11 +121,12 @@ def _decision(raw: dict[str, Any] | None) -> schemas.ScaleDecision | None:
                                  reason=raw["reason"], figures=raw.get("figures", {}))
 
 
-def _adapter(adapter: Adapter, active: int | None) -> schemas.Adapter:
-    """What schemas.Adapter and schemas.AdapterDetail (its subclass) both show of an adapter."""
+def _adapter(adapter: Adapter, active: int | None, owner: str | None) -> schemas.Adapter:
+    """What schemas.Adapter and schemas.AdapterDetail (its subclass) both show of an adapter (`owner`:
+    its owner tenant's name)."""
     return schemas.Adapter(name=adapter.name, base_model=adapter.base_model, description=adapter.description,
-                           labels=dict(adapter.labels or {}), active_version=active, created_at=adapter.created_at,
-                           updated_at=adapter.updated_at)
+                           labels=dict(adapter.labels or {}), active_version=active, owner=owner,
+                           public=bool(adapter.public), created_at=adapter.created_at, updated_at=adapter.updated_at)
 
 
 async def active_version(session: AsyncSession, name: str, base_model: str | None) -> tuple[Adapter, AdapterVersion]:

@@ -62,13 +62,19 @@ class AdapterCreate(msgspec.Struct, kw_only=True):
     replicas: ReplicasSpec | None = None  # None: an existing adapter keeps its own, a new one the defaults
 
 
+BaseModelName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern="^[^\\s\\x00]([^\\x00]*[^\\s\\x00])?$",
+                                            description="the base model: an engine's served name, a model "
+                                            "path or id, or a config digest; no surrounding spaces")]
+
+
 class AdapterUpdate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """PATCH /v1/lora_adapters/{name}: the adapter's replica counts (both fields replaced) and whether its
-    replicas are pinned (kept in a device slot, never evicted); at least one of the two, a field left out
-    (or null) is left as it is."""
+    """PATCH /v1/lora_adapters/{name}: the adapter's replica counts (both fields replaced), whether its
+    replicas are pinned (kept in a device slot, never evicted) and its base model (re-targeting it: an
+    admin token only); at least one of them, a field left out (or null) is left as it is."""
 
     replicas: ReplicasSpec | None = None
     pinned: bool | None = None
+    base_model: BaseModelName | None = None
 
 
 class AdapterUnload(msgspec.Struct, kw_only=True):
@@ -133,6 +139,8 @@ class Adapter(msgspec.Struct, kw_only=True):
     description: str
     labels: dict[str, str]
     active_version: int | None
+    owner: str | None  # the tenant that owns it (null: nobody's), as /v1/tenancy/adapters says
+    public: bool  # usable by every tenant's keys, not only its owner's
     created_at: dt.datetime
     updated_at: dt.datetime
 
@@ -163,7 +171,9 @@ class AdapterDetail(Adapter, kw_only=True):
 
 
 class AdapterUpdated(AdapterDetail, kw_only=True):
-    engines: list[EngineOutcome]  # replicas added or let go at once
+    engines: list[EngineOutcome]  # replicas added or let go at once (a re-target: released and placed)
+    # a re-target no engine could take yet (none serves the new base model, or none is healthy)
+    warning: str | None = None
 
 
 class AdapterActivated(AdapterDetail, kw_only=True):

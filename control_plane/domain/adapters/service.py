@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
+import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +24,9 @@ from control_plane.artifacts.sources import is_object_store_url, spool_source
 from control_plane.artifacts.spool import Spool, spool_root
 from control_plane.artifacts.store import ArtifactStore
 from control_plane.auth import Principal
-from control_plane.db.models import Adapter, AdapterVersion, DesiredState, Engine
+from control_plane.db.models import Adapter, AdapterVersion, DesiredState
 from control_plane.db.transaction import read, transact
-from control_plane.domain.adapters import pinning, queries, removal, schemas
+from control_plane.domain.adapters import base_models, pinning, queries, removal, schemas
 from control_plane.domain.placements.planner import (
     PlacementPlanner,
     PushOrder,
@@ -36,7 +38,7 @@ from control_plane.domain.tenants import service as tenant_rules
 from control_plane.domain.tenants import sources as tenant_sources
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
-from shared.errors import ConflictError, InvalidRequestError, NotFoundError
+from shared.errors import ConflictError, InvalidRequestError, NotFoundError, PermissionDeniedError
 from shared.names import name_problem
 
 
@@ -118,7 +120,7 @@ class AdapterService:
                        ) -> tuple[schemas.AdapterLoaded, list[PushOrder], int | None]:
             files, found, req, activate = incoming.spool, incoming.found, incoming.req, incoming.activate
             adapter = await self._adapter_for_load(session, req, found)
-            await _refuse_base_model_names(session, adapter)
+            await base_models.refuse_base_model_names(session, adapter)
             await tenant_rules.claim_new(session, adapter, actor)  # a tenant key's new adapter is its tenant's
             if req.replicas is not None:
                 set_replicas(adapter, req.replicas, self.planner.defaults)
@@ -141,7 +143,7 @@ class AdapterService:
                 desired = DesiredState.PINNED if req.pinned else DesiredState.LOADED
                 orders = await self.planner.place(session, adapter, version, desired, req.engines)
                 if not orders and req.engines is None:
-                    warning = await self._unplaced_warning(session, adapter)
+                    warning = await self._unplaced_warning(session, adapter.base_model)
             return schemas.AdapterLoaded(
                 **msgspec.structs.asdict(version.as_description()), name=adapter.name, version=version.number,
                 created=created, engines=[], warning=warning,
@@ -185,43 +187,65 @@ class AdapterService:
         await self.pusher.push(orders)
         return number
 
-    async def _unplaced_warning(self, session: AsyncSession, adapter: Adapter) -> str | None:
+    async def _unplaced_warning(self, session: AsyncSession, base_model: str) -> str | None:
         """In words, why a load reached no engine, when the reason is that none can take it yet."""
-        registered, healthy = await self.planner.coverage(session, adapter.base_model)
+        registered, healthy = await self.planner.coverage(session, base_model)
         if registered == 0:
-            return (f"no engine serves base model {adapter.base_model!r} yet; the adapter is recorded and will "
+            return (f"no engine serves base model {base_model!r} yet; the adapter is recorded and will "
                     "be placed when an engine serving that base model registers (engines match by served model "
                     "name, the checkpoint's _name_or_path, its model path or config digest; give base_model to "
                     "name it explicitly)")
         if healthy == 0:
-            return (f"no engine serving base model {adapter.base_model!r} is healthy right now ({registered} "
+            return (f"no engine serving base model {base_model!r} is healthy right now ({registered} "
                     "registered); the adapter will be placed when one is")
         return None
 
     async def update(self, name: str, req: schemas.AdapterUpdate, actor: Principal) -> schemas.AdapterUpdated:
-        """PATCH /v1/lora_adapters/{name}: new replica counts (replicas added or let go at once) and/or the
-        pin (every holder told at once), in one transaction. Audited as pin/unpin_lora_adapter when only
-        `pinned` is given, else update_lora_adapter."""
-        if req.replicas is None and req.pinned is None:
-            raise InvalidRequestError("give replicas, pinned or both", param="replicas")
+        """PATCH /v1/lora_adapters/{name}: new replica counts (replicas added or let go at once), the pin
+        (every holder told at once) and/or a new base model (base_models.retarget: released where it no
+        longer fits, placed where it does; an admin token only), in one transaction. Audited as
+        retarget_lora_adapter (detail: the old and new base model) when `base_model` is given, as
+        pin/unpin_lora_adapter when only `pinned` is, else as update_lora_adapter."""
+        if req.replicas is None and req.pinned is None and req.base_model is None:
+            raise InvalidRequestError("give replicas, pinned, base_model or several of them", param="replicas")
 
-        async def work(session: AsyncSession, _: Any) -> list[PushOrder]:
+        async def work(session: AsyncSession, _: Any) -> base_models.Retarget:
             adapter = await queries.require_adapter(session, name, for_update=True)
-            orders: list[PushOrder] = []
-            if req.replicas is not None:
+            done = base_models.Retarget(old=adapter.base_model, new=adapter.base_model)
+            if req.base_model is not None:
+                if actor.tenant is not None:
+                    raise PermissionDeniedError("re-targeting an adapter to another base model moves it between "
+                                                "engines: it needs an admin token, not a tenant key",
+                                                param="base_model")
+                if req.replicas is not None:  # first: the re-target places by the new counts
+                    set_replicas(adapter, req.replicas, self.planner.defaults)
+                done = await base_models.retarget(session, self.planner, adapter, req.base_model)
+            elif req.replicas is not None:
                 set_replicas(adapter, req.replicas, self.planner.defaults)
-                orders += await self.planner.resize(session, adapter)
-            if req.pinned is not None:  # after the resize: the replicas it added are pinned too
-                orders += await pinning.set_pinned(session, self.planner, adapter, req.pinned)
-            return pinning.last_per_engine(orders)
+                done.orders += await self.planner.resize(session, adapter)
+            if req.pinned is not None:  # after the placing: the replicas it added are pinned too
+                done.orders += await pinning.set_pinned(session, self.planner, adapter, req.pinned)
+            done.orders = pinning.last_per_engine(done.orders)
+            return done
 
-        action = "update_lora_adapter"
-        if req.replicas is None:
+        action, detail = "update_lora_adapter", None
+        if req.base_model is not None:
+            action, detail = "retarget_lora_adapter", _retarget_detail
+        elif req.replicas is None:
             action = "pin_lora_adapter" if req.pinned else "unpin_lora_adapter"
-        orders = await self.mutation.run(actor, action, name, work)
-        engines = await self.pusher.push(orders)
-        detail = await self.get(name)
-        return schemas.AdapterUpdated(**{f: getattr(detail, f) for f in detail.__struct_fields__}, engines=engines)
+        done = await self.mutation.run(actor, action, name, work, detail=detail)
+        engines = await self.pusher.push(done.orders)
+        if done.released:
+            await transact(self.session, self.mutation.gate,
+                           lambda session: base_models.forget_released(session, done.released),
+                           what=f"removing the released placements of {name!r}", idempotent=True)
+        detail_now = await self.get(name)
+        warning = None
+        if done.changed and not any(o.action == "load" for o in done.orders):
+            warning = await read(self.session, lambda: self._unplaced_warning(self.session, detail_now.base_model),
+                                 f"engines of {detail_now.base_model!r}")
+        return schemas.AdapterUpdated(**{f: getattr(detail_now, f) for f in detail_now.__struct_fields__},
+                                      engines=engines, warning=warning)
 
     async def _adapter_for_load(self, session: AsyncSession, req: schemas.AdapterCreate,
                                 found: InspectedAdapter) -> Adapter:
@@ -241,10 +265,10 @@ class AdapterService:
         if req.base_model is not None and req.base_model != adapter.base_model:
             raise ConflictError(
                 f"adapter {adapter.name!r} is registered for base model {adapter.base_model!r}, not "
-                f"{req.base_model!r}; an adapter's base model is set by its first load: send these files under "
-                f"another name with base_model {req.base_model!r}, or unload and delete {adapter.name!r} "
-                f"(loraplane adapters unload {adapter.name}; loraplane adapters delete {adapter.name}) and send "
-                "them again", param="base_model")
+                f"{req.base_model!r}; to move it to {req.base_model!r}, re-target it (an admin token: "
+                f"loraplane adapters update {shlex.quote(adapter.name)} --base-model {shlex.quote(req.base_model)}, "
+                f"or PATCH /v1/lora_adapters/{adapter.name} {{\"base_model\": {json.dumps(req.base_model)}}}) "
+                "and send the files again; or send them under another name", param="base_model")
         if req.description is not None:
             adapter.description = req.description
         if req.labels is not None:
@@ -335,17 +359,9 @@ class AdapterService:
                                        sha256=version.sha256, artifact=artifact)
 
 
-async def _refuse_base_model_names(session: AsyncSession, adapter: Adapter) -> None:
-    """An adapter may not be named like its base model or like any base model an engine serves: engines
-    answer that `model` with the base itself, so such an adapter would be recorded and then fail on every
-    engine forever."""
-    served = await session.scalar(select(Engine.name).where(Engine.base_model == adapter.name).limit(1))
-    if adapter.name == adapter.base_model or served is not None:
-        raise InvalidRequestError(
-            f"lora_name {adapter.name!r} is the name of a base model"
-            + (f" (engine {served!r} serves it)" if served is not None else "")
-            + "; engines answer that model name with the base model, so choose another adapter name",
-            param="lora_name")
+def _retarget_detail(done: base_models.Retarget) -> dict[str, Any]:
+    """A re-target's audit detail: the base model before and after."""
+    return {"from": done.old, "to": done.new}
 
 
 def set_replicas(adapter: Adapter, spec: schemas.ReplicasSpec, defaults: ReplicaDefaults) -> None:

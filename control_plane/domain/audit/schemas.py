@@ -19,7 +19,7 @@ class AuditEvent(msgspec.Struct, kw_only=True):
     action: str
     target: str
     outcome: str
-    detail: dict[str, Any] | None  # what a decision was based on (demand scaling); None for admin calls
+    detail: dict[str, Any] | None  # demand scaling's reason and figures; a re-target's `from`, `to`; else None
 
 
 class AuditPage(msgspec.Struct, kw_only=True):

@@ -63,8 +63,8 @@ async def test_base_model_defaults_to_the_adapter_config_and_cannot_change(clien
     assert detail["base_model"] == str(demo["base"])
     r = await client.post("/v1/load_lora_adapter", json={**body, "base_model": "other"}, headers=admin())
     assert r.status_code == 409 and r.json()["error"]["param"] == "base_model"
-    # the refusal says how to recover: another name, or unload and delete first
-    assert "loraplane adapters delete p" in r.json()["error"]["message"], r.text
+    # the refusal says how to recover: re-target it (the exact command), or another name
+    assert "loraplane adapters update p --base-model other" in r.json()["error"]["message"], r.text
 
 
 async def test_twenty_concurrent_identical_loads_make_one_version(
