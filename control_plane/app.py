@@ -28,6 +28,7 @@ from control_plane.db.session import WriteGate, create_engine, plugin_config
 from control_plane.db.transaction import database_error_handlers
 from control_plane.domain.adapters.controller import AdapterController
 from control_plane.domain.audit.controller import AuditController
+from control_plane.domain.engines.collector import EngineCollector
 from control_plane.domain.engines.controller import EngineController
 from control_plane.domain.engines.service import ReconcilerHooks
 from control_plane.domain.placements.reconcile import Reconciler
@@ -104,6 +105,7 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
     sweeper = StoreSweeper(sessions, gate, artifact_store, settings.store_gc_grace_s, app_metrics)
     stats_cache = StatsCache()
     history = HistorySampler(sessions, gate, settings, engine_client, stats_cache)  # the console's charts
+    engine_gc = EngineCollector(sessions, gate, settings)  # engines silent past engine_gc_after_s
     tenant_auth = TenantAuth(sessions, gate, KeyHasher(settings.key_pepper),
                              KeyChecks(settings.key_failures_per_address, settings.key_failures_per_key,
                                        settings.key_failure_window_s))
@@ -118,8 +120,10 @@ def create_app(settings: ControlPlaneSettings) -> Litestar:
         await reconciler.start()
         await history.start()
         await sweeper.start()
+        await engine_gc.start()
 
     async def stop_background(_: Litestar) -> None:
+        await engine_gc.stop()
         await sweeper.stop()
         await history.stop()
         await reconciler.stop()

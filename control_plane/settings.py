@@ -154,7 +154,12 @@ class ControlPlaneSettings:
         "bounded wait, a large adapter the time its bytes need")
     engine_stale_after_s: float = setting(
         30.0, env="LORAPLANE_ENGINE_STALE_AFTER_S",
-        help="an engine whose last heartbeat is older than this reads as unhealthy (and gets no new placements)")
+        help="an engine whose last heartbeat is older than this reads as stale (and gets no new placements)")
+    engine_gc_after_s: float = setting(
+        86400.0, flag="--engine-gc-after-s", env="LORAPLANE_ENGINE_GC_AFTER_S", group=ENGINES, metavar="S",
+        default_text="a day",
+        help="an engine with no heartbeat for this long is removed with its placements, as `loraplane engines "
+        "remove` does, and audited (it may register again); 0 keeps stale engines until removed by hand")
     engine_token: str | None = setting(
         None, env="LORAPLANE_ENGINE_ADMIN_TOKEN", secret=True, aliases=(Alias("LORAPLANE_ENGINE_TOKEN"),),
         help="the bearer token of the engines' admin endpoints (their --admin-token), sent on pushes")
@@ -294,6 +299,9 @@ class ControlPlaneSettings:
                self.engine_fetch_min_mbps) <= 0:
             raise ValueError("reconcile_interval_s, engine_timeout_s, engine_fetch_min_mbps and "
                              "engine_stale_after_s must be positive")
+        if self.engine_gc_after_s and not self.engine_gc_after_s >= self.engine_stale_after_s:
+            raise ValueError("engine_gc_after_s must be 0 (off) or at least engine_stale_after_s: an engine is "
+                             "removed only once it reads as stale")
         if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
             raise ValueError("the engine token is empty or contains whitespace")
         if self.default_min_replicas < 0 or self.default_max_replicas < 0:

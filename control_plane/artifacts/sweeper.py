@@ -7,8 +7,6 @@ audit event (`collect_store_orphans`, by `system:store-gc`) and counts in
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -19,6 +17,7 @@ from control_plane.artifacts.store import ArtifactStore
 from control_plane.db.session import WriteGate
 from control_plane.db.transaction import transact
 from control_plane.metrics import ControlPlaneMetrics
+from control_plane.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 ACTOR, ACTION = "system:store-gc", "collect_store_orphans"
@@ -28,24 +27,14 @@ class StoreSweeper:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], gate: WriteGate, store: ArtifactStore,
                  grace_s: float, metrics: ControlPlaneMetrics) -> None:
         self.sessions, self.gate, self.store, self.grace_s, self.metrics = sessions, gate, store, grace_s, metrics
-        self._task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("store-gc", grace_s, self.sweep, immediately=True,
+                                what="sweeping the artifact store for objects no version names")
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="store-gc")
+        await self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except Exception:
-                logger.exception("sweeping the artifact store for objects no version names failed")
-            await asyncio.sleep(self.grace_s)
+        await self._rounds.stop()
 
     async def sweep(self) -> list[str]:
         """One walk of the store; the sha256 of the objects removed."""

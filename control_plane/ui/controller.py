@@ -130,13 +130,33 @@ class ConsoleController(Controller):
     @get("/fleet")
     async def fleet(self, request: Request[Any, Any, Any], state: State, codec: SessionCodec,
                     engines: EngineService, db_session: AsyncSession,
-                    live: bool = False) -> Response[Any]:
+                    live: bool = False, notice: str = "", error: str = "") -> Response[Any]:
         session = await codec.current(request)
         if session is None:
             return Redirect("/ui/login", status_code=303)
         rows = await pages.fleet(engines, db_session)
+        settings = state.settings
         return _html("fleet_live.html" if live else "fleet.html", session=session, page="fleet", rows=rows,
-                     routers=await list_routers(db_session), stale_after_s=state.settings.engine_stale_after_s)
+                     routers=await list_routers(db_session), stale_after_s=settings.engine_stale_after_s,
+                     gc_after_s=settings.engine_gc_after_s, notice=notice[:300], error=error[:300])
+
+    @post("/fleet")
+    async def remove_engine(self, request: Request[Any, Any, Any], codec: SessionCodec, state: State,
+                            engines: EngineService) -> Response[Any]:
+        """The Fleet page's Remove button (action `remove_engine`, name): the service call of
+        DELETE /v1/engines/{name}, as the signed-in admin token, audited as that call is."""
+        checked = await _admin_form(request, codec, state, "Removing engines")
+        if not isinstance(checked, tuple):
+            return checked
+        session, form = checked
+        name = form.get("name", "").strip()
+        if form.get("action") != "remove_engine" or not name:
+            return _refused(f"Unknown action {form.get('action', '')[:40]!r}.", session)
+        try:
+            await engines.delete(name, session.principal)
+        except LoraplaneError as exc:
+            return _back("/ui/fleet", error=exc.message)
+        return _back("/ui/fleet", notice=f"Removed engine {name} and its placements.")
 
     @get("/adapters")
     async def adapter_list(self, request: Request[Any, Any, Any], codec: SessionCodec, adapters: AdapterService,
@@ -195,17 +215,10 @@ class ConsoleController(Controller):
                   adapters: AdapterService) -> Response[Any]:
         """One admin form on the Adapters or Adapter page: load (name, path), unload, activate (version),
         rollback, pin, unpin; the service call the API's handler makes, as the signed-in token."""
-        session = await codec.current(request)
-        form = {k: str(v) for k, v in (await request.form()).items()}
-        if session is None or not _csrf_ok(session, form.get("csrf", "")):
-            return _refused("This form did not come from your console session (CSRF token missing or wrong); "
-                            "reload the page and try again.", session)
-        if not session.can_act:  # audited, as the API's admin guard audits a read token's attempt
-            async with state.audit_sessions() as db:
-                row = audit.event(session.principal.actor, f"console_{form.get('action', '')[:40]}",
-                                  form.get("name", "")[:256] or request.url.path, "403 permission_error")
-                await audit.record_alone(db, state.write_gate, row)
-            return _refused("Changing adapters needs an admin token; you signed in with a read token.", session)
+        checked = await _admin_form(request, codec, state, "Changing adapters")
+        if not isinstance(checked, tuple):
+            return checked
+        session, form = checked
         name, action = form.get("name", "").strip(), form.get("action", "")
         if action not in _ACTIONS or not name:
             return _refused(f"Unknown action {action[:40]!r}.", session)
@@ -235,6 +248,25 @@ async def _adapter_page(request: Request[Any, Any, Any], codec: SessionCodec, st
     return _html(template, session=session, page="adapters", adapter=detail, trail=trail, charts=charts,
                  rollback=pages.rollback_target(detail), notice=notice, error=error,
                  name_query=urlencode({"name": name}))
+
+
+async def _admin_form(request: Request[Any, Any, Any], codec: SessionCodec, state: State,
+                      what: str) -> tuple[ConsoleSession, dict[str, str]] | Response[str]:
+    """The session and fields of a form that changes state, or the 403 page: without the session's CSRF
+    token, or from a read session (audited as `console_<action>`, as the API's admin guard audits a read
+    token's attempt)."""
+    session = await codec.current(request)
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    if session is None or not _csrf_ok(session, form.get("csrf", "")):
+        return _refused("This form did not come from your console session (CSRF token missing or wrong); "
+                        "reload the page and try again.", session)
+    if not session.can_act:
+        async with state.audit_sessions() as db:
+            row = audit.event(session.principal.actor, f"console_{form.get('action', '')[:40]}",
+                              form.get("name", "")[:256] or request.url.path, "403 permission_error")
+            await audit.record_alone(db, state.write_gate, row)
+        return _refused(f"{what} needs an admin token; you signed in with a read token.", session)
+    return session, form
 
 
 def _csrf_ok(session: ConsoleSession, sent: str) -> bool:

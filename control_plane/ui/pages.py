@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from control_plane.db.models import DemandReport
+from control_plane.db.models import DemandReport, EngineState
 from control_plane.domain.adapters import schemas as adapter_schemas
 from control_plane.domain.adapters.queries import AdapterQuery
 from control_plane.domain.adapters.service import AdapterService
 from control_plane.domain.audit import schemas as audit_schemas
 from control_plane.domain.audit.service import AuditQuery, AuditService
 from control_plane.domain.engines import schemas as engine_schemas
+from control_plane.domain.engines.health import STALE
 from control_plane.domain.engines.service import EngineService
 from control_plane.domain.placements.demand import ENGINE_SOURCE, engine_source
 from control_plane.domain.stats import history
@@ -29,6 +30,16 @@ class EngineRow:
     engine: engine_schemas.Engine
     running: int
     waiting: int
+
+    @property
+    def stale(self) -> bool:
+        """Its heartbeats stopped: listed apart, removable."""
+        return self.engine.state == STALE
+
+    @property
+    def removable(self) -> bool:
+        """What the Fleet page offers to remove: engines gone silent or shutting down."""
+        return self.engine.state in (STALE, EngineState.DRAINING.value)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ class Engine(msgspec.Struct, kw_only=True):
     name: str
     url: str
     base_model: str
-    state: str  # healthy | unhealthy (stored, or heartbeats missed) | draining
+    state: str  # healthy | unhealthy (its step loop died) | draining | stale (heartbeats missed)
     last_heartbeat: dt.datetime | None
     slots_total: int  # device slots (its --max-loras)
     slots_used: int

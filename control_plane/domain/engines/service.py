@@ -1,9 +1,10 @@
 """EngineService: registration (idempotent by name), heartbeats, draining, listing and removal of engines.
 
-Registration, draining and removal are audited mutations (control_plane.uow.Mutation). Heartbeats arrive
-every few seconds from every engine, so they are a plain update under the write gate, not an audit row
-each. An engine token acts only for its own name (`require_engine`); engine URLs are checked before
-anything is recorded (control_plane.engine_urls).
+Registration, draining and removal are audited mutations (control_plane.uow.Mutation); removal's `forget`
+is also what the collector of silent engines runs (domain/engines/collector.py). Heartbeats arrive every
+few seconds from every engine, so they are a plain update under the write gate, not an audit row each.
+An engine token acts only for its own name (`require_engine`); engine URLs are checked before anything
+is recorded (control_plane.engine_urls).
 
 A heartbeat says how the engine is: `healthy` false (its step loop died) makes it unhealthy at once,
 `draining` (it is shutting down) makes it draining; either way it gets no new placements and the
@@ -149,10 +150,7 @@ class EngineService:
         async def work(session: AsyncSession, _: Any) -> schemas.EngineDeleted:
             # The engine row first (FOR UPDATE: after a reconcile of it ends), then its placements: the
             # reconciler takes them in that order too, so the two cannot deadlock.
-            engine = await self._require(name, session, for_update=True)
-            # Explicit, as for adapters: SQLite enforces ON DELETE CASCADE only where the pragma is on.
-            await session.execute(delete(Placement).where(Placement.engine_id == engine.id))
-            await session.execute(delete(Engine).where(Engine.id == engine.id))
+            await forget(session, await self._require(name, session, for_update=True))
             return schemas.EngineDeleted(name=name)
 
         return await self.mutation.run(actor, "delete_engine", name, work)
@@ -176,6 +174,14 @@ class EngineService:
                               max_cpu_loras=e.max_cpu_loras, cache_bytes_free=e.cache_bytes_free,
                               max_model_len=e.max_model_len,
                               created_at=e.created_at, updated_at=e.updated_at)
+
+
+async def forget(session: AsyncSession, engine: Engine) -> None:
+    """Delete `engine` (locked FOR UPDATE by the caller) and its placements, in the caller's transaction:
+    what `engines remove` and the collector of silent engines both do."""
+    # Explicit, as for adapters: SQLite enforces ON DELETE CASCADE only where the pragma is on.
+    await session.execute(delete(Placement).where(Placement.engine_id == engine.id))
+    await session.execute(delete(Engine).where(Engine.id == engine.id))
 
 
 async def _refuse_adapter_names(session: AsyncSession, base_model: str) -> None:

@@ -10,8 +10,6 @@ sample; `series` keeps one row per half interval, so their rows do not make a ja
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from control_plane.domain.engines.health import now
 from control_plane.domain.stats import histogram
 from control_plane.domain.stats.service import StatsCache, StatsService
 from control_plane.engine_client import EngineClient
+from control_plane.periodic import Periodic
 from control_plane.settings import ControlPlaneSettings
 
 logger = logging.getLogger(__name__)
@@ -84,24 +83,14 @@ class HistorySampler:
                  client: EngineClient, cache: StatsCache) -> None:
         self.sessions, self.gate, self.settings, self.client, self.cache = sessions, gate, settings, client, cache
         self._previous_ttft: dict[str, dict[float, float]] = {}  # adapter -> summed TTFT buckets last time
-        self._task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("stats-history", settings.reconcile_interval_s, self.sample,
+                                what="sampling the fleet's stats for the console's history")
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="stats-history")
+        await self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reconcile_interval_s)
-            try:
-                await self.sample()
-            except Exception:
-                logger.exception("sampling the fleet's stats for the console's history failed")
+        await self._rounds.stop()
 
     async def sample(self) -> int:
         """One sample of every adapter the healthy engines report; the rows written."""

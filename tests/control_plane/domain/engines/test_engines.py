@@ -1,4 +1,4 @@
-"""Engines API: registration (idempotent by name), heartbeats, health from missed heartbeats, removal, auth."""
+"""Engines API: registration (idempotent by name), heartbeats, stale from missed heartbeats, removal, auth."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ async def test_register_is_idempotent_by_name_and_heartbeats_update(client: Asyn
     assert await audit(settings.database_url) == [("register_engine", "e1", "ok")] * 2
 
 
-async def test_missed_heartbeats_read_as_unhealthy_and_get_no_placements(settings, demo: dict) -> None:
+async def test_missed_heartbeats_read_as_stale_and_get_no_placements(settings, demo: dict) -> None:
     # the window is wide enough that "new" stays fresh on a slow 2-core CI runner (a load there took 0.7 s)
     quick = dataclasses.replace(settings, engine_stale_after_s=2.0)
     async with AsyncTestClient(app=create_app(quick)) as client:
@@ -52,7 +52,7 @@ async def test_missed_heartbeats_read_as_unhealthy_and_get_no_placements(setting
         await asyncio.sleep(2.2)
         await client.post(f"{ENGINES}/register", json=spec("new", url="http://127.0.0.1:1"), headers=admin())
         states = {n: e["state"] for n, e in (await listed(client)).items()}
-        assert states == {"new": "healthy", "old": "unhealthy"}
+        assert states == {"new": "healthy", "old": "stale"}
         await client.post(f"{ENGINES}/new/heartbeat", json={}, headers=admin())
         r = await client.post("/v1/load_lora_adapter", headers=admin(), json={
             "lora_name": "a", "lora_path": str(demo["demo-short"]), "base_model": "demo"})
