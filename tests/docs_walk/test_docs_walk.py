@@ -100,8 +100,8 @@ def test_the_shell_fails_on_a_status_the_page_does_not_state(tmp_path: Path) -> 
 @pytest.mark.parametrize("require_api_key", [False, True], ids=["make-run", "make-run-REQUIRE_API_KEY"])
 def test_a_reader_walks_the_readme_and_its_pages(require_api_key: bool, tmp_path: Path,
                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
-    if require_api_key:
-        require_tool("redis-server")
+    for tool in ("curl", "jq", *(["redis-server"] if require_api_key else [])):  # the pages' own tools
+        require_tool(tool)
     blocks = walk_blocks(REPO)
     folder = tmp_path / "clone"
     folder.mkdir()
