@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from control_plane.engine_tokens import engine_admin_token
+
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_NAME = "bench-engine"
 
@@ -90,7 +92,8 @@ def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_
               "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE_NAME}={engine_cp}",
               "LORAPLANE_DATABASE_URL": database_url, "LORAPLANE_RECONCILE_INTERVAL_S": "2",
               "LORAPLANE_LOG_LEVEL": "warning"}
-    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
+    engine_token = engine_admin_token(engine_admin, ENGINE_NAME)  # the engine's own, derived from the secret
+    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_token, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
     cp_cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(cp_port), "--lora-roots", str(adapter_root)]
     engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name", "demo",
                   "--port", str(engine_port), "--device", "cpu", "--enable-lora", "--lora-roots", str(adapter_root),
@@ -98,7 +101,7 @@ def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_
                   "--num-kv-blocks", "128", "--log-level", "warning", *engine_flags]
     with process(cp_cmd, cp_env, tmp / "control.log", cp, control_plane_niceness) as cp_proc, \
             process(engine_cmd, engine_env, tmp / "engine.log", engine) as engine_proc:
-        running = Stack(cp, engine, cp_proc, engine_proc, admin, engine_admin, database_url)
+        running = Stack(cp, engine, cp_proc, engine_proc, admin, engine_token, database_url)
         with running.admin() as client:
             deadline = time.monotonic() + 30
             while not any(e["name"] == ENGINE_NAME for e in client.get("/v1/engines").json()["data"]):

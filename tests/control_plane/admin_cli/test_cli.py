@@ -24,7 +24,15 @@ from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
 from tests.control_plane.domain.adapters.helpers import UNREACHABLE
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, EngineServer, run_engine
-from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for
+from tests.e2e.test_control_plane_engines import (
+    ADMIN,
+    CP_TOKENS,
+    READ,
+    control_plane,
+    engine_auth,
+    engine_token,
+    wait_for,
+)
 
 
 @dataclass
@@ -45,7 +53,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with control_plane(tmp, root) as url:
         env = {"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}
         with run_engine(base, tmp / "e1.log", "--enable-lora", "--lora-roots", str(root), "--admin-token",
-                        ENGINE_TOKEN, "--control-plane", url, "--engine-name", "e1", *SHARED_FLAGS, env=env) as e1:
+                        engine_token("e1"), "--control-plane", url, "--engine-name", "e1", *SHARED_FLAGS, env=env) as e1:
             wait_for(lambda: [e["name"] for e in httpx.get(f"{url}/v1/engines", timeout=5, headers={
                 "Authorization": f"Bearer {READ}"}).json()["data"]] == ["e1"], "e1 to register")
             yield Fleet(url, e1, adapters, tmp)
@@ -72,8 +80,7 @@ def as_json(result: subprocess.CompletedProcess[str], code: int = 0) -> dict:
 
 def on_engine(fleet: Fleet) -> dict[str, bool]:
     """What the engine itself holds: adapter name -> pinned."""
-    listed = httpx.get(fleet.engine.api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
-                       timeout=10).json()["adapters"]
+    listed = httpx.get(fleet.engine.api + "/lora_adapters", headers=engine_auth("e1"), timeout=10).json()["adapters"]
     return {a["name"]: a["pinned"] for a in listed}
 
 
