@@ -92,12 +92,17 @@ def command_lines(container: dict[str, Any]) -> list[list[str]]:
     return lines
 
 
+def unhashed(name: str) -> str:
+    """A generated Secret's or ConfigMap's name without kustomize's hash suffix."""
+    return re.sub(r"-[a-z0-9]{10}$", "", name)
+
+
 def secret_values(docs: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
     """(Secret name without kustomize's hash suffix, key) -> value."""
     out = {}
     for d in docs:
         if d["kind"] == "Secret":
-            name = re.sub(r"-[a-z0-9]{10}$", "", d["metadata"]["name"])
+            name = unhashed(d["metadata"]["name"])
             out |= {(name, k): base64.b64decode(v).decode() for k, v in d.get("data", {}).items()}
             out |= {(name, k): v for k, v in d.get("stringData", {}).items()}
     return out
@@ -109,7 +114,7 @@ def resolved_env(container: dict[str, Any], secrets: dict[tuple[str, str], str])
     for var in container.get("env", []):
         ref = var.get("valueFrom", {}).get("secretKeyRef")
         if ref is not None:
-            key = (re.sub(r"-[a-z0-9]{10}$", "", ref["name"]), ref["key"])
+            key = (unhashed(ref["name"]), ref["key"])
             if key in secrets:
                 env[var["name"]] = secrets[key]
         elif "value" in var:
@@ -301,7 +306,7 @@ def test_secrets_come_from_secrets_only(overlay: str, rendered: dict[str, list[d
             if SECRET_NAME.search(var["name"]):
                 ref = var.get("valueFrom", {}).get("secretKeyRef")
                 assert ref is not None, f"{where}: {var['name']} is not from a Secret"
-                key = (re.sub(r"-[a-z0-9]{10}$", "", ref["name"]), ref["key"])
+                key = (unhashed(ref["name"]), ref["key"])
                 # dev generates every Secret prod expects you to create (README step 2), bar optional ones
                 assert key in dev_secrets or ref.get("optional"), f"{where}: {key} is in no Secret"
     printed = json.dumps([[line for line in command_lines(c)] + [v.get("value") for v in c.get("env", [])]
@@ -362,7 +367,7 @@ def mounted_lists(docs: list[dict[str, Any]], folder: Path) -> Path:
     volumes = find(docs, "StatefulSet", "loraplane-engine")["spec"]["template"]["spec"]["volumes"]
     (volume,) = [v for v in volumes if v["name"] == "engine-credentials"]
     for item in volume["secret"]["items"]:
-        (folder / item["path"]).write_text(secrets[(re.sub(r"-[a-z0-9]{10}$", "", volume["secret"]["secretName"]), item["key"])] + "\n")
+        (folder / item["path"]).write_text(secrets[(unhashed(volume["secret"]["secretName"]), item["key"])] + "\n")
     return folder
 
 
