@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import create_async_engine
+from stack import engine_admin_token  # bench/stack.py: run as `python bench/control_plane.py`
 from tqdm import tqdm
 
-from control_plane.engine_tokens import engine_admin_token
 from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
 

@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 import msgspec
 import uvicorn
+from stack import engine_admin_token  # bench/stack.py: run as `python bench/engine_sim.py`
 
-from control_plane.engine_tokens import engine_admin_token
 from shared.engine_admin import (
     AdapterList,
     AdapterListing,

@@ -63,10 +63,14 @@ from pathlib import Path
 
 import httpx
 from fleet_floor import floors, zipf_adapters  # bench/fleet_floor.py
-from stack import cpu_seconds, free_port, process  # bench/stack.py: run as `python bench/fleet.py`
+from stack import (  # bench/stack.py: run as `python bench/fleet.py`
+    cpu_seconds,
+    engine_admin_token,
+    free_port,
+    process,
+)
 from tqdm import tqdm
 
-from control_plane.engine_tokens import engine_admin_token
 from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.engine.core.threads import CORE_MODULE, check_bind

@@ -38,9 +38,12 @@ from pathlib import Path
 
 import httpx
 import redis
-from stack import free_port, process  # bench/stack.py: run as `python bench/router_overhead.py`
+from stack import (  # bench/stack.py: run as `python bench/router_overhead.py`
+    engine_admin_token,
+    free_port,
+    process,
+)
 
-from control_plane.engine_tokens import engine_admin_token
 from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import write_demo_model
 from data_plane.lora.weights import TARGET_MODULES

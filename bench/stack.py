@@ -1,5 +1,6 @@
 """A control plane and one engine as real processes on loopback, for the bench scripts (soak, attacks), and
-the helpers the fleet scripts share: free ports, processes started and stopped, their CPU seconds.
+the helpers the fleet scripts share: free ports, processes started and stopped, their CPU seconds, engines'
+admin tokens.
 
 `stack(tmp, base, adapter_root, database_url)` starts `loraplane control` and `loraplane engine
 --enable-lora --control-plane …` on the demo model with fresh secrets (passed through the environment
@@ -9,6 +10,7 @@ only), waits until the engine has registered, and stops both on exit.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import socket
@@ -21,10 +23,19 @@ from pathlib import Path
 
 import httpx
 
-from control_plane.engine_tokens import engine_admin_token
-
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_NAME = "bench-engine"
+
+
+def engine_admin_token(secret: str, engine: str) -> str:
+    """Engine `engine`'s admin token as the control plane derives it from `secret`: control_plane/engine_tokens.py,
+    loaded by its path (run as `python bench/x.py`, this folder is first on sys.path and bench/control_plane.py
+    shadows the package)."""
+    spec = importlib.util.spec_from_file_location("loraplane_engine_tokens", REPO / "control_plane" / "engine_tokens.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.engine_admin_token(secret, engine))
 
 
 def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
