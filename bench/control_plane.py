@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import insert, update
 from sqlalchemy.ext.asyncio import create_async_engine
+from stack import engine_admin_token  # bench/stack.py: run as `python bench/control_plane.py`
 from tqdm import tqdm
 
 from data_plane.demo.adapters import write_demo_adapters
@@ -81,7 +82,7 @@ def engine(tmp: Path, base: Path, root: Path, cp: str, name: str) -> contextlib.
     env = {**os.environ, "LORAPLANE_CONTROL_PLANE_TOKEN": ADMIN}
     cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name", "demo",
            "--port", str(port), "--device", "cpu", "--enable-lora", "--lora-roots", str(root),
-           "--admin-token", ENGINE_TOKEN, "--control-plane", cp, "--engine-name", name,
+           "--admin-token", engine_admin_token(ENGINE_TOKEN, name), "--control-plane", cp, "--engine-name", name,
            "--num-kv-blocks", "64", "--max-model-len", "256", "--log-level", "warning"]
     return _process(cmd, tmp / f"{name}.log", env, f"http://127.0.0.1:{port}", f"engine {name}")
 

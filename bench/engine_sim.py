@@ -11,8 +11,9 @@ artifact (a load is recorded at once) and serves no inference. It is never used 
 an engine: the tests run real engines.
 
     python bench/engine_sim.py --control-plane URL [--engines 200] [--heartbeat-s 5] [--host-slots 1024]
-        (the control plane's admin token in LORAPLANE_ADMIN_TOKEN; the engines' admin token in
-         LORAPLANE_ENGINE_ADMIN_TOKEN, checked on every admin call as a real engine would)
+        (the control plane's admin token in LORAPLANE_ADMIN_TOKEN; the secret the engines' admin tokens
+         derive from in LORAPLANE_ENGINE_ADMIN_TOKEN: each simulated engine checks its own token on every
+         admin call as a real engine would)
 
 It prints `{"registered": N}` once every engine is registered, then answers commands on stdin (see
 `control`) with one JSON line each.
@@ -34,6 +35,7 @@ from typing import Any
 import httpx
 import msgspec
 import uvicorn
+from stack import engine_admin_token  # bench/stack.py: run as `python bench/engine_sim.py`
 
 from shared.engine_admin import (
     AdapterList,
@@ -70,9 +72,10 @@ def _json(status: int, body: Any) -> tuple[int, bytes]:
 
 
 class Simulator:
-    def __init__(self, engines: list[SimEngine], admin_token: str | None) -> None:
+    def __init__(self, engines: list[SimEngine], token_secret: str | None) -> None:
         self.by_port = {e.port: e for e in engines}
-        self.admin_token = admin_token
+        # each engine's own admin token, as the control plane derives it
+        self.admin_tokens = {e.port: engine_admin_token(token_secret, e.name) for e in engines} if token_secret else {}
         self.calls = 0  # admin calls answered
         self.beats = 0  # heartbeats the control plane accepted
         self.beat_failures = 0
@@ -104,7 +107,7 @@ class Simulator:
         if path == "/health":
             return _json(200, {"status": "ok"})
         offered = headers.get(b"authorization", b"").decode().removeprefix("Bearer ")
-        if self.admin_token and not hmac.compare_digest(offered, self.admin_token):
+        if self.admin_tokens and not hmac.compare_digest(offered, self.admin_tokens[e.port]):
             return _json(401, {"error": {"message": "admin token required", "type": "authentication_error"}})
         if method == "POST" and path == "/v1/load_lora_adapter":
             req = json.loads(body)

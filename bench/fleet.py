@@ -63,7 +63,12 @@ from pathlib import Path
 
 import httpx
 from fleet_floor import floors, zipf_adapters  # bench/fleet_floor.py
-from stack import cpu_seconds, free_port, process  # bench/stack.py: run as `python bench/fleet.py`
+from stack import (  # bench/stack.py: run as `python bench/fleet.py`
+    cpu_seconds,
+    engine_admin_token,
+    free_port,
+    process,
+)
 from tqdm import tqdm
 
 from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
@@ -115,9 +120,11 @@ def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int 
             cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)), cp_env, tmp / "control.log",
             cp)).pid)
         routed, plain = [], []
+        engine_tokens: dict[str, str] = {}  # engine URL -> its admin token
         for n in names:
             url = f"http://127.0.0.1:{free_port()}"
-            env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": creds[n]}
+            engine_tokens[url] = engine_admin_token(engine_admin, n)  # its own, as the control plane derives it
+            env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_tokens[url], "LORAPLANE_CONTROL_PLANE_TOKEN": creds[n]}
             pids["routed"].append(stack.enter_context(process(
                 cli("engine", "--model", str(base), "--served-model-name", "demo", "--port", url.rsplit(":", 1)[1],
                     "--control-plane", cp, "--engine-name", n, "--lora-cache-dir", str(tmp / f"cache-{n}"),
@@ -128,7 +135,8 @@ def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int 
         modules = [f"{name}={path}" for name, path in adapters.items()]
         for i in range(ENGINES):
             url = f"http://127.0.0.1:{free_port()}"
-            env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin}
+            engine_tokens[url] = engine_admin_token(engine_admin, f"plain-{i}")
+            env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_tokens[url]}
             pids["plain"].append(stack.enter_context(process(
                 cli("engine", "--model", str(base), "--served-model-name", "demo", "--port", url.rsplit(":", 1)[1],
                     "--lora-modules", *modules, *ENGINE_FLAGS, "--num-threads", str(engine_threads),
@@ -139,7 +147,7 @@ def fleet(tmp: Path, base: Path, adapters: dict[str, Path], engine_threads: int 
         pids["router"].append(stack.enter_context(process(
             cli("router", "--control-plane", cp, "--port", router.rsplit(":", 1)[1], "--log-level", "warning"),
             {**os.environ, "LORAPLANE_ROUTER_TOKEN": router_token}, tmp / "router.log", router)).pid)
-        yield {"cp": cp, "admin": admin, "engine_admin": engine_admin, "routed": routed, "plain": plain,
+        yield {"cp": cp, "admin": admin, "engine_tokens": engine_tokens, "routed": routed, "plain": plain,
                "router": router, "pids": pids}
 
 
@@ -266,12 +274,13 @@ def host_busy() -> tuple[int, int]:
     return sum(values) - values[3] - values[4] - values[7], sum(values)
 
 
-def slot_counters(urls: list[str], token: str) -> tuple[int, int, list[int]]:
+def slot_counters(urls: list[str], tokens: dict[str, str]) -> tuple[int, int, list[int]]:
     """(device-slot loads, evictions, adapter requests per engine) the engines counted so far."""
     loads = evictions = 0
     served = []
     for url in urls:
-        stats = httpx.get(f"{url}/v1/lora_stats", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
+        stats = httpx.get(f"{url}/v1/lora_stats", headers={"Authorization": f"Bearer {tokens[url]}"},
+                          timeout=30).json()
         loads += sum(a["loads"] for a in stats["adapters"])
         evictions += sum(a["evictions"] for a in stats["adapters"])
         served.append(sum(sum(a["requests"].values()) for a in stats["adapters"]))
@@ -369,12 +378,12 @@ def main() -> int:
             for rep in range(args.repeats):
                 requests = request_list(args.requests, seed=rep)
                 for mode in modes[rep % 3:] + modes[:rep % 3]:
-                    before = slot_counters(counted[mode], f["engine_admin"])
+                    before = slot_counters(counted[mode], f["engine_tokens"])
                     cpu_before, busy_before = cpu_by_role(f["pids"], stacks[mode]), host_busy()
                     figures = asyncio.run(run_mode(urls[mode], mode, requests, args.concurrency, args.max_tokens, rep))
                     tokens = figures.pop("tokens")
                     cpu_after, busy_after = cpu_by_role(f["pids"], stacks[mode]), host_busy()
-                    after = slot_counters(counted[mode], f["engine_admin"])
+                    after = slot_counters(counted[mode], f["engine_tokens"])
                     served = [a - b for a, b in zip(after[2], before[2], strict=True)]
                     out[mode].append(figures | {"slot_loads": after[0] - before[0],
                                                 "evictions": after[1] - before[1],

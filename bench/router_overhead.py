@@ -38,7 +38,11 @@ from pathlib import Path
 
 import httpx
 import redis
-from stack import free_port, process  # bench/stack.py: run as `python bench/router_overhead.py`
+from stack import (  # bench/stack.py: run as `python bench/router_overhead.py`
+    engine_admin_token,
+    free_port,
+    process,
+)
 
 from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
 from data_plane.demo.model_builder import write_demo_model
@@ -77,7 +81,8 @@ def running(tmp: Path) -> Iterator[tuple[str, str, str, str]]:
               "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE}={engine_cp}",
               "LORAPLANE_DATABASE_URL": f"sqlite:///{tmp / 'cp.db'}", "LORAPLANE_LOG_LEVEL": "warning",
               "LORAPLANE_KEY_PEPPER": pepper}
-    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
+    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin_token(engine_admin, ENGINE),
+                  "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
     with contextlib.ExitStack() as stack:
         stack.enter_context(process(cli("control", "--port", cp.rsplit(":", 1)[1], "--lora-roots", str(tmp)),
                                     cp_env, tmp / "control.log", cp))

@@ -1,5 +1,6 @@
 """A control plane and one engine as real processes on loopback, for the bench scripts (soak, attacks), and
-the helpers the fleet scripts share: free ports, processes started and stopped, their CPU seconds.
+the helpers the fleet scripts share: free ports, processes started and stopped, their CPU seconds, engines'
+admin tokens.
 
 `stack(tmp, base, adapter_root, database_url)` starts `loraplane control` and `loraplane engine
 --enable-lora --control-plane …` on the demo model with fresh secrets (passed through the environment
@@ -9,6 +10,7 @@ only), waits until the engine has registered, and stops both on exit.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import socket
@@ -23,6 +25,17 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_NAME = "bench-engine"
+
+
+def engine_admin_token(secret: str, engine: str) -> str:
+    """Engine `engine`'s admin token as the control plane derives it from `secret`: control_plane/engine_tokens.py,
+    loaded by its path (run as `python bench/x.py`, this folder is first on sys.path and bench/control_plane.py
+    shadows the package)."""
+    spec = importlib.util.spec_from_file_location("loraplane_engine_tokens", REPO / "control_plane" / "engine_tokens.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.engine_admin_token(secret, engine))
 
 
 def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
@@ -90,7 +103,8 @@ def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_
               "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ENGINE_CREDENTIALS": f"{ENGINE_NAME}={engine_cp}",
               "LORAPLANE_DATABASE_URL": database_url, "LORAPLANE_RECONCILE_INTERVAL_S": "2",
               "LORAPLANE_LOG_LEVEL": "warning"}
-    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
+    engine_token = engine_admin_token(engine_admin, ENGINE_NAME)  # the engine's own, derived from the secret
+    engine_env = {**os.environ, "LORAPLANE_ADMIN_TOKEN": engine_token, "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp}
     cp_cmd = [sys.executable, "-m", "shared.cli", "control", "--port", str(cp_port), "--lora-roots", str(adapter_root)]
     engine_cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name", "demo",
                   "--port", str(engine_port), "--device", "cpu", "--enable-lora", "--lora-roots", str(adapter_root),
@@ -98,7 +112,7 @@ def stack(tmp: Path, base: Path, adapter_root: Path, database_url: str, *engine_
                   "--num-kv-blocks", "128", "--log-level", "warning", *engine_flags]
     with process(cp_cmd, cp_env, tmp / "control.log", cp, control_plane_niceness) as cp_proc, \
             process(engine_cmd, engine_env, tmp / "engine.log", engine) as engine_proc:
-        running = Stack(cp, engine, cp_proc, engine_proc, admin, engine_admin, database_url)
+        running = Stack(cp, engine, cp_proc, engine_proc, admin, engine_token, database_url)
         with running.admin() as client:
             deadline = time.monotonic() + 30
             while not any(e["name"] == ENGINE_NAME for e in client.get("/v1/engines").json()["data"]):

@@ -94,7 +94,7 @@ def _contract_errors(handler: Any) -> list[int]:
 def create_app(settings: ControlPlaneSettings) -> Litestar:
     engine = create_engine(settings)
     app_metrics = ControlPlaneMetrics()
-    engine_client = EngineClient(settings.engine_token, settings.engine_timeout_s,
+    engine_client = EngineClient(settings.engine_token_secret, settings.engine_timeout_s,
                                  allowed_networks=settings.engine_allowed_networks)
     gate = WriteGate(serialize=settings.is_sqlite)
     # Sessions outside a handler's own (the plugin's is per request and only handlers get it).

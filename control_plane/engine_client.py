@@ -13,8 +13,10 @@ Connection errors, timeouts and 5xx are retried with exponential backoff within 
 answer is final.
 
 What the engine said is never passed on verbatim (the URL may not even be an engine): an error is the
-status plus a short reason, control characters stripped. The engine admin token goes in the
-Authorization header only and is never logged; URLs in messages carry no userinfo.
+status plus a short reason, control characters stripped. Each call is addressed to an engine by name and
+URL (`EngineAt`) and carries that engine's own admin token (control_plane.engine_tokens), never the secret
+it is derived from, so a URL that is no engine of ours learns nothing another engine accepts. The token
+goes in the Authorization header only and is never logged; URLs in messages carry no userinfo.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import msgspec
 
 from control_plane.egress import REFUSED, GuardedTransport
+from control_plane.engine_tokens import engine_admin_token
 from shared import engine_admin
 from shared.artifacts import ArtifactRef
 
@@ -76,15 +79,22 @@ def safe_url(url: str) -> str:
     return sanitize(urlunsplit((parts.scheme, netloc, parts.path, "", "")), 300)
 
 
+class EngineAt(NamedTuple):
+    """An engine as it is called: its registered name (which its admin token is derived from) and URL."""
+
+    name: str
+    url: str
+
+
 class EngineClient:
-    def __init__(self, token: str | None, deadline_s: float, *, max_attempts: int = MAX_ATTEMPTS,
+    def __init__(self, token_secret: str | None, deadline_s: float, *, max_attempts: int = MAX_ATTEMPTS,
                  backoff_s: float = BACKOFF_S, max_body_bytes: int = MAX_BODY_BYTES,
                  allowed_networks: tuple[str, ...] = (), transport: httpx.AsyncBaseTransport | None = None) -> None:
-        """`allowed_networks`: the engine-URL policy, enforced on every connection (control_plane.egress);
+        """`token_secret`: what each engine's admin token is derived from (None: engines without one);
+        `allowed_networks`: the engine-URL policy, enforced on every connection (control_plane.egress);
         `transport` replaces that (tests script answers with it)."""
+        self._token_secret = token_secret
         headers = {"Accept-Encoding": "identity"}  # the cap counts what is read, so nothing to inflate
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(deadline_s, connect=min(deadline_s, 5.0)),
                                        transport=transport or GuardedTransport(allowed_networks),
                                        follow_redirects=False, trust_env=False)
@@ -96,7 +106,7 @@ class EngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def load(self, url: str, name: str, path: str | None, *, pinned: bool, load_inplace: bool,
+    async def load(self, engine: EngineAt, name: str, path: str | None, *, pinned: bool, load_inplace: bool,
                    artifact: ArtifactRef | None = None, deadline_s: float | None = None,
                    **extra: Any) -> engine_admin.LoadedAdapter:
         """Load from `path` (a folder the engine reads itself) or from `artifact` (the engine fetches the
@@ -105,28 +115,34 @@ class EngineClient:
         source: dict[str, Any] = {"lora_path": path} if artifact is None else \
             {"artifact": msgspec.to_builtins(artifact)}
         body = {"lora_name": name, **source, "pinned": pinned, "load_inplace": load_inplace, **extra}
-        _, raw = await self._call("POST", url, "/v1/load_lora_adapter", body, deadline_s=deadline_s)
-        return self._decode("POST", url, "/v1/load_lora_adapter", raw, engine_admin.LoadedAdapter)
+        _, raw = await self._call("POST", engine, "/v1/load_lora_adapter", body, deadline_s=deadline_s)
+        return self._decode("POST", engine.url, "/v1/load_lora_adapter", raw, engine_admin.LoadedAdapter)
 
-    async def unload(self, url: str, name: str) -> engine_admin.UnloadedAdapter | None:
+    async def unload(self, engine: EngineAt, name: str) -> engine_admin.UnloadedAdapter | None:
         """Unload `name`; an engine that does not hold it (404, answered None) counts as done."""
-        status, raw = await self._call("POST", url, "/v1/unload_lora_adapter", {"lora_name": name}, ok_404=True)
+        status, raw = await self._call("POST", engine, "/v1/unload_lora_adapter", {"lora_name": name}, ok_404=True)
         if status == 404:
             return None
-        return self._decode("POST", url, "/v1/unload_lora_adapter", raw, engine_admin.UnloadedAdapter)
+        return self._decode("POST", engine.url, "/v1/unload_lora_adapter", raw, engine_admin.UnloadedAdapter)
 
-    async def list_adapters(self, url: str) -> engine_admin.AdapterList:
-        return await self._typed("GET", url, "/v1/lora_adapters", engine_admin.AdapterList)
+    async def list_adapters(self, engine: EngineAt) -> engine_admin.AdapterList:
+        return await self._typed("GET", engine, "/v1/lora_adapters", engine_admin.AdapterList)
 
-    async def stats(self, url: str) -> engine_admin.LoraStats:
-        return await self._typed("GET", url, "/v1/lora_stats", engine_admin.LoraStats)
+    async def stats(self, engine: EngineAt) -> engine_admin.LoraStats:
+        return await self._typed("GET", engine, "/v1/lora_stats", engine_admin.LoraStats)
 
-    async def metrics(self, url: str) -> str:
+    async def metrics(self, engine: EngineAt) -> str:
         """The engine's Prometheus exposition (text; undecodable bytes replaced)."""
-        return (await self._call("GET", url, "/metrics"))[1].decode("utf-8", errors="replace")
+        return (await self._call("GET", engine, "/metrics"))[1].decode("utf-8", errors="replace")
 
-    async def _typed(self, method: str, url: str, path: str, kind: type[T], body: Any = None) -> T:
-        return self._decode(method, url, path, (await self._call(method, url, path, body))[1], kind)
+    async def _typed(self, method: str, engine: EngineAt, path: str, kind: type[T], body: Any = None) -> T:
+        return self._decode(method, engine.url, path, (await self._call(method, engine, path, body))[1], kind)
+
+    def _auth(self, engine: EngineAt) -> dict[str, str]:
+        """The Authorization header of `engine`'s calls: its own admin token, when a secret is configured."""
+        if not self._token_secret:
+            return {}
+        return {"Authorization": f"Bearer {engine_admin_token(self._token_secret, engine.name)}"}
 
     @staticmethod
     def _decode(method: str, url: str, path: str, raw: bytes, kind: type[T]) -> T:
@@ -136,10 +152,11 @@ class EngineClient:
             raise EngineCallError(f"{method} {safe_url(url)}{path}: not a valid reply ({sanitize(str(exc), 120)})") \
                 from None
 
-    async def _call(self, method: str, url: str, path: str, body: Any = None, *,
+    async def _call(self, method: str, engine: EngineAt, path: str, body: Any = None, *,
                     ok_404: bool = False, deadline_s: float | None = None) -> tuple[int, bytes]:
-        where = f"{method} {safe_url(url)}{path}"
-        target = url.rstrip("/") + path
+        where = f"{method} {safe_url(engine.url)}{path}"
+        target = engine.url.rstrip("/") + path
+        headers = self._auth(engine)
         deadline_s = deadline_s or self.deadline_s
         end = time.monotonic() + deadline_s
         failure = EngineCallError(f"{where}: no attempt made")
@@ -149,7 +166,7 @@ class EngineClient:
                 break
             try:
                 async with asyncio.timeout(left):
-                    status, raw = await self._attempt(method, target, body, where, deadline_s)
+                    status, raw = await self._attempt(method, target, headers, body, where, deadline_s)
             except TimeoutError:
                 failure = EngineCallError(f"{where}: no complete answer within {deadline_s:g} s")
                 break
@@ -170,12 +187,12 @@ class EngineClient:
                 await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), max(0.0, end - time.monotonic())))
         raise failure
 
-    async def _attempt(self, method: str, target: str, body: Any, where: str,
+    async def _attempt(self, method: str, target: str, headers: dict[str, str], body: Any, where: str,
                        deadline_s: float) -> tuple[int, bytes]:
         """One request; the body streamed up to the cap."""
         too_large = EngineCallError(f"{where}: reply larger than {self.max_body_bytes} bytes")
         timeout = httpx.Timeout(deadline_s, connect=min(deadline_s, 5.0))
-        async with self._http.stream(method, target, json=body, timeout=timeout) as r:
+        async with self._http.stream(method, target, json=body, headers=headers, timeout=timeout) as r:
             if r.headers.get("content-encoding", "identity").lower() != "identity":
                 # asked for identity: a compressed reply could inflate far past the cap in one chunk
                 raise EngineCallError(f"{where}: compressed reply ({sanitize(r.headers['content-encoding'], 20)})")

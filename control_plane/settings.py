@@ -20,6 +20,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from control_plane.engine_tokens import ENGINE_SECRET_ENV, ENGINE_SECRET_OLD_ENV
 from shared.key_secrets import MIN_PEPPER_CHARS, PEPPER_ENV
 from shared.names import name_problem
 from shared.settings import (
@@ -160,9 +161,10 @@ class ControlPlaneSettings:
         default_text="a day",
         help="an engine with no heartbeat for this long is removed with its placements, as `loraplane engines "
         "remove` does, and audited (it may register again); 0 keeps stale engines until removed by hand")
-    engine_token: str | None = setting(
-        None, env="LORAPLANE_ENGINE_ADMIN_TOKEN", secret=True, aliases=(Alias("LORAPLANE_ENGINE_TOKEN"),),
-        help="the bearer token of the engines' admin endpoints (their --admin-token), sent on pushes")
+    engine_token_secret: str | None = setting(
+        None, env=ENGINE_SECRET_ENV, secret=True, aliases=(Alias(ENGINE_SECRET_OLD_ENV),),
+        help="the secret each engine's admin token is derived from: engine NAME gets its own token (its "
+        "--admin-token; `loraplane engines token NAME` prints it), sent on pushes and listings, never this secret")
     engine_credentials: Mapping[str, str] = setting(
         default_factory=dict, env="LORAPLANE_ENGINE_CREDENTIALS", secret=True, parse=parse_engine_credentials,
         help="name=token,…: the token each engine sends (its LORAPLANE_CONTROL_PLANE_TOKEN); it may register, "
@@ -302,8 +304,9 @@ class ControlPlaneSettings:
         if self.engine_gc_after_s and not self.engine_gc_after_s >= self.engine_stale_after_s:
             raise ValueError("engine_gc_after_s must be 0 (off) or at least engine_stale_after_s: an engine is "
                              "removed only once it reads as stale")
-        if self.engine_token is not None and (not self.engine_token or any(c.isspace() for c in self.engine_token)):
-            raise ValueError("the engine token is empty or contains whitespace")
+        if self.engine_token_secret is not None and (not self.engine_token_secret
+                                                 or any(c.isspace() for c in self.engine_token_secret)):
+            raise ValueError(f"{ENGINE_SECRET_ENV} is empty or contains whitespace")
         if self.default_min_replicas < 0 or self.default_max_replicas < 0:
             raise ValueError("default_min_replicas and default_max_replicas must be >= 0 (max 0 means all)")
         if 0 < self.default_max_replicas < self.default_min_replicas:

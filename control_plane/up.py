@@ -31,8 +31,10 @@ Tokens (see docs/control-plane.md#credentials), each from the environment when s
 random and written (mode 0600) under .loraplane/ — never printed, and passed to the children only
 through their environment, never on their command lines (visible to every user in `ps`):
 - the control plane's admin token: LORAPLANE_ADMIN_TOKENS, else .loraplane/admin-token;
-- the engines' admin token, which the control plane pushes with: LORAPLANE_ENGINE_ADMIN_TOKEN
-  (or its old name LORAPLANE_ENGINE_TOKEN), else .loraplane/engine-token;
+- the secret the engines' admin tokens are derived from (the control plane's LORAPLANE_ENGINE_ADMIN_TOKEN):
+  LORAPLANE_ENGINE_ADMIN_TOKEN (or the file LORAPLANE_ENGINE_ADMIN_TOKEN_FILE names; or its old name
+  LORAPLANE_ENGINE_TOKEN), else .loraplane/engine-token; each engine gets only its own token derived from
+  it (control_plane/engine_tokens.py) as LORAPLANE_ADMIN_TOKEN;
 - each engine's own token at the control plane (LORAPLANE_ENGINE_CREDENTIALS `name=…` there,
   LORAPLANE_CONTROL_PLANE_TOKEN on the engine): .loraplane/engine-cp-token[-NAME];
 - the router's token at the control plane (LORAPLANE_ROUTER_TOKENS there, LORAPLANE_ROUTER_TOKEN on the
@@ -70,6 +72,7 @@ from pathlib import Path
 import httpx
 import redis as redis_client
 
+from control_plane.engine_tokens import engine_admin_token, engine_secret_from
 from control_plane.settings import split_token_names, without_password
 from shared.cpus import available_cpus
 from shared.key_secrets import PEPPER_ENV
@@ -92,6 +95,7 @@ ENGINE_NAME = "local"  # the engine's name when there is one; local-1, local-2, 
 STOP_TIMEOUT_S = 45.0  # above the engine's default --shutdown-timeout-s (30): a drain is let finish
 # Secrets of one role are not handed to another child (nor inherited from the caller's environment).
 _SECRETS = ("LORAPLANE_ADMIN_TOKENS", "LORAPLANE_READ_TOKENS", "LORAPLANE_ENGINE_TOKEN", "LORAPLANE_ENGINE_ADMIN_TOKEN",
+            "LORAPLANE_ENGINE_TOKEN_FILE", "LORAPLANE_ENGINE_ADMIN_TOKEN_FILE",
             "LORAPLANE_ENGINE_CREDENTIALS", "LORAPLANE_ADMIN_TOKEN", "LORAPLANE_CONTROL_PLANE_TOKEN",
             "LORAPLANE_API_KEY", "LORAPLANE_ENGINE_API_KEY", "LORAPLANE_ROUTER_TOKEN", "LORAPLANE_ROUTER_TOKENS",
             "LORAPLANE_API_KEYS", "LORAPLANE_KEY_PEPPER", "LORAPLANE_KEY_PEPPER_FILE", "LORAPLANE_REDIS_URL",
@@ -236,7 +240,7 @@ def _launch(args: UpConfig) -> _Launch:
     adapters = {} if args.model is not None else {n: (demo / "adapters" / n).resolve() for n in DEMO_ADAPTERS}
     names = [ENGINE_NAME] if args.engines == 1 else [f"{ENGINE_NAME}-{i + 1}" for i in range(args.engines)]
     admin, admin_file = _admin_token()
-    engine_admin, _ = _token(("LORAPLANE_ENGINE_ADMIN_TOKEN", "LORAPLANE_ENGINE_TOKEN"), "engine-token")
+    engine_secret = engine_secret_from(os.environ) or _token((), "engine-token")[0]
     engine_cp = {n: _token((), "engine-cp-token" if n == ENGINE_NAME else f"engine-cp-token-{n}")[0] for n in names}
     router_token, _ = _token(("LORAPLANE_ROUTER_TOKEN",), "router-token")
     engine_key, _ = _token(("LORAPLANE_ENGINE_API_KEY",), "engine-api-key")
@@ -246,7 +250,7 @@ def _launch(args: UpConfig) -> _Launch:
     cp_url = f"http://{host}:{args.port}"
     base_env = {k: v for k, v in os.environ.items() if k not in _SECRETS}
     control_env = {**base_env, "LORAPLANE_ADMIN_TOKENS": os.environ.get("LORAPLANE_ADMIN_TOKENS") or admin,
-                   "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_admin, "LORAPLANE_ROUTER_TOKENS": router_token,
+                   "LORAPLANE_ENGINE_ADMIN_TOKEN": engine_secret, "LORAPLANE_ROUTER_TOKENS": router_token,
                    "LORAPLANE_ENGINE_CREDENTIALS": ",".join(f"{n}={t}" for n, t in engine_cp.items()),
                    "LORAPLANE_KEY_PEPPER": pepper}
     if os.environ.get("LORAPLANE_READ_TOKENS"):
@@ -262,9 +266,10 @@ def _launch(args: UpConfig) -> _Launch:
     for i, name in enumerate(names):
         port = args.engine_port + i
         urls.append(f"http://{host}:{port}")
-        # the engine reads --admin-token from LORAPLANE_ADMIN_TOKEN, --api-key from LORAPLANE_API_KEY,
-        # --control-plane-token from LORAPLANE_CONTROL_PLANE_TOKEN
-        env = {**base_env, "LORAPLANE_ADMIN_TOKEN": engine_admin, "LORAPLANE_API_KEY": engine_key,
+        # the engine reads --admin-token (its own, never the secret) from LORAPLANE_ADMIN_TOKEN, --api-key
+        # from LORAPLANE_API_KEY, --control-plane-token from LORAPLANE_CONTROL_PLANE_TOKEN
+        env = {**base_env, "LORAPLANE_ADMIN_TOKEN": engine_admin_token(engine_secret, name),
+               "LORAPLANE_API_KEY": engine_key,
                "LORAPLANE_CONTROL_PLANE_TOKEN": engine_cp[name]}
         cmd = [*launcher, "engine", "--model", str(model), "--served-model-name", served, "--host", host,
                "--port", str(port), "--device", args.device, "--enable-lora", "--control-plane", cp_url,

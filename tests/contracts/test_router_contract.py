@@ -26,9 +26,9 @@ from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     _free_port,
     control_plane,
+    engine_token,
     started,
 )
 
@@ -50,7 +50,7 @@ def test_the_router_honours_its_openapi_contract(tmp_path: Path) -> None:
         cp = stack.enter_context(control_plane(tmp_path, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN))
         stack.enter_context(run_engine(
             base, tmp_path / "engine.log", "--max-model-len", "64", "--enable-lora", "--lora-roots", str(root),
-            "--admin-token", ENGINE_TOKEN, "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS,
+            "--admin-token", engine_token("e1"), "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS,
             env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"], "LORAPLANE_API_KEY": ENGINE_KEY}))
         loaded = httpx.post(cp + "/v1/load_lora_adapter", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=120,
                             json={"lora_name": ADAPTER, "lora_path": str(adapters[ADAPTER]), "base_model": BASE_MODEL})

@@ -18,24 +18,24 @@ from control_plane.app import create_app
 from control_plane.cli import GRACEFUL_SHUTDOWN_S
 from control_plane.settings import ControlPlaneSettings
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
+from tests.e2e.test_control_plane_engines import engine_auth, engine_token
 
-ENGINE_TOKEN = "engine-token-for-tests"
 # each engine's own token at the control plane (its LORAPLANE_CONTROL_PLANE_TOKEN): it fetches artifacts
 CP_TOKENS = {"ea": "cp-token-of-ea-for-tests", "eb": "cp-token-of-eb-for-tests", "ec": "cp-token-of-ec-for-tests"}
 
 
 @contextlib.contextmanager
-def lora_engine(base: Path, adapter_root: Path, log: Path, *flags: str, name: str | None = None,
+def lora_engine(base: Path, adapter_root: Path, log: Path, *flags: str, name: str,
                 control_plane: str | None = None) -> Iterator[EngineServer]:
-    """An engine serving the demo model as `demo`, with LoRA on and `ENGINE_TOKEN` as its admin token;
-    with `control_plane`, it registers there as `name` and fetches artifacts from it."""
-    env: dict[str, str] = {}
+    """An engine serving the demo model as `demo`, with LoRA on and engine `name`'s admin token
+    (`engine_token(name)`: the control plane calls it as `name`); with `control_plane`, it registers there as
+    `name` and fetches artifacts from it."""
+    env = {"LORAPLANE_ADMIN_TOKEN": engine_token(name)}
     if control_plane is not None:
-        assert name is not None
         flags = (*flags, "--control-plane", control_plane, "--engine-name", name)
         env["LORAPLANE_CONTROL_PLANE_TOKEN"] = CP_TOKENS[name]
-    with run_engine(base, log, "--enable-lora", "--lora-roots", str(adapter_root), "--admin-token", ENGINE_TOKEN,
-                    *SHARED_FLAGS, *flags, env=env) as server:
+    with run_engine(base, log, "--enable-lora", "--lora-roots", str(adapter_root), *SHARED_FLAGS, *flags,
+                    env=env) as server:
         yield server
 
 
@@ -101,8 +101,7 @@ def serve_app(app: Litestar, port: int) -> Iterator[str]:
         thread.join(30)
 
 
-def engine_adapters(server: EngineServer) -> dict[str, dict]:
-    """name -> listing entry of the adapters the engine holds (ready ones, not draining)."""
-    body = httpx.get(server.api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
-                     timeout=10).json()
+def engine_adapters(server: EngineServer, name: str) -> dict[str, dict]:
+    """name -> listing entry of the adapters engine `name` holds (ready ones, not draining)."""
+    body = httpx.get(server.api + "/lora_adapters", headers=engine_auth(name), timeout=10).json()
     return {a["name"]: a for a in body["adapters"] if a["state"] != "draining"}

@@ -16,13 +16,13 @@ import pytest
 
 from tests.control_plane.conftest import admin
 from tests.control_plane.engines import (
-    ENGINE_TOKEN,
     engine_credentials,
     lora_engine,
     registered_themselves,
     served_control_plane,
 )
 from tests.data_plane.api.conftest import EngineServer, scrape_metric
+from tests.e2e.test_control_plane_engines import ENGINE_SECRET, engine_auth
 from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 
@@ -39,7 +39,7 @@ def engine(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cp_p
 
 
 async def test_push_and_reconcile_outcomes_and_drift(settings, engine: EngineServer, demo: dict, cp_port: int) -> None:
-    settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials(),
+    settings = dataclasses.replace(settings, engine_token_secret=ENGINE_SECRET, engine_credentials=engine_credentials(),
                                    reconcile_interval_s=3600)  # rounds only when the test asks for one
     async with served_control_plane(settings, cp_port) as cp:
         url = str(cp.base_url).rstrip("/")
@@ -65,7 +65,7 @@ async def test_push_and_reconcile_outcomes_and_drift(settings, engine: EngineSer
         assert metric(calls, 'source="push",action="load",outcome="failed"') == 0
 
         # the engine loses the adapter (a restart, say): the next round loads it back and reads one drift
-        auth = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+        auth = engine_auth("ea")
         assert httpx.post(engine.api + "/unload_lora_adapter", json={"lora_name": name}, headers=auth,
                           timeout=30).status_code == 200
         changed, converged = metric(rounds, 'result="changed"'), metric(rounds, 'result="converged"')

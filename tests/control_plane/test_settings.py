@@ -22,7 +22,7 @@ def test_env_and_overrides() -> None:
     with pytest.warns(FutureWarning, match="LORAPLANE_ENGINE_TOKEN is deprecated; set LORAPLANE_ENGINE_ADMIN_TOKEN"):
         s = ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "eng", "LORAPLANE_ENGINE_STALE_AFTER_S": "5",
                                            "LORAPLANE_RECONCILE_CONCURRENCY": "3"})
-    assert (s.engine_token, s.engine_stale_after_s, s.reconcile_concurrency) == ("eng", 5.0, 3)
+    assert (s.engine_token_secret, s.engine_stale_after_s, s.reconcile_concurrency) == ("eng", 5.0, 3)
 
 
 def test_engine_credentials_admin_token_and_networks_from_env() -> None:
@@ -30,10 +30,10 @@ def test_engine_credentials_admin_token_and_networks_from_env() -> None:
            "LORAPLANE_ENGINE_ADMIN_TOKEN": "new", "LORAPLANE_ENGINE_ALLOWED_NETWORKS": "10.0.0.0/8, fd00::/8"}
     s = ControlPlaneSettings.from_env(env)
     assert s.engine_credentials == {"e1": "tok-one", "org/e:2": "tok=two="}  # a token may hold `=`
-    assert s.engine_token == "new"  # LORAPLANE_ENGINE_ADMIN_TOKEN wins over its old name
+    assert s.engine_token_secret == "new"  # LORAPLANE_ENGINE_ADMIN_TOKEN wins over its old name
     assert s.engine_allowed_networks == ("10.0.0.0/8", "fd00::/8")
     with pytest.warns(FutureWarning, match="LORAPLANE_ENGINE_TOKEN is deprecated"):  # the old name still works
-        assert ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "old"}).engine_token == "old"
+        assert ControlPlaneSettings.from_env({"LORAPLANE_ENGINE_TOKEN": "old"}).engine_token_secret == "old"
 
 
 @pytest.mark.parametrize("raw", ["e1", "e1=", "=zq9", "e1=zq9a,e1=zq9b", "../x=zq9", "e1=zq9 has space"])
@@ -45,7 +45,7 @@ def test_bad_engine_credentials_are_refused_without_echoing_tokens(raw: str) -> 
 
 def test_repr_hides_tokens_and_password() -> None:
     s = ControlPlaneSettings(admin_tokens=("s3cr3t-admin",), read_tokens=("s3cr3t-read",),
-                             database_url="postgresql+asyncpg://u:hunter2@db/x", engine_token="s3cr3t-engine",
+                             database_url="postgresql+asyncpg://u:hunter2@db/x", engine_token_secret="s3cr3t-engine",
                              engine_credentials={"e1": "s3cr3t-e1"})
     for text in (repr(s), str(s)):
         assert "s3cr3t" not in text and "hunter2" not in text
@@ -56,7 +56,7 @@ def test_repr_hides_tokens_and_password() -> None:
     {"port": 0}, {"admin_tokens": ("has space",)}, {"admin_tokens": ("",)},
     {"admin_tokens": ("same",), "read_tokens": ("same",)}, {"database_url": "mysql://x/y"},
     {"reconcile_interval_s": 0}, {"database_url": "not a url"}, {"engine_stale_after_s": 0},
-    {"engine_token": "has space"}, {"engine_credentials": {"e1": "same", "e2": "same"}},
+    {"engine_token_secret": "has space"}, {"engine_credentials": {"e1": "same", "e2": "same"}},
     {"engine_credentials": {"e1": "same"}, "admin_tokens": ("same",)}, {"engine_allowed_networks": ("10.0.0.0/33",)},
     {"log_format": "xml"}, {"log_level": "loud"}, {"reconcile_concurrency": 0},
 ])

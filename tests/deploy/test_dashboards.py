@@ -33,9 +33,9 @@ from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine, scrape_metri
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     _free_port,
     control_plane,
+    engine_token,
     started,
 )
 from tests.tools import require_tool
@@ -177,7 +177,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
             tmp, root, LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN, LORAPLANE_RECONCILE_INTERVAL_S="1"))
         engine = stack.enter_context(run_engine(
             base, tmp / "engine.log", "--enable-lora", "--max-loras", "1", "--lora-roots", str(root),
-            "--admin-token", ENGINE_TOKEN, "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS,
+            "--admin-token", engine_token("e1"), "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS,
             "--heartbeat-interval-s", "0.5",
             env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"], "LORAPLANE_API_KEY": ENGINE_KEY}))
         router_port = _free_port()

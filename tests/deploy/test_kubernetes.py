@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from control_plane.app import create_app
+from control_plane.engine_tokens import engine_admin_token
 from control_plane.settings import ControlPlaneSettings
 from data_plane.router.config import secrets_from_env
 from tests.control_plane.engines import serve_app
@@ -91,12 +92,17 @@ def command_lines(container: dict[str, Any]) -> list[list[str]]:
     return lines
 
 
+def unhashed(name: str) -> str:
+    """A generated Secret's or ConfigMap's name without kustomize's hash suffix."""
+    return re.sub(r"-[a-z0-9]{10}$", "", name)
+
+
 def secret_values(docs: list[dict[str, Any]]) -> dict[tuple[str, str], str]:
     """(Secret name without kustomize's hash suffix, key) -> value."""
     out = {}
     for d in docs:
         if d["kind"] == "Secret":
-            name = re.sub(r"-[a-z0-9]{10}$", "", d["metadata"]["name"])
+            name = unhashed(d["metadata"]["name"])
             out |= {(name, k): base64.b64decode(v).decode() for k, v in d.get("data", {}).items()}
             out |= {(name, k): v for k, v in d.get("stringData", {}).items()}
     return out
@@ -108,7 +114,7 @@ def resolved_env(container: dict[str, Any], secrets: dict[tuple[str, str], str])
     for var in container.get("env", []):
         ref = var.get("valueFrom", {}).get("secretKeyRef")
         if ref is not None:
-            key = (re.sub(r"-[a-z0-9]{10}$", "", ref["name"]), ref["key"])
+            key = (unhashed(ref["name"]), ref["key"])
             if key in secrets:
                 env[var["name"]] = secrets[key]
         elif "value" in var:
@@ -300,7 +306,7 @@ def test_secrets_come_from_secrets_only(overlay: str, rendered: dict[str, list[d
             if SECRET_NAME.search(var["name"]):
                 ref = var.get("valueFrom", {}).get("secretKeyRef")
                 assert ref is not None, f"{where}: {var['name']} is not from a Secret"
-                key = (re.sub(r"-[a-z0-9]{10}$", "", ref["name"]), ref["key"])
+                key = (unhashed(ref["name"]), ref["key"])
                 # dev generates every Secret prod expects you to create (README step 2), bar optional ones
                 assert key in dev_secrets or ref.get("optional"), f"{where}: {key} is in no Secret"
     printed = json.dumps([[line for line in command_lines(c)] + [v.get("value") for v in c.get("env", [])]
@@ -313,15 +319,17 @@ def test_secrets_come_from_secrets_only(overlay: str, rendered: dict[str, list[d
                     assert piece not in printed, f"the value of {name}/{key} appears outside its Secret"
 
 
-def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    """The variables, resolved as the kubelet would, read by the processes' own config code."""
+def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[str, list[dict[str, Any]]],
+                                                                 tmp_path: Path) -> None:
+    """The variables, resolved as the kubelet would (and the engine's own tokens as its wrapper exports them),
+    read by the processes' own config code."""
     docs = rendered["dev"]
     secrets = secret_values(docs)
     control = find(docs, "Deployment", "loraplane-control")["spec"]["template"]["spec"]["containers"][0]
     settings = ControlPlaneSettings.from_env(resolved_env(control, secrets))
     assert settings.database_url.startswith("postgresql+asyncpg://loraplane:")
     assert settings.admin_tokens == ("dev-admin-token",) and settings.router_tokens == ("dev-router-token",)
-    assert settings.engine_token == "dev-engine-admin-token"
+    assert settings.engine_token_secret == "dev-engine-admin-token"
     assert settings.key_pepper == "dev-key-pepper-not-for-production-0123456789"
     assert settings.artifact_store == "file:///var/lib/loraplane/artifacts"
     engines = find(docs, "StatefulSet", "loraplane-engine")
@@ -336,36 +344,57 @@ def test_the_dev_environment_configures_each_process_as_intended(rendered: dict[
 
     engine = engines["spec"]["template"]["spec"]["containers"][0]
     env = resolved_env(engine, secrets)
+    assert "LORAPLANE_ADMIN_TOKEN" not in env  # the wrapper's: this pod's entry of engine-admin-tokens
     code = ("import os, sys; from data_plane.api.server import build_parser; a = build_parser().parse_args(sys.argv[1:]);"
             "print(a.admin_token, a.api_key, a.control_plane_url, a.engine_name, a.host)")
     argv = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], w) for w in engine["args"][2:]]
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO_ROOT,
-                         env={**os.environ, **env}, timeout=60)
+    assert engine["command"] == ["/bin/sh", f"{SCRIPTS_MOUNT}/with-engine-token.sh"]
+    out = run_wrapped(mounted_lists(docs, tmp_path), "loraplane-engine-0", sys.executable, "-c", code, *argv,
+                      env={k: v for k, v in {**os.environ, **env}.items() if k != "POD_NAME"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["dev-engine-admin-token", "dev-engine-api-key", "http://loraplane-control:8080",
-                                  "loraplane-engine-0", "10.0.0.7"]
+    # the token the control plane derives for this pod's name (never its secret), as `loraplane engines token` prints
+    assert out.stdout.split() == [engine_admin_token("dev-engine-admin-token", "loraplane-engine-0"),
+                                  "dev-engine-api-key", "http://loraplane-control:8080", "loraplane-engine-0",
+                                  "10.0.0.7"]
 
 
 # --- the engine pod's scripts, run
 
 
-def run_wrapped(credentials: Path, pod: str, *command: str, env: dict[str, str] | None = None) \
+def mounted_lists(docs: list[dict[str, Any]], folder: Path) -> Path:
+    """The engine pod's token lists (its `engine-credentials` volume), as mounted, written into `folder`."""
+    secrets = secret_values(docs)
+    volumes = find(docs, "StatefulSet", "loraplane-engine")["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == "engine-credentials"]
+    for item in volume["secret"]["items"]:
+        (folder / item["path"]).write_text(secrets[(unhashed(volume["secret"]["secretName"]), item["key"])] + "\n")
+    return folder
+
+
+def run_wrapped(lists: Path, pod: str, *command: str, env: dict[str, str] | None = None) \
         -> subprocess.CompletedProcess[str]:
     return subprocess.run(["/bin/sh", str(SCRIPTS / "with-engine-token.sh"), *command], capture_output=True,
-                          text=True, timeout=30, env={"PATH": os.environ["PATH"], "POD_NAME": pod,
-                                                      "ENGINE_CREDENTIALS_FILE": str(credentials), **(env or {})})
+                          text=True, timeout=60, env={"PATH": os.environ["PATH"], **(env or {}), "POD_NAME": pod,
+                                                      "ENGINE_CREDENTIALS_FILE": str(lists / "credentials"),
+                                                      "ENGINE_ADMIN_TOKENS_FILE": str(lists / "admin-tokens")})
 
 
-def test_the_wrapper_exports_the_pods_own_token_and_nothing_for_a_stranger(
+def test_the_wrapper_exports_the_pods_own_tokens_and_nothing_for_a_stranger(
         rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
-    credentials = tmp_path / "credentials"
-    credentials.write_text(secret_values(rendered["dev"])[("loraplane-tokens", "engine-credentials")] + "\n")
-    show = ("sh", "-c", 'printf %s "$LORAPLANE_CONTROL_PLANE_TOKEN"')
-    assert run_wrapped(credentials, "loraplane-engine-1", *show).stdout == "dev-engine-1-token"
-    assert run_wrapped(credentials, "loraplane-engine-0", *show).stdout == "dev-engine-0-token"
-    stranger = run_wrapped(credentials, "loraplane-engine-9", *show)
+    secrets = secret_values(rendered["dev"])
+    lists = mounted_lists(rendered["dev"], tmp_path)
+    show = ("sh", "-c", 'printf "%s %s" "$LORAPLANE_CONTROL_PLANE_TOKEN" "$LORAPLANE_ADMIN_TOKEN"')
+    for pod, own in (("loraplane-engine-1", "dev-engine-1-token"), ("loraplane-engine-0", "dev-engine-0-token")):
+        # its admin token is the one the control plane derives for its name from engine-admin-token
+        admin_token = engine_admin_token(secrets[("loraplane-tokens", "engine-admin-token")], pod)
+        assert run_wrapped(lists, pod, *show).stdout == f"{own} {admin_token}"
+    stranger = run_wrapped(lists, "loraplane-engine-9", *show)
     assert stranger.returncode == 2 and "loraplane-engine-9" in stranger.stderr and "token" not in stranger.stdout
     assert "dev-engine" not in stranger.stderr
+    (lists / "admin-tokens").write_text("loraplane-engine-1=x\n")  # an admin token missing: refused as well
+    missing = run_wrapped(lists, "loraplane-engine-0", *show)
+    assert missing.returncode == 2 and "loraplane engines token loraplane-engine-0" in missing.stderr
+    assert missing.stdout == ""
 
 
 def test_the_prestop_hook_drains_the_engine_at_a_real_control_plane(
@@ -376,8 +405,7 @@ def test_the_prestop_hook_drains_the_engine_at_a_real_control_plane(
     env = resolved_env(control, secrets) | {"LORAPLANE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/cp.db",
                                             "LORAPLANE_ARTIFACT_STORE": (tmp_path / "artifacts").as_uri()}
     settings = ControlPlaneSettings.from_env(env)
-    credentials = tmp_path / "credentials"
-    credentials.write_text(secrets[("loraplane-tokens", "engine-credentials")])
+    credentials = mounted_lists(docs, tmp_path)
     engine = find(docs, "StatefulSet", "loraplane-engine")["spec"]["template"]["spec"]["containers"][0]
     hook = engine["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[:2] == ["/bin/sh", f"{SCRIPTS_MOUNT}/with-engine-token.sh"]

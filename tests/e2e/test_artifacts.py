@@ -31,9 +31,10 @@ from tests.data_plane.api.test_lora_artifacts import chat, peft_tokens
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     READ,
     control_plane,
+    engine_auth,
+    engine_token,
     started,
     wait_for,
 )
@@ -83,7 +84,7 @@ def start_engines(stack: contextlib.ExitStack, base: Path, cp: str, tmp: Path, *
 
     def start(name: str) -> EngineServer:
         flags = ("--enable-lora", "--lora-roots", str(empty_root(tmp)), "--lora-cache-dir", str(tmp / f"cache-{name}"),
-                 "--admin-token", ENGINE_TOKEN, "--control-plane", cp, "--engine-name", name, *extra, *SHARED_FLAGS)
+                 "--admin-token", engine_token(name), "--control-plane", cp, "--engine-name", name, *extra, *SHARED_FLAGS)
         env = {"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS[name]}
         return stack.enter_context(run_engine(base, tmp / f"{name}-{time.monotonic_ns()}.log", *flags, env=env))
 
@@ -99,9 +100,8 @@ def start_engines(stack: contextlib.ExitStack, base: Path, cp: str, tmp: Path, *
     return engines
 
 
-def serves(engine: EngineServer, name: str) -> bool:
-    listed = httpx.get(engine.api + "/lora_adapters", timeout=10,
-                       headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}).json()["adapters"]
+def serves(engine: EngineServer, engine_name: str, name: str) -> bool:
+    listed = httpx.get(engine.api + "/lora_adapters", timeout=10, headers=engine_auth(engine_name)).json()["adapters"]
     return any(a["name"] == name and a["state"] == "ready" for a in listed)
 
 
@@ -146,7 +146,7 @@ def test_an_upload_is_served_by_engines_that_cannot_read_it(demo, tmp_path: Path
         engines["e2"].process.kill()
         engines["e2"].process.wait(timeout=30)
         e2 = start_engines(stack, base, cp, tmp_path, names=("e2",))["e2"]
-        wait_for(lambda: serves(e2, "poet"), "the reconciler to load poet on the restarted e2")
+        wait_for(lambda: serves(e2, "e2", "poet"), "the reconciler to load poet on the restarted e2")
         answer = chat(httpx.Client(base_url=e2.url, timeout=60), "poet").json()
         assert answer["choices"][0]["token_ids"] == expected
         assert (requests_at(cp, FILE_ROUTE), requests_at(cp, MANIFEST_ROUTE)) == (fetched_files, fetched_manifests)

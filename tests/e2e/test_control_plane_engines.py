@@ -4,7 +4,9 @@
 load → both engines serve the adapter to the `openai` client; a new version and activate → answers
 change; unload → 404 at the engines; an adapter registered but placed nowhere is pulled by an engine on
 its first request; one engine killed → a load answers 207 naming it; that engine restarted → the
-reconciler gives it what it missed. Each engine holds only its own engine token of the control plane.
+reconciler gives it what it missed. Each engine holds only its own engine token of the control plane,
+and only its own admin token, derived from the control plane's secret: another engine refuses it, and so
+does every engine the token a rogue registration receives.
 """
 
 from __future__ import annotations
@@ -21,18 +23,30 @@ from pathlib import Path
 import httpx
 import pytest
 
+from control_plane.engine_tokens import engine_admin_token
 from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
+from tests.control_plane.domain.engines.peers import json_reply, serve
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
 
 openai = pytest.importorskip("openai")
 
-ADMIN, READ, ENGINE_TOKEN = "e2e-admin-token", "e2e-read-token", "e2e-engine-token"
-ENGINE_AUTH = {"Authorization": f"Bearer {ENGINE_TOKEN}"}  # an engine with --admin-token lists to it only
+ADMIN, READ = "e2e-admin-token", "e2e-read-token"
+ENGINE_SECRET = "e2e-engine-secret"  # the control plane's LORAPLANE_ENGINE_ADMIN_TOKEN: engines' tokens derive from it
 # each engine's own token at the control plane (LORAPLANE_CONTROL_PLANE_TOKEN on the engine)
 CP_TOKENS = {"e1": "e2e-e1-cp-token", "e2": "e2e-e2-cp-token", "e3": "e2e-e3-cp-token"}
 KEY_PEPPER = "e2e-key-pepper-" + "p" * 32  # tenant keys' hashes (LORAPLANE_KEY_PEPPER), the routers' too
 PROMPT = "The quick brown fox"
+
+
+def engine_token(name: str, secret: str = ENGINE_SECRET) -> str:
+    """Engine `name`'s admin token (its --admin-token), as the control plane derives it from `secret`."""
+    return engine_admin_token(secret, name)
+
+
+def engine_auth(name: str) -> dict[str, str]:
+    """The headers of engine `name`'s admin calls (an engine with --admin-token lists to them only)."""
+    return {"Authorization": f"Bearer {engine_token(name)}"}
 
 
 def _free_port() -> int:
@@ -50,7 +64,7 @@ def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.
     url = f"http://127.0.0.1:{port}"
     credentials = ",".join(f"{name}={token}" for name, token in CP_TOKENS.items())
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
-           "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_TOKEN, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
+           "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_SECRET, "LORAPLANE_ENGINE_CREDENTIALS": credentials,
            "LORAPLANE_ENGINE_TIMEOUT_S": "5", "LORAPLANE_RECONCILE_INTERVAL_S": "2", "LORAPLANE_KEY_PEPPER": KEY_PEPPER,
            **extra_env}
     cmd = [*launcher, "control", "--port", str(port), "--lora-roots", str(adapter_root),
@@ -110,11 +124,22 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
 
     with contextlib.ExitStack() as stack:
         cp = stack.enter_context(control_plane(tmp_path, root))
-        engine_flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN,
-                        "--control-plane", cp, *SHARED_FLAGS)
-        # --control-plane-token's default: each engine holds only its own engine token, no admin token
+        engine_flags = ("--enable-lora", "--lora-roots", str(root), "--control-plane", cp, *SHARED_FLAGS)
+        # e1's admin token as an operator gets it: `loraplane engines token e1`, from the secret's file, no call
+        secret_file = tmp_path / "engine-secret"
+        secret_file.write_text(ENGINE_SECRET + "\n")
+        printed = subprocess.run([sys.executable, "-m", "shared.cli", "engines", "token", "e1"], cwd=REPO_ROOT,
+                                 capture_output=True, text=True, timeout=60, env={
+                                     **{k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_")},
+                                     "LORAPLANE_ENGINE_ADMIN_TOKEN_FILE": str(secret_file)})
+        assert printed.returncode == 0, printed.stderr
+        assert printed.stdout.strip() == engine_token("e1") != engine_token("e2")
+        assert ENGINE_SECRET not in printed.stdout
+        # --admin-token's and --control-plane-token's defaults: each engine holds only its own tokens
+        monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", printed.stdout.strip())
         monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e1"])
         e1 = stack.enter_context(run_engine(base, tmp_path / "e1.log", *engine_flags, "--engine-name", "e1"))
+        monkeypatch.setenv("LORAPLANE_ADMIN_TOKEN", engine_token("e2"))
         monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e2"])
         e2 = stack.enter_context(run_engine(base, tmp_path / "e2.log", *engine_flags, "--engine-name", "e2"))
         engines = {"e1": e1, "e2": e2}
@@ -127,7 +152,8 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
             "e1": e1.url, "e2": e2.url}
         base_text = {n: complete(s.api, "demo") for n, s in engines.items()}
 
-        # load through the control plane with two replicas → both engines hold it and serve it
+        # load through the control plane with two replicas → both engines hold it and serve it: the control
+        # plane pushed to each with that engine's own token
         r = admin.post(cp + "/v1/load_lora_adapter", json={"lora_name": "pirate", "lora_path": str(paths["demo-pirate"]),
                                                             "base_model": "demo", "replicas": {"min": 2}})
         assert r.status_code == 200, r.text
@@ -135,10 +161,26 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
         v1_text = {}
         for n, s in engines.items():
             assert httpx.get(s.api + "/lora_adapters", timeout=10).status_code == 401  # not to anyone
-            listed = httpx.get(s.api + "/lora_adapters", headers=ENGINE_AUTH, timeout=10).json()["adapters"]
+            listed = httpx.get(s.api + "/lora_adapters", headers=engine_auth(n), timeout=10).json()["adapters"]
             assert [a["name"] for a in listed] == ["pirate"]
             v1_text[n] = complete(s.api, "pirate")
             assert v1_text[n] != base_text[n]
+        # one engine's token is refused by the other, and the secret it derives from by both
+        assert httpx.get(e2.api + "/lora_adapters", headers=engine_auth("e1"), timeout=10).status_code in (401, 403)
+        assert httpx.get(e1.api + "/lora_adapters", headers=engine_auth("e2"), timeout=10).status_code in (401, 403)
+        for s in engines.values():
+            r = httpx.get(s.api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_SECRET}"}, timeout=10)
+            assert r.status_code in (401, 403)
+        # a registration an admin makes at any URL receives that name's token only: no engine of ours takes it
+        with serve(lambda _method, _path: json_reply({"adapters": []})) as rogue:
+            body = {"name": "rogue", "url": rogue.url, "base_model": "not-demo", "slots_total": 1}
+            assert admin.post(cp + "/v1/engines/register", json=body).status_code == 200
+            wait_for(lambda: any(p == "/v1/lora_adapters" for _, p, _ in rogue.seen), "the reconciler to call rogue")
+            sent = {h.get("authorization") for _, _, h in rogue.seen}
+            assert sent == {f"Bearer {engine_token('rogue')}"}
+            assert admin.delete(cp + "/v1/engines/rogue").status_code == 200
+        for s in engines.values():
+            assert httpx.get(s.api + "/lora_adapters", headers=engine_auth("rogue"), timeout=10).status_code in (401, 403)
         # the control plane reads the engines' listings with its engine token: its view fills
         def residency() -> dict[str, str | None]:
             stats = reader.get(cp + "/v1/lora_stats").json()
@@ -174,7 +216,7 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
                                                             "replicas": {"min": 0}})
         assert r.status_code == 200 and r.json()["engines"] == [], r.text
         assert complete(e1.api, "poet") == v2_text["e1"]  # the same files as pirate v2
-        listed = httpx.get(e1.api + "/lora_adapters", headers=ENGINE_AUTH, timeout=10).json()["adapters"]
+        listed = httpx.get(e1.api + "/lora_adapters", headers=engine_auth("e1"), timeout=10).json()["adapters"]
         assert "poet" in [a["name"] for a in listed]
         with pytest.raises(openai.NotFoundError):
             complete(e1.api, "nobody-registered-this")
@@ -200,7 +242,7 @@ def test_control_plane_drives_two_engines(tmp_path: Path, monkeypatch: pytest.Mo
 
         # the stopped engine comes back (new process, new port, same name) → the reconciler restores it
         e2 = stack.enter_context(run_engine(base, tmp_path / "e2-again.log", *engine_flags, "--engine-name", "e2"))
-        wait_for(lambda: "short" in [a["name"] for a in httpx.get(e2.api + "/lora_adapters", headers=ENGINE_AUTH,
+        wait_for(lambda: "short" in [a["name"] for a in httpx.get(e2.api + "/lora_adapters", headers=engine_auth("e2"),
                                                                   timeout=10)
                                      .json()["adapters"] if a["state"] == "ready"], "the reconciler to restore e2")
         assert complete(e2.api, "short") == complete(e1.api, "short")
@@ -256,11 +298,11 @@ def test_a_version_no_engine_loads_stays_inactive_and_engines_list_registry_vers
         cp = stack.enter_context(control_plane(tmp_path, root))
         monkeypatch.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e1"])
         e1 = stack.enter_context(run_engine(base, tmp_path / "e1.log", "--enable-lora", "--lora-roots", str(root),
-                                            "--admin-token", ENGINE_TOKEN, "--control-plane", cp, *SHARED_FLAGS,
-                                            "--engine-name", "e1"))
+                                            "--admin-token", engine_token("e1"), "--control-plane", cp,
+                                            *SHARED_FLAGS, "--engine-name", "e1"))
         wait_for(lambda: [e["state"] for e in admin.get(cp + "/v1/engines").json()["data"]] == ["healthy"],
                  "the engine to register")
-        engine_admin = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+        engine_admin = engine_auth("e1")
 
         def listed(name: str) -> dict:
             adapters = httpx.get(e1.api + "/lora_adapters", headers=engine_admin, timeout=10).json()["adapters"]

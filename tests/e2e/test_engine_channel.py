@@ -32,7 +32,15 @@ from data_plane.engine.sequence import Request
 from shared.errors import EngineDeadError
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
 from tests.data_plane.api.engines import greedy, kill_loop_on_next_step, make_engine
-from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for
+from tests.e2e.test_control_plane_engines import (
+    ADMIN,
+    CP_TOKENS,
+    READ,
+    control_plane,
+    engine_auth,
+    engine_token,
+    wait_for,
+)
 
 RESOLVE_ROUTE = "/v1/resolve/{name}"  # route labels of the control plane's metrics
 
@@ -73,10 +81,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]
     paths = write_demo_adapters(base, root)
     with contextlib.ExitStack() as stack, pytest.MonkeyPatch.context() as env:
         cp = stack.enter_context(control_plane(tmp, root))
-        flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN, "--control-plane", cp,
-                 *SHARED_FLAGS)
+        flags = ("--enable-lora", "--lora-roots", str(root), "--control-plane", cp, *SHARED_FLAGS)
+        env.setenv("LORAPLANE_ADMIN_TOKEN", engine_token("e1"))
         env.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e1"])
         e1 = stack.enter_context(run_engine(base, tmp / "e1.log", *flags, "--engine-name", "e1"))
+        env.setenv("LORAPLANE_ADMIN_TOKEN", engine_token("e2"))
         env.setenv("LORAPLANE_CONTROL_PLANE_TOKEN", CP_TOKENS["e2"])
         e2 = stack.enter_context(run_engine(base, tmp / "e2.log", *flags, "--engine-name", "e2",
                                             "--no-resolve-adapters"))
@@ -134,7 +143,7 @@ def test_a_pull_serves_the_recorded_bytes_whatever_became_of_the_folder(stack: S
     served = complete(stack.e1, "edited-short")
     assert served.status_code == 200, served.text
     listed = httpx.get(stack.e1.url + "/v1/lora_adapters", timeout=30,
-                       headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}).json()["adapters"]
+                       headers=engine_auth("e1")).json()["adapters"]
     assert {a["name"]: a["sha256"] for a in listed}["edited-short"] == recorded
 
 

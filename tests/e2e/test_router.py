@@ -30,10 +30,11 @@ from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine, scrape_metri
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     READ,
     _free_port,
     control_plane,
+    engine_auth,
+    engine_token,
     started,
 )
 
@@ -50,10 +51,9 @@ ROUTED = 2  # requests per adapter through the router
 BUSY_STREAMS = 12  # concurrent streams of one adapter: above the default 8 waiting + running per replica
 
 
-def adapter_counts(engine_url: str) -> dict[str, int]:
-    """The engine's finished requests per adapter (GET /v1/lora_stats, which needs its admin token)."""
-    body = httpx.get(engine_url + "/v1/lora_stats", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
-                     timeout=10).json()
+def adapter_counts(engine_url: str, engine: str) -> dict[str, int]:
+    """Engine `engine`'s finished requests per adapter (GET /v1/lora_stats, which needs its admin token)."""
+    body = httpx.get(engine_url + "/v1/lora_stats", headers=engine_auth(engine), timeout=10).json()
     return {a["name"]: sum(a["requests"].values()) for a in body["adapters"]}
 
 
@@ -117,7 +117,7 @@ def test_router_in_front_of_the_control_plane_and_three_engines(tmp_path: Path) 
         for name in ENGINES:
             engines[name] = stack.enter_context(run_engine(
                 base, tmp_path / f"{name}.log", "--enable-lora", "--lora-roots", str(root), "--admin-token",
-                ENGINE_TOKEN, "--control-plane", cp, "--engine-name", name, *SHARED_FLAGS,
+                engine_token(name), "--control-plane", cp, "--engine-name", name, *SHARED_FLAGS,
                 # beats well inside the 3 s stale-after, or a busy machine reads them stale between two
                 "--heartbeat-interval-s", "0.5",
                 env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS[name], "LORAPLANE_API_KEY": ENGINE_KEY}))
@@ -148,7 +148,7 @@ def test_router_in_front_of_the_control_plane_and_three_engines(tmp_path: Path) 
             wait_for(lambda n=name: len(holders(cp, n)) == 1, f"{name} held by one engine")
             (placed[name],) = holders(cp, name)
         assert set(placed.values()) == set(ENGINES)  # spread over the fleet, not all on one engine
-        before = {e: adapter_counts(s.url) for e, s in engines.items()}
+        before = {e: adapter_counts(s.url, e) for e, s in engines.items()}
         for name, holder in placed.items():
             direct = httpx.post(engines[holder].api + "/completions", json={"model": name, **PROMPT},
                                 headers=engine_key, timeout=60).json()["choices"][0]["text"]
@@ -156,7 +156,7 @@ def test_router_in_front_of_the_control_plane_and_three_engines(tmp_path: Path) 
                 r = httpx.post(router + "/v1/completions", json={"model": name, **PROMPT}, headers=key, timeout=60)
                 assert r.status_code == 200 and r.headers["x-loraplane-engine"] == holder, r.text
                 assert r.json()["choices"][0]["text"] == direct
-        after = {e: adapter_counts(s.url) for e, s in engines.items()}
+        after = {e: adapter_counts(s.url, e) for e, s in engines.items()}
         for name, holder in placed.items():
             served = {e: after[e].get(name, 0) - before[e].get(name, 0) for e in engines}
             assert served == {e: 1 + ROUTED if e == holder else 0 for e in engines}, name

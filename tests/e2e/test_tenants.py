@@ -59,10 +59,10 @@ from tests.data_plane.router.support import serve_router, wait_until
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     KEY_PEPPER,
     _free_port,
     control_plane,
+    engine_token,
     started,
 )
 
@@ -123,7 +123,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                                                LORAPLANE_LOG_LEVEL="info"))
         engine_log = tmp / "e1.log"
         engine = stack.enter_context(run_engine(
-            base, engine_log, "--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN,
+            base, engine_log, "--enable-lora", "--lora-roots", str(root), "--admin-token", engine_token("e1"),
             "--control-plane", cp, "--engine-name", "e1", *SHARED_FLAGS, "--heartbeat-interval-s", "0.5",
             env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"], "LORAPLANE_API_KEY": ENGINE_API_KEY}))
         wait_until(lambda: any(e["state"] == "healthy" for e in admin.get(cp + "/v1/engines").json()["data"]),

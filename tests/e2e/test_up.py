@@ -19,6 +19,7 @@ from typing import IO
 
 import httpx
 
+from control_plane.engine_tokens import engine_admin_token
 from data_plane.engine.core.threads import CORE_MODULE
 from shared.cpus import available_cpus
 from tests.e2e.test_control_plane_engines import _free_port
@@ -141,6 +142,9 @@ def test_up_brings_up_the_stack_with_the_demo_adapters(tmp_path: Path) -> None:
         # each child holds the tokens of its role only
         engine_env, router_env = environ("engine"), environ("router")
         assert secrets["admin-token"] not in engine_env and secrets["engine-cp-token"] in engine_env
+        # its own admin token, derived from the control plane's secret, which it never holds
+        assert f"LORAPLANE_ADMIN_TOKEN={engine_admin_token(secrets['engine-token'], 'local')}\0" in engine_env
+        assert secrets["engine-token"] not in engine_env and secrets["engine-token"] in environ("control")
         assert secrets["router-token"] not in engine_env and secrets["key-pepper"] not in engine_env
         # the tenant keys' pepper: made once, the control plane's and the router's
         assert (tmp_path / ".loraplane" / "key-pepper").stat().st_mode & 0o077 == 0
@@ -240,8 +244,15 @@ def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path
         threads = str(max(1, len(available_cpus()) // 2))
         engines = [p for p in descendants(process.pid) if role_of(p) == "engine"]
         assert len(engines) == 2
+        secret = (tmp_path / ".loraplane" / "engine-token").read_text().strip()
+        tokens = {n: engine_admin_token(secret, n) for n in ("local-1", "local-2")}
         for pid in engines:
             args = _cmdline(pid).split(b"\0")
+            # each engine holds its own admin token only: never the secret, nor the other engine's
+            name = args[args.index(b"--engine-name") + 1].decode()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            held = [t for t in (secret, *tokens.values()) if any(t.encode() in v for v in env)]
+            assert held == [tokens[name]] and f"LORAPLANE_ADMIN_TOKEN={tokens[name]}".encode() in env
             assert args[args.index(b"--num-threads") + 1].decode() == threads
             assert args[args.index(b"--omp-threads-bind") + 1] == b"nobind"
             cores = [c for c in descendants(pid) if CORE_MODULE.encode() in _cmdline(c)]

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
+from tests.e2e.test_control_plane_engines import engine_token
 from tests.faults.driver import MAX_TOKENS, Driver, FaultLog, Timeline, check, complete
 from tests.faults.fleet import ENGINE_ADMIN, PG_URL, RECONCILE_S, Fleet, pg_run
 
@@ -84,7 +85,7 @@ def _record_expected(fleet: Fleet, folders: dict[str, Path]) -> dict[str, str]:
     """Each folder's greedy answer, from engine e1 before any traffic (loaded there directly, then
     unloaded again so the control plane never sees these names)."""
     e1 = fleet.engines["e1"].url
-    admin = httpx.Client(headers={"Authorization": f"Bearer {ENGINE_ADMIN}"}, timeout=60)
+    admin = httpx.Client(headers={"Authorization": f"Bearer {engine_token('e1', ENGINE_ADMIN)}"}, timeout=60)
     expected = {"base": complete(fleet.plain, e1, "demo").json()["choices"][0]["text"]}
     for i, (key, folder) in enumerate(folders.items()):
         name = f"probe-{i}"

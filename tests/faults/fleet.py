@@ -25,8 +25,10 @@ from sqlalchemy.engine import make_url
 
 from tests.data_plane.api.conftest import REPO_ROOT, SERVED_NAME, EngineServer, _wait_until_serving
 from tests.e2e.test_control_plane_engines import _free_port as free_port
+from tests.e2e.test_control_plane_engines import engine_token
 
-ADMIN, READ, ENGINE_ADMIN = "faults-admin-token", "faults-read-token", "faults-engine-admin-token"
+# ENGINE_ADMIN: the control plane's engine secret, which each engine's admin token is derived from
+ADMIN, READ, ENGINE_ADMIN = "faults-admin-token", "faults-read-token", "faults-engine-secret"
 RECONCILE_S = 1.0  # LORAPLANE_RECONCILE_INTERVAL_S: "converged within 2 intervals" is 2 s
 HEARTBEAT_S = 3.0  # data_plane.control_client.HEARTBEAT_S
 STALE_AFTER_S = 7.0  # two missed heartbeats and a bit
@@ -119,7 +121,7 @@ class Fleet:
         common = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cp_env = {
             **common, "LORAPLANE_ADMIN_TOKENS": ADMIN, "LORAPLANE_READ_TOKENS": READ,
-            # both names of the engines' admin token (the old one is kept as an alias)
+            # both names of the engines' admin-token secret (the old one is kept as an alias)
             "LORAPLANE_ENGINE_TOKEN": ENGINE_ADMIN, "LORAPLANE_ENGINE_ADMIN_TOKEN": ENGINE_ADMIN,
             "LORAPLANE_DATABASE_URL": db_url, "LORAPLANE_RECONCILE_INTERVAL_S": str(RECONCILE_S),
             "LORAPLANE_ENGINE_STALE_AFTER_S": str(STALE_AFTER_S), "LORAPLANE_ENGINE_TIMEOUT_S": str(ENGINE_TIMEOUT_S),
@@ -141,7 +143,7 @@ class Fleet:
             self.cps.append(proc)
         self.engines: dict[str, Proc] = {}
         for name in names:
-            env = {**common, "LORAPLANE_ADMIN_TOKEN": ENGINE_ADMIN,
+            env = {**common, "LORAPLANE_ADMIN_TOKEN": engine_token(name, ENGINE_ADMIN),
                    "LORAPLANE_CONTROL_PLANE_TOKEN": self.engine_tokens[name]}
             cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(base), "--served-model-name",
                    SERVED_NAME, "--host", "127.0.0.1", "--port", "0", "--device", "cpu", "--enable-lora",
@@ -213,7 +215,7 @@ class Fleet:
 
     def listing(self, engine: str, timeout_s: float = 5) -> dict:
         return self.plain.get(self.engines[engine].url + "/v1/lora_adapters", timeout=timeout_s,
-                              headers={"Authorization": f"Bearer {ENGINE_ADMIN}"}).json()
+                              headers={"Authorization": f"Bearer {engine_token(engine, ENGINE_ADMIN)}"}).json()
 
     def engine_metric(self, engine: str, metric: str) -> float:
         text = self.plain.get(self.engines[engine].url + "/metrics", timeout=5).text

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.engine_client import EngineAt, EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
 from shared.artifacts import ArtifactRef, manifest_url
 
@@ -42,18 +42,18 @@ class VersionLoader:
     def artifact_ref(self, digest: str) -> ArtifactRef:
         return ArtifactRef(digest=digest, url=manifest_url(self.public_url, digest))
 
-    async def load(self, url: str, adapter: str, version: RecordedVersion, *, pinned: bool) -> None:
+    async def load(self, engine: EngineAt, adapter: str, version: RecordedVersion, *, pinned: bool) -> None:
         """Load with `expected_sha256`: the engine refuses files that are not those bytes (409
         sha256_mismatch; an artifact's files are checked against the digest as they arrive). An engine
         that answers with another digest anyway (one that ignores the field) is a failure too, so `loaded`
         is only ever recorded for the recorded bytes."""
         if version.in_store:
             ref = self.artifact_ref(version.sha256)
-            loaded = await self.client.load(url, adapter, None, artifact=ref, pinned=pinned, load_inplace=True,
+            loaded = await self.client.load(engine, adapter, None, artifact=ref, pinned=pinned, load_inplace=True,
                                             expected_sha256=version.sha256, deadline_s=self.deadline_s(version),
                                             **_numbered(version))
         else:
-            loaded = await self.client.load(url, adapter, version.uri, pinned=pinned, load_inplace=True,
+            loaded = await self.client.load(engine, adapter, version.uri, pinned=pinned, load_inplace=True,
                                             expected_sha256=version.sha256, **_numbered(version))
         if loaded.sha256 != version.sha256:
             raise EngineCallError(f"the engine loaded sha256 {loaded.sha256[:16]}…, not the recorded "

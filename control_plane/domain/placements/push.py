@@ -22,7 +22,7 @@ from control_plane.db.transaction import transact
 from control_plane.domain.placements.answers import EngineAnswer, record_answers
 from control_plane.domain.placements.loads import VersionLoader
 from control_plane.domain.placements.planner import PushOrder
-from control_plane.engine_client import EngineCallError
+from control_plane.engine_client import EngineAt, EngineCallError
 from control_plane.metrics import ControlPlaneMetrics
 
 logger = logging.getLogger(__name__)
@@ -61,14 +61,15 @@ class Pusher:
 
     async def _one(self, order: PushOrder) -> EngineOutcome:
         done: Literal["loaded", "unloaded"]
+        at = EngineAt(order.engine, order.url)
         try:
             if order.action == "load":
                 assert order.recorded is not None
-                await self.loader.load(order.url, order.adapter, order.recorded,
+                await self.loader.load(at, order.adapter, order.recorded,
                                        pinned=order.desired == DesiredState.PINNED.value)
                 done = "loaded"
             else:
-                await self.client.unload(order.url, order.adapter)
+                await self.client.unload(at, order.adapter)
                 done = "unloaded"
         except EngineCallError as exc:
             error = exc.message if order.version is None else f"version {order.version}: {exc.message}"

@@ -59,7 +59,7 @@ from control_plane.domain.placements.demand import AdapterDemand, engine_source,
 from control_plane.domain.placements.engine_rows import EngineRow, engine_rows, news, take_engine
 from control_plane.domain.placements.fleet import FleetPass, FleetReport
 from control_plane.domain.placements.loads import VersionLoader
-from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.engine_client import EngineAt, EngineCallError, EngineClient
 from control_plane.metrics import ControlPlaneMetrics
 from control_plane.settings import ControlPlaneSettings
 from shared.engine_admin import AdapterListing
@@ -213,16 +213,16 @@ class Reconciler:
             if engine is None:  # deleted, or another replica holds it right now
                 return EngineRound(name, [], [], [], skipped=True)
             rows = await engine_rows(session, engine.id)
-            url = engine.url
+            at = EngineAt(name, engine.url)
             if self.settings.is_sqlite:
                 await session.commit()  # end the read: SQLite's writer lock is taken only under the gate
             try:
-                listing = await self.client.list_adapters(url)
+                listing = await self.client.list_adapters(at)
             except EngineCallError as exc:
                 logger.info("reconcile: engine %s unreachable: %s", name, exc.message)
                 return EngineRound(name, [], [], [], skipped=True)
             held = {a.name: a for a in listing.adapters if a.state != "draining"}
-            done, answers = await self._converge(url, engine.id, rows, held, bound)
+            done, answers = await self._converge(at, engine.id, rows, held, bound)
             answers = news(answers, rows)  # a steady round writes nothing but its demand
             ids = {r.adapter: r.adapter_id for r in rows}
             demand = [AdapterDemand(ids[a.name], a.waiting, a.running) for a in listing.adapters if a.name in ids]
@@ -236,7 +236,7 @@ class Reconciler:
             done.engine = name
             return done
 
-    async def _converge(self, url: str, engine_id: int, rows: list[EngineRow], held: dict[str, AdapterListing],
+    async def _converge(self, at: EngineAt, engine_id: int, rows: list[EngineRow], held: dict[str, AdapterListing],
                         bound: asyncio.Timeout) -> tuple[EngineRound, list[EngineAnswer]]:
         """Call the engine for what differs, up to reconcile_engine_calls calls at once; returns the round
         and every placement's answer to record (in the rows' order)."""
@@ -258,7 +258,7 @@ class Reconciler:
                         when = bound.when()  # the round may take what this load's bytes need, on top
                         if when is not None:
                             bound.reschedule(when + self.loader.deadline_s(row.version) - self.settings.engine_timeout_s)
-                        await self.loader.load(url, row.adapter, row.version, pinned=pinned)
+                        await self.loader.load(at, row.adapter, row.version, pinned=pinned)
                     except EngineCallError as exc:
                         self.metrics.engine_call("reconcile", "load", ok=False)
                         result.failed.append(row.adapter)
@@ -273,7 +273,7 @@ class Reconciler:
             """One call per adapter, however many of its versions are placed here: its error, or None."""
             async with in_turn:
                 try:
-                    await self.client.unload(url, adapter)
+                    await self.client.unload(at, adapter)
                 except EngineCallError as exc:
                     self.metrics.engine_call("reconcile", "unload", ok=False)
                     result.failed.append(adapter)

@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from control_plane.db.models import Engine
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.stats import histogram, schemas
-from control_plane.engine_client import EngineCallError, EngineClient
+from control_plane.engine_client import EngineAt, EngineCallError, EngineClient
 from control_plane.settings import ControlPlaneSettings
 from shared import engine_admin
 
@@ -74,8 +74,9 @@ class StatsService:
 
     async def _fetch(self, name: str, url: str) -> None:
         try:
+            at = EngineAt(name, url)
             stats, listing, metrics = await asyncio.gather(
-                self.client.stats(url), self.client.list_adapters(url), self.client.metrics(url))
+                self.client.stats(at), self.client.list_adapters(at), self.client.metrics(at))
         except EngineCallError as exc:
             self.cache.errors[name] = exc.message
             return

@@ -4,7 +4,7 @@ for partial pushes, one registered at an address nobody answers. URL and token c
 environment (LORAPLANE_URL, LORAPLANE_TOKEN) or a profile file, never from a flag.
 
 Checked: load, list, show, upload, pin and unpin (seen on the engine itself), activate, unload, delete,
-engines list/drain/remove, stats (and --watch), audit; exit code 1 and the failed engine named on a push
+engines list/drain/remove/token, stats (and --watch), audit; exit code 1 and the failed engine named on a push
 that reached only some engines, 2 with the server's message on a 404 and on a read token's 403."""
 
 from __future__ import annotations
@@ -24,7 +24,16 @@ from data_plane.demo.adapters import write_demo_adapters
 from data_plane.demo.model_builder import write_demo_model
 from tests.control_plane.domain.adapters.helpers import UNREACHABLE
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, EngineServer, run_engine
-from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for
+from tests.e2e.test_control_plane_engines import (
+    ADMIN,
+    CP_TOKENS,
+    ENGINE_SECRET,
+    READ,
+    control_plane,
+    engine_auth,
+    engine_token,
+    wait_for,
+)
 
 
 @dataclass
@@ -45,7 +54,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with control_plane(tmp, root) as url:
         env = {"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}
         with run_engine(base, tmp / "e1.log", "--enable-lora", "--lora-roots", str(root), "--admin-token",
-                        ENGINE_TOKEN, "--control-plane", url, "--engine-name", "e1", *SHARED_FLAGS, env=env) as e1:
+                        engine_token("e1"), "--control-plane", url, "--engine-name", "e1", *SHARED_FLAGS, env=env) as e1:
             wait_for(lambda: [e["name"] for e in httpx.get(f"{url}/v1/engines", timeout=5, headers={
                 "Authorization": f"Bearer {READ}"}).json()["data"]] == ["e1"], "e1 to register")
             yield Fleet(url, e1, adapters, tmp)
@@ -72,8 +81,7 @@ def as_json(result: subprocess.CompletedProcess[str], code: int = 0) -> dict:
 
 def on_engine(fleet: Fleet) -> dict[str, bool]:
     """What the engine itself holds: adapter name -> pinned."""
-    listed = httpx.get(fleet.engine.api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
-                       timeout=10).json()["adapters"]
+    listed = httpx.get(fleet.engine.api + "/lora_adapters", headers=engine_auth("e1"), timeout=10).json()["adapters"]
     return {a["name"]: a["pinned"] for a in listed}
 
 
@@ -131,6 +139,25 @@ def test_errors_say_the_servers_message_and_exit_2(fleet: Fleet) -> None:
     unreachable = ok(cli(fleet, "engines", "list", LORAPLANE_URL=UNREACHABLE), 2)
     assert "cannot reach the control plane at http://127.0.0.1:1" in unreachable.stderr
     assert ok(cli(fleet, "adapters", "activate", "x", "zero"), 2).stderr  # click's usage error
+
+
+def test_engines_token_prints_the_token_the_engine_takes_without_calling_the_control_plane(fleet: Fleet) -> None:
+    nowhere = {"LORAPLANE_URL": "http://127.0.0.1:9"}  # computed locally: no control plane needed
+    printed = ok(cli(fleet, "engines", "token", "e1", token=None, LORAPLANE_ENGINE_ADMIN_TOKEN=ENGINE_SECRET, **nowhere))
+    token = printed.stdout.strip()
+    assert token and ENGINE_SECRET not in printed.stdout
+    listed = httpx.get(fleet.engine.api + "/lora_adapters", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert listed.status_code == 200, listed.text
+    other = ok(cli(fleet, "engines", "token", "e2", token=None, LORAPLANE_ENGINE_ADMIN_TOKEN=ENGINE_SECRET, **nowhere))
+    refused = httpx.get(fleet.engine.api + "/lora_adapters", timeout=10,
+                        headers={"Authorization": f"Bearer {other.stdout.strip()}"})
+    assert refused.status_code == 403
+    unset = ok(cli(fleet, "engines", "token", "e1", **nowhere), 2)
+    assert "set LORAPLANE_ENGINE_ADMIN_TOKEN" in unset.stderr and unset.stdout == ""
+    unreadable = ok(cli(fleet, "engines", "token", "e1", LORAPLANE_ENGINE_ADMIN_TOKEN_FILE=str(fleet.tmp / "nope")), 2)
+    assert "LORAPLANE_ENGINE_ADMIN_TOKEN_FILE: cannot read" in unreadable.stderr and unreadable.stdout == ""
+    bad_name = ok(cli(fleet, "engines", "token", "../e1", LORAPLANE_ENGINE_ADMIN_TOKEN=ENGINE_SECRET), 2)
+    assert "not an engine name" in bad_name.stderr and bad_name.stdout == ""
 
 
 def test_a_push_that_reaches_some_engines_exits_1_and_engines_drain_and_go(fleet: Fleet) -> None:

@@ -28,11 +28,12 @@ from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     READ,
     _free_port,
     complete,
     control_plane,
+    engine_auth,
+    engine_token,
     started,
     wait_for,
 )
@@ -61,7 +62,7 @@ def fleet(tmp: Path) -> Iterator[tuple[str, str, dict[str, Path]]]:
     with contextlib.ExitStack() as stack:
         cp = stack.enter_context(control_plane(tmp, root, LORAPLANE_UI_SESSION_SECRET="console-test-secret-0123456789",
                                                LORAPLANE_ROUTER_TOKENS=ROUTER_TOKEN))
-        flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN, "--control-plane", cp,
+        flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", engine_token("e1"), "--control-plane", cp,
                  *SHARED_FLAGS, "--engine-name", "e1")
         e1 = stack.enter_context(run_engine(base, tmp / "e1.log", *flags,
                                             env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
@@ -78,7 +79,7 @@ def fleet(tmp: Path) -> Iterator[tuple[str, str, dict[str, Path]]]:
 
 
 def held(engine_api: str) -> dict[str, dict]:
-    listed = httpx.get(engine_api + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}, timeout=10)
+    listed = httpx.get(engine_api + "/lora_adapters", headers=engine_auth("e1"), timeout=10)
     return {a["name"]: a for a in listed.json()["adapters"] if a["state"] != "draining"}
 
 

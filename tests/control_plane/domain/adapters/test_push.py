@@ -19,7 +19,6 @@ from control_plane.app import create_app
 from tests.control_plane.conftest import _dsn, admin, reader
 from tests.control_plane.domain.adapters.helpers import UNREACHABLE
 from tests.control_plane.engines import (
-    ENGINE_TOKEN,
     engine_adapters,
     engine_credentials,
     engine_pair,
@@ -27,6 +26,7 @@ from tests.control_plane.engines import (
     served_control_plane,
 )
 from tests.data_plane.api.conftest import EngineServer
+from tests.e2e.test_control_plane_engines import ENGINE_SECRET, engine_auth, engine_token
 from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 
@@ -46,7 +46,7 @@ def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cp_
 @pytest.fixture
 async def cp(settings, engines: list[EngineServer], cp_port: int) -> AsyncIterator[httpx.AsyncClient]:
     """The control plane with the engine token, over HTTP, both engines registered."""
-    settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials())
+    settings = dataclasses.replace(settings, engine_token_secret=ENGINE_SECRET, engine_credentials=engine_credentials())
     async with served_control_plane(settings, cp_port) as c:
         await register_pair(c, engines, admin())
         yield c
@@ -66,15 +66,15 @@ async def test_load_activate_unload_reach_the_adapters_engines(
     assert [(e["engine"], e["outcome"], e["error"]) for e in r.json()["engines"]] == [
         ("ea", "loaded", None), ("eb", "loaded", None)]
     v1_sha = r.json()["sha256"]
-    for server in engines:
-        assert engine_adapters(server)[name]["sha256"] == v1_sha
+    for server, engine in zip(engines, ("ea", "eb"), strict=True):
+        assert engine_adapters(server, engine)[name]["sha256"] == v1_sha
 
     r = await cp.post("/v1/load_lora_adapter", headers=admin(), json={
         "lora_name": name, "lora_path": str(demo["demo-poet"]), "base_model": "demo", "pinned": True})
     assert r.status_code == 200 and r.json()["version"] == 2, r.text  # replaced in place on the engines
     v2_sha = r.json()["sha256"]
-    for server in engines:
-        held = engine_adapters(server)[name]
+    for server, engine in zip(engines, ("ea", "eb"), strict=True):
+        held = engine_adapters(server, engine)[name]
         assert (held["sha256"], held["pinned"]) == (v2_sha, True)
 
     r = await cp.post(f"/v1/lora_adapters/{name}/activate", json={"version": 1}, headers=admin())
@@ -83,14 +83,14 @@ async def test_load_activate_unload_reach_the_adapters_engines(
     assert {(p["engine"], p["version"], p["desired"], p["observed"]) for p in r.json()["placements"]} == {
         ("ea", 1, "pinned", "loaded"), ("eb", 1, "pinned", "loaded"),
         ("ea", 2, "absent", "absent"), ("eb", 2, "absent", "absent")}
-    for server in engines:
-        assert engine_adapters(server)[name]["sha256"] == v1_sha
+    for server, engine in zip(engines, ("ea", "eb"), strict=True):
+        assert engine_adapters(server, engine)[name]["sha256"] == v1_sha
 
     r = await cp.post("/v1/unload_lora_adapter", json={"lora_name": name}, headers=admin())
     assert r.status_code == 200, r.text
     assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [("ea", "unloaded"), ("eb", "unloaded")]
-    for server in engines:
-        assert name not in engine_adapters(server)
+    for server, engine in zip(engines, ("ea", "eb"), strict=True):
+        assert name not in engine_adapters(server, engine)
     detail = (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()
     assert {p["observed"] for p in detail["placements"]} == {"absent"}
 
@@ -120,15 +120,16 @@ async def test_partial_failure_is_207_and_total_failure_502(cp: httpx.AsyncClien
 async def test_an_engine_refusal_is_reported_not_retried(settings, engines: list[EngineServer], demo: dict,
                                                          request: pytest.FixtureRequest) -> None:
     name = unique(request, "refused")
-    async with AsyncTestClient(app=create_app(dataclasses.replace(settings, engine_token="wrong-token"))) as c:
+    async with AsyncTestClient(app=create_app(dataclasses.replace(settings, engine_token_secret="wrong-secret"))) as c:
         body = {"name": "ea", "url": engines[0].url, "base_model": "demo"}
         await c.post("/v1/engines/register", json=body, headers=admin())
         r = await c.post("/v1/load_lora_adapter", headers=admin(),
                          json={"lora_name": name, "lora_path": str(demo["demo-short"]), "base_model": "demo"})
     assert r.status_code == 502
     [outcome] = r.json()["engines"]
-    assert outcome["outcome"] == "failed" and "403" in outcome["error"] and "wrong-token" not in r.text
-    assert name not in engine_adapters(engines[0])
+    assert outcome["outcome"] == "failed" and "403" in outcome["error"] and "wrong-secret" not in r.text
+    assert engine_token("ea", "wrong-secret") not in r.text
+    assert name not in engine_adapters(engines[0], "ea")
 
 
 async def test_reconcile_restores_what_an_engine_lost_and_removes_what_it_should_not_hold(
@@ -140,20 +141,20 @@ async def test_reconcile_restores_what_an_engine_lost_and_removes_what_it_should
                                 "replicas": {"min": 2}})
         assert r.status_code == 200, r.text
     # engine a loses `keep` (as after a restart); engine b missed the unload of `drop` (it was down)
-    auth = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
-    httpx.post(engines[0].api + "/unload_lora_adapter", json={"lora_name": keep}, headers=auth, timeout=30)
+    httpx.post(engines[0].api + "/unload_lora_adapter", json={"lora_name": keep}, headers=engine_auth("ea"),
+               timeout=30)
     r = await cp.post("/v1/unload_lora_adapter", json={"lora_name": drop}, headers=admin())
     assert r.status_code == 200
-    httpx.post(engines[1].api + "/load_lora_adapter", headers=auth, timeout=30,
+    httpx.post(engines[1].api + "/load_lora_adapter", headers=engine_auth("eb"), timeout=30,
                json={"lora_name": drop, "lora_path": str(demo["demo-short"])})
-    assert keep not in engine_adapters(engines[0]) and drop in engine_adapters(engines[1])
+    assert keep not in engine_adapters(engines[0], "ea") and drop in engine_adapters(engines[1], "eb")
 
     r = await cp.post("/v1/engines/reconcile", headers=admin())
     assert r.status_code == 200, r.text
     report = {e["engine"]: e for e in r.json()["engines"]}
     assert report["ea"]["loaded"] == [keep] and report["eb"]["unloaded"] == [drop]
     assert not report["ea"]["failed"] and not report["eb"]["failed"]
-    assert keep in engine_adapters(engines[0]) and drop not in engine_adapters(engines[1])
+    assert keep in engine_adapters(engines[0], "ea") and drop not in engine_adapters(engines[1], "eb")
     again = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
     assert all(not (e["loaded"] or e["unloaded"] or e["failed"]) for e in again)  # converged
     assert (await cp.post("/v1/engines/reconcile", headers=reader())).status_code == 403
@@ -218,8 +219,8 @@ async def test_files_edited_after_registration_do_not_change_the_version(
     shutil.rmtree(v1_dir / "..", ignore_errors=True)  # even gone altogether: engines never read the folder
     r = await cp.post(f"/v1/lora_adapters/{name}/activate", json={"version": 1}, headers=admin())
     assert r.status_code == 200, r.text
-    for server in engines:
-        assert engine_adapters(server)[name]["sha256"] == v1_sha
+    for server, engine in zip(engines, ("ea", "eb"), strict=True):
+        assert engine_adapters(server, engine)[name]["sha256"] == v1_sha
 
 
 async def test_a_corrupted_blob_is_refused_by_a_fresh_engine_and_recorded(
@@ -248,7 +249,7 @@ async def test_a_corrupted_blob_is_refused_by_a_fresh_engine_and_recorded(
     [placement] = [p for p in (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()["placements"]
                    if p["engine"] == "ea"]
     assert placement["observed"] == "failed" and "checksum mismatch" in placement["last_error"]
-    assert name not in engine_adapters(engines[0])
+    assert name not in engine_adapters(engines[0], "ea")
     served = httpx.post(engines[0].api + "/completions", timeout=60,
                         json={"model": "demo", "prompt": "hi", "max_tokens": 2, "temperature": 0})
     assert served.status_code == 200, served.text

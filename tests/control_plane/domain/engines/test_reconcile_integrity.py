@@ -16,13 +16,13 @@ import pytest
 
 from tests.control_plane.conftest import admin, reader
 from tests.control_plane.engines import (
-    ENGINE_TOKEN,
     engine_adapters,
     engine_credentials,
     lora_engine,
     served_control_plane,
 )
 from tests.data_plane.api.conftest import EngineServer
+from tests.e2e.test_control_plane_engines import ENGINE_SECRET, engine_auth
 from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 
@@ -43,7 +43,7 @@ async def test_the_reconciler_restores_the_recorded_bytes_not_the_edited_files(
     folder = demo["root"] / "edited" / uuid.uuid4().hex[:8]
     shutil.copytree(demo["demo-short"], folder)
     name = f"edited-{folder.name}"
-    settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials())
+    settings = dataclasses.replace(settings, engine_token_secret=ENGINE_SECRET, engine_credentials=engine_credentials())
     async with served_control_plane(settings, cp_port) as cp:
         body = {"name": "ea", "url": engine.url, "base_model": "demo", "slots_total": 4}
         assert (await cp.post("/v1/engines/register", json=body, headers=admin())).status_code == 200
@@ -54,11 +54,11 @@ async def test_the_reconciler_restores_the_recorded_bytes_not_the_edited_files(
         # the files change behind the registry's back, and the engine loses the adapter (say, a restart)
         config = json.loads((folder / "adapter_config.json").read_text())
         (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 4096}))
-        auth = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+        auth = engine_auth("ea")
         assert httpx.post(engine.api + "/unload_lora_adapter", json={"lora_name": name}, headers=auth,
                           timeout=30).status_code == 200
         report = (await cp.post("/v1/engines/reconcile", headers=admin())).json()["engines"]
         assert [(e["engine"], e["loaded"], e["failed"]) for e in report] == [("ea", [name], [])]
-        assert engine_adapters(engine)[name]["sha256"] == recorded
+        assert engine_adapters(engine, "ea")[name]["sha256"] == recorded
         [placement] = (await cp.get(f"/v1/lora_adapters/{name}", headers=reader())).json()["placements"]
         assert (placement["observed"], placement["last_error"]) == ("loaded", None)

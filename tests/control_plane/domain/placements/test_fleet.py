@@ -32,7 +32,6 @@ from control_plane.db.models import Adapter, AuditEvent
 from control_plane.domain.placements.demand import AdapterDemand, record_demand
 from tests.control_plane.conftest import admin, reader
 from tests.control_plane.engines import (
-    ENGINE_TOKEN,
     engine_adapters,
     engine_credentials,
     engine_pair,
@@ -41,6 +40,7 @@ from tests.control_plane.engines import (
     served_control_plane,
 )
 from tests.data_plane.api.conftest import EngineServer
+from tests.e2e.test_control_plane_engines import ENGINE_SECRET
 from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 STALE_S, INTERVAL_S = 3.0, 1.0
@@ -104,7 +104,7 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(settings, engines: list[EngineServer], cp_port: int, tmp_path: Path) -> AsyncIterator[Fleet]:
-    settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials(),
+    settings = dataclasses.replace(settings, engine_token_secret=ENGINE_SECRET, engine_credentials=engine_credentials(),
                                    engine_stale_after_s=STALE_S, reconcile_interval_s=INTERVAL_S,
                                    rebalance_max_moves=1, scale_window_s=2.0, scale_down_idle_s=3.0)
     async with served_control_plane(settings, cp_port) as cp:
@@ -165,7 +165,7 @@ async def test_an_adapter_nobody_serves_is_placed_when_a_matching_engine_registe
         return "ec" in loaded_on(await fleet.detail("early"))
 
     await until(placed, 60, "the adapter placed on the engine that registered")
-    assert "early" in engine_adapters(late) and set(holding(await fleet.detail("early"))) == {"ec"}
+    assert "early" in engine_adapters(late, "ec") and set(holding(await fleet.detail("early"))) == {"ec"}
     served = httpx.post(late.api + "/completions", timeout=60,
                         json={"model": "early", "prompt": "hi", "max_tokens": 2, "temperature": 0})
     assert served.status_code == 200, served.text

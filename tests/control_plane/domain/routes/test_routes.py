@@ -19,7 +19,6 @@ from control_plane.db.models import Adapter, DemandReport
 from shared.routes import DEMAND_PATH, ROUTES_PATH, DemandAnswer, RoutesTable
 from tests.control_plane.conftest import admin
 from tests.control_plane.engines import (
-    ENGINE_TOKEN,
     engine_adapters,
     engine_credentials,
     engine_pair,
@@ -27,6 +26,7 @@ from tests.control_plane.engines import (
     served_control_plane,
 )
 from tests.data_plane.api.conftest import EngineServer
+from tests.e2e.test_control_plane_engines import ENGINE_SECRET
 from tests.e2e.test_control_plane_engines import _free_port as free_port
 
 ROUTER_TOKEN = "router-token-for-route-tests"
@@ -46,7 +46,7 @@ def engines(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, cp_
 
 @pytest.fixture
 async def cp(settings, engines: list[EngineServer], cp_port: int) -> AsyncIterator[httpx.AsyncClient]:
-    settings = dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_credentials=engine_credentials(),
+    settings = dataclasses.replace(settings, engine_token_secret=ENGINE_SECRET, engine_credentials=engine_credentials(),
                                    router_tokens=(f"edge={ROUTER_TOKEN}",))  # a named token
     async with served_control_plane(settings, cp_port) as c:
         await register_pair(c, engines, admin())
@@ -93,7 +93,7 @@ async def test_the_table_lists_engines_base_and_adapters_with_their_holders(
     assert {m: [e for e, _ in h] for m, h in held.items()} == {
         "demo": ["ea", "eb"], "everywhere": ["ea", "eb"], "nowhere": [], "on-eb": ["eb"]}
     assert {r for h in held.values() for _, r in h} <= {"device", "host"}
-    assert "on-eb" in engine_adapters(engines[1]) and "on-eb" not in engine_adapters(engines[0])
+    assert "on-eb" in engine_adapters(engines[1], "eb") and "on-eb" not in engine_adapters(engines[0], "ea")
 
 
 async def test_revalidation_is_304_until_a_load_an_unload_or_an_engine_changes(
@@ -154,7 +154,7 @@ async def test_place_loads_an_unplaced_adapter_and_demand_is_recorded(
     placed = [(h.engine, h.residency) for h in answer.placed[0].holders]
     assert placed and all(residency in ("device", "host") for _, residency in placed)  # pushed before the answer
     by_name = {"ea": engines[0], "eb": engines[1]}
-    assert all("wanted" in engine_adapters(by_name[e]) for e, _ in placed)
+    assert all("wanted" in engine_adapters(by_name[e], e) for e, _ in placed)
     assert [e for e, _ in holders((await table(cp))[0])["wanted"]] == [e for e, _ in placed]
     # asking again while it is held places nothing more
     again = msgspec.json.decode((await cp.post(DEMAND_PATH, json={"place": ["wanted"]}, headers=ROUTER)).content,

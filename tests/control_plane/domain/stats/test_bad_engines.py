@@ -19,8 +19,9 @@ from litestar.testing import AsyncTestClient
 from control_plane.app import create_app
 from tests.control_plane.conftest import admin, reader
 from tests.control_plane.domain.engines.peers import Peer, Reply, always, json_reply, serve
-from tests.control_plane.engines import ENGINE_TOKEN, lora_engine
+from tests.control_plane.engines import lora_engine
 from tests.data_plane.api.conftest import EngineServer
+from tests.e2e.test_control_plane_engines import ENGINE_SECRET
 
 DEADLINE_S = 2.0  # the good engine answers well within it even on a loaded 2-core machine
 # Far from both sides: a deadline-bound call takes ~DEADLINE_S (a few more on a loaded CI machine),
@@ -32,7 +33,8 @@ STATS = {"base": {"name": "demo", "id": 0}, "adapters": [{"name": "odd", "id": 7
 
 @pytest.fixture(scope="module")
 def engine(demo: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineServer]:
-    with lora_engine(demo["base"], demo["root"], tmp_path_factory.mktemp("bad_engines") / "e.log") as server:
+    with lora_engine(demo["base"], demo["root"], tmp_path_factory.mktemp("bad_engines") / "e.log",
+                     name="good") as server:
         yield server
 
 
@@ -51,7 +53,7 @@ def peers() -> Iterator[dict[str, Peer]]:
 
 @pytest.fixture
 async def cp(settings, engine: EngineServer, peers: dict[str, Peer]) -> AsyncIterator[AsyncTestClient]:
-    app = create_app(dataclasses.replace(settings, engine_token=ENGINE_TOKEN, engine_timeout_s=DEADLINE_S))
+    app = create_app(dataclasses.replace(settings, engine_token_secret=ENGINE_SECRET, engine_timeout_s=DEADLINE_S))
     async with AsyncTestClient(app=app) as c:
         for name, url in [("good", engine.url)] + [(n, p.url) for n, p in peers.items()]:
             body = {"name": name, "url": url, "base_model": "demo", "slots_total": 4}
