@@ -28,10 +28,11 @@ from tests.data_plane.api.conftest import SHARED_FLAGS, run_engine
 from tests.e2e.test_control_plane_engines import (
     ADMIN,
     CP_TOKENS,
-    ENGINE_TOKEN,
     READ,
     complete,
     control_plane,
+    engine_auth,
+    engine_token,
     wait_for,
 )
 
@@ -51,11 +52,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, dic
     adapters = write_demo_adapters(base, root)
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(control_plane(tmp, root))
-        flags = ("--enable-lora", "--lora-roots", str(root), "--admin-token", ENGINE_TOKEN, "--control-plane", url,
-                 *SHARED_FLAGS)
+        flags = ("--enable-lora", "--lora-roots", str(root), "--control-plane", url, *SHARED_FLAGS)
         e1 = stack.enter_context(run_engine(base, tmp / "e1.log", *flags, "--engine-name", "e1",
+                                            "--admin-token", engine_token("e1"),
                                             env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}))
         e2 = stack.enter_context(run_engine(base, tmp / "e2.log", *flags, "--engine-name", "e2",
+                                            "--admin-token", engine_token("e2"),
                                             "--served-model-name", "demo-b",
                                             env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e2"]}))
         wait_for(lambda: sorted(e["name"] for e in httpx.get(f"{url}/v1/engines", timeout=5, headers={
@@ -180,6 +182,6 @@ def test_retarget_moves_an_adapter_to_the_engines_of_its_new_base_model(
     assert complete(api["e2"], "wrong") == served  # the same checkpoint and adapter: the same text
     with pytest.raises(openai.NotFoundError):
         complete(api["e1"], "wrong")
-    listed = httpx.get(api["e1"] + "/lora_adapters", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"},
+    listed = httpx.get(api["e1"] + "/lora_adapters", headers=engine_auth("e1"),
                        timeout=10).json()["adapters"]
     assert "wrong" not in [a["name"] for a in listed]

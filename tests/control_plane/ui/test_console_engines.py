@@ -20,7 +20,7 @@ import pytest
 from control_plane.auth import token_id
 from data_plane.demo.model_builder import write_demo_model
 from tests.data_plane.api.conftest import REPO_ROOT, SHARED_FLAGS, run_engine
-from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, ENGINE_TOKEN, READ, control_plane, wait_for
+from tests.e2e.test_control_plane_engines import ADMIN, CP_TOKENS, READ, control_plane, engine_token, wait_for
 from tests.tools import require_tool
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -41,7 +41,7 @@ def test_a_stopped_engine_is_stale_and_an_admin_removes_it_from_the_fleet_page(t
         def states() -> dict[str, str]:
             return {e["name"]: e["state"] for e in admin.get("/v1/engines").json()["data"]}
 
-        flags = ("--enable-lora", "--lora-roots", str(tmp_path), "--admin-token", ENGINE_TOKEN, "--control-plane", cp,
+        flags = ("--enable-lora", "--lora-roots", str(tmp_path), "--admin-token", engine_token("e1"), "--control-plane", cp,
                  "--engine-name", "e1",
                  "--heartbeat-interval-s", "1", *SHARED_FLAGS)
         with run_engine(base, tmp_path / "e1.log", *flags, env={"LORAPLANE_CONTROL_PLANE_TOKEN": CP_TOKENS["e1"]}):
