@@ -12,6 +12,7 @@ Nothing, not even the request line, is sent to a refused address.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import socket
 import ssl
@@ -78,15 +79,22 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         return address
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """httpx's default verification (certifi's CA bundle), made once per process: loading the bundle is the
+    costly part, and one context serves any number of connections."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class GuardedTransport(httpx.AsyncHTTPTransport):
     """httpx's transport over an httpcore pool whose connections go through GuardedBackend. No proxies
     (a proxy would see the engine admin token and connect wherever it likes)."""
 
     def __init__(self, allowed: tuple[str, ...]) -> None:
-        super().__init__(trust_env=False)
+        super().__init__(verify=_ssl_context(), trust_env=False)
         # httpx has no option for the network backend; its pool is httpcore's public connection pool,
         # so it is made again here with the guard (and httpx's default limits and CA bundle).
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl.create_default_context(cafile=certifi.where()),
+            ssl_context=_ssl_context(),
             max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0,
             network_backend=GuardedBackend(allowed))

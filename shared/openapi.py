@@ -4,8 +4,9 @@ every status code a route can return, all with the one error schema.
 Litestar's own schema generator drops msgspec constraints inside unions (`str | list[str]` loses its
 lengths) and documents its own 400 body, not ours; our controllers also decode bodies themselves to
 name the bad field. So each route says what it takes and returns in its `opt` (`route_doc(...)`),
-and `document_app` rewrites the generated document once: schemas straight from msgspec (exactly
-what the decoder enforces), errors as `ErrorResponse`, streams as `text/event-stream`.
+and `document_app` has the generated document rewritten once, when it is first asked for (not at app
+creation: most apps never serve it): schemas straight from msgspec (exactly what the decoder enforces),
+errors as `ErrorResponse`, streams as `text/event-stream`.
 
     @post("/v1/things", opt=route_doc(request=ThingRequest, response=Thing, errors=(400, 401, 404)))
     async def create_thing(request: Request) -> Response[Any]: ...
@@ -135,10 +136,35 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
-def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Iterable[int]] | None = None) -> None:
-    """Rewrite `app`'s OpenAPI document from its routes' RouteDocs (call once, after all routes).
-    extra_errors: statuses the app adds to some handlers (e.g. 401 where a guard needs a key)."""
-    document = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()  # cached: every renderer serves it
+ExtraErrors = Callable[[HTTPRouteHandler], Iterable[int]]
+_PENDING = "loraplane.openapi.pending"  # in app.state until the document is rewritten: the extra_errors
+
+
+class _RewrittenOnFirstUse(OpenAPIPlugin):
+    """Litestar's OpenAPI plugin, whose document (built once and cached by the plugin, served by every
+    renderer) is rewritten from the routes' RouteDocs before it is first handed out."""
+
+    __slots__ = ()  # the same layout as OpenAPIPlugin's, so that an instance's class can become this one
+
+    def provide_openapi_schema(self) -> dict[str, Any]:
+        document = super().provide_openapi_schema()
+        if _PENDING in self.app.state:
+            extra_errors = self.app.state[_PENDING]
+            del self.app.state[_PENDING]
+            _rewrite_document(self.app, document, extra_errors)
+        return document
+
+
+def document_app(app: Litestar, extra_errors: ExtraErrors | None = None) -> None:
+    """Have `app`'s OpenAPI document rewritten from its routes' RouteDocs when it is first asked for (call
+    once, after all routes). extra_errors: statuses the app adds to some handlers (e.g. 401 where a guard
+    needs a key)."""
+    plugin = app.plugins.get(OpenAPIPlugin)
+    plugin.__class__ = _RewrittenOnFirstUse
+    app.state[_PENDING] = extra_errors
+
+
+def _rewrite_document(app: Litestar, document: dict[str, Any], extra_errors: ExtraErrors | None) -> None:
     found: list[tuple[dict[str, Any], RouteDoc, dict[str, type | None]]] = []
     moved: list[tuple[dict[str, Any], str]] = []  # (path item, method) documented elsewhere (`path`)
     kept: list[tuple[int, str]] = []  # (id of path item, method) also documented where it is
@@ -175,7 +201,7 @@ def document_app(app: Litestar, extra_errors: Callable[[HTTPRouteHandler], Itera
 
 
 def _found(app: Litestar, path_item: dict[str, Any], handler: HTTPRouteHandler, doc: RouteDoc,
-           extra_errors: Callable[[HTTPRouteHandler], Iterable[int]] | None,
+           extra_errors: ExtraErrors | None,
            methods: Iterable[str] | None = None) -> list[tuple[dict[str, Any], RouteDoc, dict[str, type | None]]]:
     resolved = {k: _resolve(getattr(doc, k), app) for k in ("request", "response", "stream")}
     example = doc.example(app) if callable(doc.example) else doc.example

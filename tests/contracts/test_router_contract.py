@@ -37,7 +37,7 @@ pytest.importorskip("schemathesis")
 CONFIG = Path(__file__).with_name("router.toml")
 BASE_MODEL, ADAPTER = "demo", "demo-pirate"
 ROUTER_TOKEN, ENGINE_KEY, CLIENT_KEY = "contract-router-token", "contract-engine-key", "contract-client-key"
-MAX_TIME_S = 60  # schemathesis' own budget; with the three processes' start the test stays within ~100 s
+MAX_TIME_S = 35  # schemathesis' own budget; with the three processes' start the test stays within ~70 s
 
 
 def test_the_router_honours_its_openapi_contract(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +21,10 @@ import httpx
 import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from control_plane.app import create_app
+from control_plane.db.migrate import upgrade
 from control_plane.settings import ControlPlaneSettings
 
 ADMIN = "admin-token-for-tests"
@@ -92,9 +95,27 @@ async def _truncate(url: str) -> None:
         await conn.close()
 
 
+async def _migrate(url: str) -> None:
+    engine = create_async_engine(url)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty SQLite database at the migrations' head, made once per session: each test gets a copy, which
+    the app finds at head, instead of running every migration again on an empty file."""
+    path = tmp_path_factory.mktemp("migrated") / "control.db"
+    run_blocking(_migrate, f"sqlite+aiosqlite:///{path}")
+    return path
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
+        shutil.copyfile(request.getfixturevalue("migrated_sqlite"), tmp_path / "control.db")
         yield f"sqlite+aiosqlite:///{tmp_path / 'control.db'}"
         return
     url = request.getfixturevalue("pg_database")

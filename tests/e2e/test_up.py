@@ -215,62 +215,17 @@ def _free_ports_in_a_row(count: int) -> int:
             return first
 
 
-def test_up_serves_a_users_checkpoint_on_two_engines_through_the_router(tmp_path: Path) -> None:
-    from data_plane.demo.model_builder import write_demo_model
-
-    model = tmp_path / "checkpoints" / "mine"
-    write_demo_model(model, seed=1)
-    cp_port, engine_port, router_port = _free_port(), _free_ports_in_a_row(2), _free_port()
-    log = tmp_path / "up.log"
-    with log.open("w") as out:
-        process = start_up(tmp_path, cp_port, engine_port, "--engines", "2", "--model", str(model),
-                           "--served-model-name", "my-model", stdout=out, stderr=subprocess.STDOUT,
-                           router_port=router_port, env={"LORAPLANE_API_KEYS": "my-client-key"})
-    try:
-        wait_until_up(process, log, log)
-        assert "load demo-" not in log.read_text()  # no demo adapters on a user's checkpoint
-        router = f"http://127.0.0.1:{router_port}/v1"
-        key = {"Authorization": "Bearer my-client-key"}
-        assert httpx.get(router + "/models", timeout=10).status_code == 401  # LORAPLANE_API_KEYS reached it
-        assert [m["id"] for m in httpx.get(router + "/models", headers=key, timeout=10).json()["data"]] == ["my-model"]
-        served = set()
-        for i in range(12):  # distinct prompts: no prefix affinity, so both engines get some
-            r = httpx.post(router + "/completions", headers=key, timeout=60,
-                           json={"model": "my-model", "prompt": f"{i} hello", "max_tokens": 2})
-            assert r.status_code == 200, r.text
-            served.add(r.headers["x-loraplane-engine"])
-        assert served == {"local-1", "local-2"}
-        # the two engines share this host's CPUs (control_plane/up.py): half each, no binding
-        threads = str(max(1, len(available_cpus()) // 2))
-        engines = [p for p in descendants(process.pid) if role_of(p) == "engine"]
-        assert len(engines) == 2
-        secret = (tmp_path / ".loraplane" / "engine-token").read_text().strip()
-        tokens = {n: engine_admin_token(secret, n) for n in ("local-1", "local-2")}
-        for pid in engines:
-            args = _cmdline(pid).split(b"\0")
-            # each engine holds its own admin token only: never the secret, nor the other engine's
-            name = args[args.index(b"--engine-name") + 1].decode()
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            held = [t for t in (secret, *tokens.values()) if any(t.encode() in v for v in env)]
-            assert held == [tokens[name]] and f"LORAPLANE_ADMIN_TOKEN={tokens[name]}".encode() in env
-            assert args[args.index(b"--num-threads") + 1].decode() == threads
-            assert args[args.index(b"--omp-threads-bind") + 1] == b"nobind"
-            cores = [c for c in descendants(pid) if CORE_MODULE.encode() in _cmdline(c)]
-            assert len(cores) == 1  # the engine-core process runs that many OpenMP threads
-            assert f"OMP_NUM_THREADS={threads}".encode() in Path(f"/proc/{cores[0]}/environ").read_bytes().split(b"\0")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=90) == 0
-    finally:
-        stop_up(process)
-
-
-def test_up_with_tenancy_starts_redis_writes_a_tenant_key_and_forgets_engines_it_no_longer_runs(
+def test_up_with_tenancy_then_a_users_checkpoint_on_two_engines(
         tmp_path: Path) -> None:
     """`up --require-api-key` with no Redis URL: it starts redis-server from PATH (its password on no
     command line), the router refuses clients without a key, tenant `default`'s first key is in
     .loraplane/tenant-key (0600) and serves the demo adapters (public), and the control plane's /health
     names the router that enforces tenancy, so a private move answers no warning. Started again with two
-    engines, it reuses the key and deregisters `local`, the name it no longer runs."""
+    engines on a user's checkpoint (no demo adapters then) and a static client key too, it reuses the tenant
+    key, deregisters `local`, the name it no longer runs, and the router spreads requests over both
+    engines, which share the host's CPUs (half each, no binding) and each hold their own admin token."""
+    from data_plane.demo.model_builder import write_demo_model
+
     cp_port, router_port = _free_port(), _free_port()
     cp, router = f"http://127.0.0.1:{cp_port}", f"http://127.0.0.1:{router_port}/v1"
     state = tmp_path / ".loraplane"
@@ -311,18 +266,49 @@ def test_up_with_tenancy_starts_redis_writes_a_tenant_key_and_forgets_engines_it
     finally:
         stop_up(process)
 
+    model = tmp_path / "checkpoints" / "mine"
+    write_demo_model(model, seed=1)
     engine_port = _free_ports_in_a_row(2)
     with out.open("w") as stdout, err.open("a") as stderr:
-        process = start_up(tmp_path, cp_port, engine_port, "--require-api-key", "--engines", "2", stdout=stdout,
-                           stderr=stderr, router_port=router_port)
+        process = start_up(tmp_path, cp_port, engine_port, "--require-api-key", "--engines", "2", "--model",
+                           str(model), "--served-model-name", "my-model", stdout=stdout, stderr=stderr,
+                           router_port=router_port, env={"LORAPLANE_API_KEYS": "my-client-key"})
     try:
         wait_until_up(process, out, err)
         assert (state / "tenant-key").read_text().strip() == key  # still valid: reused
         assert "removed engine local " in out.read_text()
+        assert "load demo-" not in out.read_text()  # no demo adapters on a user's checkpoint
         engines = httpx.get(cp + "/v1/engines", headers=auth, timeout=10).json()["data"]
         assert sorted(e["name"] for e in engines) == ["local-1", "local-2"]
-        r = httpx.post(router + "/completions", headers=tenant, json=request, timeout=60)
-        assert r.status_code == 200, r.text
+        static = {"Authorization": "Bearer my-client-key"}  # LORAPLANE_API_KEYS reached the router
+        assert "my-model" in [m["id"] for m in httpx.get(router + "/models", headers=static, timeout=10).json()["data"]]
+        served = set()
+        for i in range(12):  # distinct prompts: no prefix affinity, so both engines get some
+            r = httpx.post(router + "/completions", headers=tenant if i % 2 else static, timeout=60,
+                           json={"model": "my-model", "prompt": f"{i} hello", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            served.add(r.headers["x-loraplane-engine"])
+        assert served == {"local-1", "local-2"}
+        # the two engines share this host's CPUs (control_plane/up.py): half each, no binding
+        threads = str(max(1, len(available_cpus()) // 2))
+        engine_pids = [p for p in descendants(process.pid) if role_of(p) == "engine"]
+        assert len(engine_pids) == 2
+        secret = (state / "engine-token").read_text().strip()
+        tokens = {n: engine_admin_token(secret, n) for n in ("local-1", "local-2")}
+        for pid in engine_pids:
+            args = _cmdline(pid).split(b"\0")
+            # each engine holds its own admin token only: never the secret, nor the other engine's
+            name = args[args.index(b"--engine-name") + 1].decode()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            held = [t for t in (secret, *tokens.values()) if any(t.encode() in v for v in env)]
+            assert held == [tokens[name]] and f"LORAPLANE_ADMIN_TOKEN={tokens[name]}".encode() in env
+            assert args[args.index(b"--num-threads") + 1].decode() == threads
+            assert args[args.index(b"--omp-threads-bind") + 1] == b"nobind"
+            cores = [c for c in descendants(pid) if CORE_MODULE.encode() in _cmdline(c)]
+            assert len(cores) == 1  # the engine-core process runs that many OpenMP threads
+            assert f"OMP_NUM_THREADS={threads}".encode() in Path(f"/proc/{cores[0]}/environ").read_bytes().split(b"\0")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=90) == 0
     finally:
         stop_up(process)
     # the router's tenancy polls (every second) are routine: not at INFO; every text line names its process
