@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.docs_walk.ports import Ports
 from tests.e2e.test_control_plane_engines import _free_port
-from tests.e2e.test_up import stop_up, wait_until_up
+from tests.e2e.test_up import KERNEL_BUILD, stop_up, wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def make_run(folder: Path, demo_cache: Path, require_api_key: bool) -> Iterator[
         shutil.copytree(demo_cache, folder / ".demo")
     ports = Ports(router=_free_port(), control=_free_port(), engine=_free_port())
     cmd = make_run_command(ports, require_api_key)
-    env = {**walker_env(folder), "LORAPLANE_KERNEL_BUILD_DIR": str(REPO / ".loraplane" / "build")}
+    env = {**walker_env(folder), **KERNEL_BUILD}
     out, err = folder / "up.out", folder / "up.err"
     with out.open("w") as stdout, err.open("w") as stderr:
         process = subprocess.Popen(cmd, cwd=folder, stdout=stdout, stderr=stderr, env=env)

@@ -62,14 +62,14 @@ def start_up(tmp_path: Path, cp_port: int, engine_port: int, *flags: str, stdout
              stderr: IO[str] | int, router_port: int | None = None,
              env: dict[str, str] | None = None) -> subprocess.Popen:
     """`loraplane up` in tmp_path (its state under tmp_path/.loraplane, the demo model in tmp_path/demo),
-    with no LORAPLANE_* variable of the caller's (but those of `env`) and no OMP_NUM_THREADS (up's share of
+    with no LORAPLANE_* variable of the caller's (but those of `env` and KERNEL_BUILD) and no OMP_NUM_THREADS (up's share of
     the CPUs is checked below); the router on `router_port` (a free one if None)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LORAPLANE_") and k != "OMP_NUM_THREADS"}
     cmd = [sys.executable, "-c", "import sys; from control_plane.up import main; sys.exit(main(sys.argv[1:]))",
            "--demo-dir", str(tmp_path / "demo"), "--port", str(cp_port), "--engine-port", str(engine_port),
            "--router-port", str(router_port or _free_port()), "--device", "cpu", *flags]
     return subprocess.Popen(cmd, cwd=tmp_path, stdout=stdout, stderr=stderr,
-                            env={**clean, **(env or {}), "PYTHONUNBUFFERED": "1"})
+                            env={**clean, **KERNEL_BUILD, **(env or {}), "PYTHONUNBUFFERED": "1"})
 
 
 def wait_until_up(process: subprocess.Popen, out: Path, log: Path, timeout_s: float = 180) -> None:
@@ -91,6 +91,9 @@ def stop_up(process: subprocess.Popen) -> None:
         process.wait()
 
 
+# the CPU kernels as the rest of the suite's engines compile them (data_plane/model/cpu_extension.py), once,
+# not again under each `up`'s fresh folder
+KERNEL_BUILD = {"LORAPLANE_KERNEL_BUILD_DIR": str(Path(__file__).resolve().parents[2] / ".loraplane" / "build")}
 ROUTINE = ("/heartbeat", "/metrics", "/health", "/v1/routes", "/v1/tenancy/")  # traffic logged at DEBUG only
 
 
