@@ -210,18 +210,16 @@ class AdapterService:
             raise InvalidRequestError("give replicas, pinned, base_model or several of them", param="replicas")
 
         async def work(session: AsyncSession, _: Any) -> base_models.Retarget:
+            if req.base_model is not None and actor.tenant is not None:
+                raise PermissionDeniedError("re-targeting an adapter to another base model moves it between "
+                                            "engines: it needs an admin token, not a tenant key", param="base_model")
             adapter = await queries.require_adapter(session, name, for_update=True)
+            if req.replicas is not None:  # first: a re-target places by the new counts
+                set_replicas(adapter, req.replicas, self.planner.defaults)
             done = base_models.Retarget(old=adapter.base_model, new=adapter.base_model)
             if req.base_model is not None:
-                if actor.tenant is not None:
-                    raise PermissionDeniedError("re-targeting an adapter to another base model moves it between "
-                                                "engines: it needs an admin token, not a tenant key",
-                                                param="base_model")
-                if req.replicas is not None:  # first: the re-target places by the new counts
-                    set_replicas(adapter, req.replicas, self.planner.defaults)
                 done = await base_models.retarget(session, self.planner, adapter, req.base_model)
-            elif req.replicas is not None:
-                set_replicas(adapter, req.replicas, self.planner.defaults)
+            if req.replicas is not None and not done.changed:  # a re-target placed by the new counts already
                 done.orders += await self.planner.resize(session, adapter)
             if req.pinned is not None:  # after the placing: the replicas it added are pinned too
                 done.orders += await pinning.set_pinned(session, self.planner, adapter, req.pinned)
