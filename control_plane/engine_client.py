@@ -119,8 +119,14 @@ class EngineClient:
         return self._decode("POST", engine.url, "/v1/load_lora_adapter", raw, engine_admin.LoadedAdapter)
 
     async def unload(self, engine: EngineAt, name: str) -> engine_admin.UnloadedAdapter | None:
-        """Unload `name`; an engine that does not hold it (404, answered None) counts as done."""
-        status, raw = await self._call("POST", engine, "/v1/unload_lora_adapter", {"lora_name": name}, ok_404=True)
+        """Unload `name`; an engine that does not hold it (404, answered None) counts as done.
+
+        Its requests in flight drain for up to the client's deadline, then the engine aborts them; the
+        call waits for that drain on top of its own deadline, so an adapter under traffic unloads in one
+        call instead of failing while the engine is still draining."""
+        body = {"lora_name": name, "drain_timeout_s": self.deadline_s}
+        status, raw = await self._call("POST", engine, "/v1/unload_lora_adapter", body, ok_404=True,
+                                       deadline_s=2 * self.deadline_s)
         if status == 404:
             return None
         return self._decode("POST", engine.url, "/v1/unload_lora_adapter", raw, engine_admin.UnloadedAdapter)

@@ -8,6 +8,8 @@ domain/stats/test_bad_engines.py and e2e.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 
 import httpx
@@ -176,3 +178,18 @@ async def test_connections_are_checked_against_the_address_policy_before_anythin
                 await default.stats(at(url))
         assert time.monotonic() - start < 1.0  # refused at once, not retried or timed out
         await default.aclose()
+
+
+async def test_an_unload_waits_for_the_engines_drain_which_it_bounds_by_its_deadline() -> None:
+    seen: list[dict] = []
+    deadline = 0.5
+
+    async def draining_engine(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        await asyncio.sleep(1.5 * deadline)  # the adapter's requests in flight drain, longer than one deadline
+        return httpx.Response(200, json={"name": "a", "drained": True, "aborted": 0})
+
+    client = EngineClient(None, deadline, transport=httpx.MockTransport(draining_engine))
+    unloaded = await client.unload(at("http://e:1"), "a")
+    assert unloaded is not None and unloaded.drained
+    assert seen == [{"lora_name": "a", "drain_timeout_s": deadline}]

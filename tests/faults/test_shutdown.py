@@ -38,13 +38,16 @@ def test_engine_sigterm_drains_then_stops(scenario: Scenario) -> None:
         refused = complete(f.plain, e3.url, "beta")
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down", refused.text
         assert f.plain.get(e3.url + "/health").status_code == 503
+        # drained at the control plane while it still runs: its draining heartbeat was sent at once
+        f.wait_for(lambda: f.engine_rows()["e3"]["state"] == "draining", "e3 to read draining", 5)
         rest = [line for line in lines if line.startswith("data: ")]
     # the request admitted before the signal ran to its end after admission had closed
     assert rest[-1] == "data: [DONE]" and len(rest) > 10, rest[-3:]
     assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
     assert e3.process is not None and e3.process.wait(timeout=30) is not None
-    # drained at the control plane: no new placements there, although its last heartbeat is recent
-    assert f.engine_rows()["e3"]["state"] == "draining"
+    # stopped: it reads draining until its heartbeats are missed for LORAPLANE_ENGINE_STALE_AFTER_S, then
+    # stale (how long the stream took on a busy machine decides which); either way no new placements
+    assert f.engine_rows()["e3"]["state"] in ("draining", "stale")
     s.timeline.change("zeta", "s1/demo-short")
     r = f.load("zeta", s.folders["s1/demo-short"], cp=0)
     assert r.status_code == 200 and sorted(e["engine"] for e in r.json()["engines"]) == ["e1", "e2"], r.text
