@@ -7,6 +7,7 @@ skips, unless the environment variable CI is set: then that is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -118,3 +119,17 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     finally:
         fleet.stop()
         pg_run(PG_URL, f'DROP DATABASE IF EXISTS "{make_url(db_url).database}" WITH (FORCE)')
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
+    """A failed fault test's report carries the end of every fleet process's log (engines log at info),
+    heartbeats left out: what each process did around the failure, for a failure seen only in CI."""
+    outcome = yield
+    report = outcome.get_result()
+    scenario = getattr(item, "funcargs", {}).get("scenario")
+    if report.failed and isinstance(scenario, Scenario):
+        for proc in [*scenario.fleet.cps, *scenario.fleet.engines.values()]:
+            with contextlib.suppress(OSError):
+                lines = [ln for ln in proc.log.read_text(errors="replace").splitlines() if "heartbeat" not in ln]
+                report.sections.append((f"log of {proc.name} ({proc.log.name})", "\n".join(lines[-25:])))

@@ -34,7 +34,7 @@ HEARTBEAT_S = 3.0  # data_plane.control_client.HEARTBEAT_S
 STALE_AFTER_S = 7.0  # two missed heartbeats and a bit
 ENGINE_TIMEOUT_S = 3.0
 ENGINE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "96", "--max-num-seqs", "8", "--max-loras", "4",
-                "--num-threads", "1", "--shutdown-timeout-s", "20", "--log-level", "warning",
+                "--num-threads", "1", "--shutdown-timeout-s", "20", "--log-level", "info",
                 # several engines on one host: auto would bind every core to the same last CPU
                 "--omp-threads-bind", "nobind")
 PG_URL = os.environ.get("LORAPLANE_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
