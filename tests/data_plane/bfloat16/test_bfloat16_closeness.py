@@ -186,8 +186,8 @@ def test_a_broken_op_fails_the_rule(families, broken: str) -> None:
 
     rotary_base: the rotary base 10% too large, as a kernel with a wrong constant would compute it. Only
     the lowest frequencies change noticeably, so near positions barely move; over the 320-token prompt
-    the far keys' phases drift enough that attention picks other positions, and the greedy token lands
-    outside transformers' top 5 within the first tokens.
+    the far keys' phases drift enough that attention weighs other positions, and in most continuations
+    a greedy token lands outside transformers' top 5 within the first ten tokens.
     lora_scaling: the rsLoRA scale alpha/sqrt(r) applied to plain adapters instead of alpha/r (x2 at rank
     4, x2.8 at rank 8, x4 at rank 16), a mix-up a loader or kernel can make; the base is unaffected.
     """
