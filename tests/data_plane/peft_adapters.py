@@ -14,7 +14,7 @@ import torch
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-# kind -> LoraConfig arguments. The first five are servable; the last three exist to be refused.
+# kind -> LoraConfig arguments. dora, embed and modules_to_save exist to be refused; the others are servable.
 KINDS: dict[str, dict[str, Any]] = {
     # rank/alpha patterns, one a plain short name, one a regex on the full module name (layer 1 only)
     "patterns": dict(r=8, lora_alpha=16, target_modules=ALL,
@@ -29,6 +29,10 @@ KINDS: dict[str, dict[str, Any]] = {
     "dora": dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_dora=True),
     "embed": dict(r=4, lora_alpha=8, target_modules=["q_proj", "embed_tokens"]),
     "modules_to_save": dict(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["lm_head"]),
+    # three ranks on three sets of targets (the bfloat16 closeness tests)
+    "qv_r8": dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
+    "qkvo_r16": dict(r=16, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    "mlp_r4": dict(r=4, lora_alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"]),
 }
 SUPPORTED_KINDS = ["patterns", "rslora", "attention", "layers", "regex"]
 
