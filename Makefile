@@ -10,7 +10,7 @@ DEMO_DIR ?= .demo/model
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run run-engine test lint venv bench clean
+.PHONY: run run-engine test lint venv bench bench-peer clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -70,6 +70,11 @@ test: $(STAMP)
 
 bench: $(STAMP) $(DEMO_DIR)/config.json
 	$(BIN)/python bench/throughput.py --model $(DEMO_DIR)
+
+# loraplane against vLLM's CPU build on this host (docs/performance.md, "Against vLLM on the CPU"): sets up
+# vLLM in .peer-venv/ and the llama-250m model in .peer-model/ on first use; minutes per repeat
+bench-peer: $(STAMP)
+	$(BIN)/python bench/peer.py
 
 clean:
 	rm -rf $(VENV) .demo .loraplane

@@ -66,14 +66,15 @@ def write_demo_adapters(
     return written
 
 
-def write_lora_adapter(base_dir: Path, out: Path, spec: DemoAdapter, seed: int, *, base_model: str | None = None
-                       ) -> Path:
+def write_lora_adapter(base_dir: Path, out: Path, spec: DemoAdapter, seed: int, *, base_model: str | None = None,
+                       delta_std: float = DELTA_STD, dtype: torch.dtype = torch.float32) -> Path:
     """One random PEFT-format adapter of the given shape for the model in base_dir (benchmarks use it too);
-    its config names `base_model`, else base_dir, as its base model."""
+    its config names `base_model`, else base_dir, as its base model. delta_std: the std of each module's
+    scale * B @ A; dtype: the stored tensors'."""
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "adapter_config.json", _peft_config(spec, base_model or str(base_dir)))
-    tensors = _weights(spec, base_config, seed)
+    tensors = {k: v.to(dtype) for k, v in _weights(spec, base_config, seed, delta_std).items()}
     save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
     return out
 
@@ -108,7 +109,7 @@ def _peft_config(spec: DemoAdapter, base_model: str) -> dict[str, Any]:
     }
 
 
-def _weights(spec: DemoAdapter, base_config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+def _weights(spec: DemoAdapter, base_config: dict[str, Any], seed: int, delta_std: float) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     hidden, inter = base_config["hidden_size"], base_config["intermediate_size"]
     heads = base_config["num_attention_heads"]
@@ -123,8 +124,8 @@ def _weights(spec: DemoAdapter, base_config: dict[str, Any], seed: int) -> dict[
         for short in spec.target_modules:
             in_f, out_f = features[short]
             a_std = 1.0 / math.sqrt(in_f)
-            # std of (scale * B @ A)[i, j] = scale * sqrt(r) * a_std * b_std: solve for DELTA_STD
-            b_std = DELTA_STD / (spec.scaling * math.sqrt(spec.r) * a_std)
+            # std of (scale * B @ A)[i, j] = scale * sqrt(r) * a_std * b_std: solve for delta_std
+            b_std = delta_std / (spec.scaling * math.sqrt(spec.r) * a_std)
             key = f"base_model.model.{module_name(layer, short)}"
             tensors[f"{key}.lora_A.weight"] = (torch.randn(spec.r, in_f, generator=gen) * a_std).contiguous()
             tensors[f"{key}.lora_B.weight"] = (torch.randn(out_f, spec.r, generator=gen) * b_std).contiguous()

@@ -2,7 +2,9 @@
 
 The pipeline is Qwen2's (NFC, Qwen2's split regex, byte-level BPE), so the files behave like a real
 Qwen2 tokenizer; transformers also rebuilds exactly this pipeline for model_type qwen2. Every byte
-has a token, so any UTF-8 text encodes and decodes even though the corpus is plain English.
+has a token, so any UTF-8 text encodes and decodes even though the corpus is plain English. The corpus
+yields about 4,500 tokens; a larger vocabulary is padded with `<unused{i}>` tokens that encoding never
+produces but that decode, as real checkpoints pad theirs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def chat_template() -> str:
 
 @functools.lru_cache(maxsize=4)
 def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
-    """Train on corpus.txt and return the tokenizer.json text (cached: training is the slow part)."""
+    """Train on corpus.txt and return the tokenizer.json text (cached: training is the slow part), with
+    exactly vocab_size tokens: padded as the module says when the corpus yields fewer."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -59,7 +62,18 @@ def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
     lines = [line for line in _package_text("corpus.txt").splitlines() if line.strip()]
     # Trainer ties are broken by pair order, not hash order, so the result is reproducible.
     tok.train_from_iterator(lines, trainer=trainer, length=len(lines))
-    return tok.to_str(pretty=True)
+    text = tok.to_str(pretty=True)
+    return text if tok.get_vocab_size() >= vocab_size else _padded(text, vocab_size)
+
+
+def _padded(text: str, vocab_size: int) -> str:
+    """tokenizer.json text whose BPE vocabulary is filled up to vocab_size with `<unused{id}>` tokens (no
+    merge makes them: only decode meets them; `<`, `>` and ASCII letters are their own byte-level symbols)."""
+    obj = json.loads(text)
+    vocab: dict[str, int] = obj["model"]["vocab"]
+    for token_id in range(len(vocab), vocab_size):
+        vocab[f"<unused{token_id}>"] = token_id
+    return json.dumps(obj, indent=2, ensure_ascii=False)
 
 
 def special_token_id(tokenizer: Tokenizer, token: str) -> int:

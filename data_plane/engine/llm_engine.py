@@ -31,6 +31,10 @@ from data_plane.tokenizer import Tokenizer
 from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
 
 logger = logging.getLogger(__name__)
+# One DEBUG line per step (`--log-level debug`): "step decodes=D prefill_tokens=P ms=T", T the step's wall time
+# from scheduling to its outputs (bench/peer.py reads the decode-only steps' median); off, it costs one check.
+STEP_LOGGER = "data_plane.engine.steps"
+_step_log = logging.getLogger(STEP_LOGGER)
 
 
 @dataclass
@@ -173,6 +177,9 @@ class LLMEngine:
         if self.scheduler.prefill_pacer is not None:
             prefill_tokens = sum(item.num_new_tokens for item in sched.prefills)
             self.scheduler.prefill_pacer.observe(len(sched.decodes), prefill_tokens, time.perf_counter() - started)
+        if _step_log.isEnabledFor(logging.DEBUG):
+            _step_log.debug("step decodes=%d prefill_tokens=%d ms=%.3f", len(sched.decodes),
+                            sum(item.num_new_tokens for item in sched.prefills), 1000 * (time.perf_counter() - started))
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
