@@ -41,6 +41,15 @@ namespace {
 // float operation in the same order, so a bf16 or fp16 result is the float path's on the upcast inputs,
 // rounded once (to nearest even) on the way out. The compiler alone would sum a dot product's lanes one
 // by one, convert bf16 element by element and keep exp scalar.
+#if defined(__AVX512F__) || defined(__AVX2__)
+// the sums of four vectors' 8 lanes each, in the 4 lanes of one: three horizontal adds instead of a
+// reduction per vector
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+#endif
+
 #if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
 using vfloat = __m512;
@@ -55,6 +64,12 @@ inline vfloat vsub(vfloat a, vfloat b) { return _mm512_sub_ps(a, b); }
 inline vfloat vmul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
 inline float vsum(vfloat v) { return _mm512_reduce_add_ps(v); }
 inline float vhmax(vfloat v) { return _mm512_reduce_max_ps(v); }
+inline __m256 half_sum(vfloat v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+inline void vsum4(float* s, vfloat a0, vfloat a1, vfloat a2, vfloat a3) {  // s[i] = sum of ai's lanes
+  _mm_storeu_ps(s, hsum4(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3)));
+}
 inline vfloat vfloor(vfloat v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline vfloat vpow2(vfloat n) {  // 2^n for integral n in [-126, 127]
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
@@ -104,6 +119,7 @@ inline float vhmax(vfloat v) {
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
+inline void vsum4(float* s, vfloat a0, vfloat a1, vfloat a2, vfloat a3) { _mm_storeu_ps(s, hsum4(a0, a1, a2, a3)); }
 inline vfloat vfloor(vfloat v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline vfloat vpow2(vfloat n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
@@ -264,15 +280,41 @@ inline void block_scores(float* s, const float* q, const T* k, int64_t rows, int
           a2 = vfma(qd, vload_as_float(k2 + d), a2);
           a3 = vfma(qd, vload_as_float(k3 + d), a3);
         }
-        s[j] = vsum(a0);
-        s[j + 1] = vsum(a1);
-        s[j + 2] = vsum(a2);
-        s[j + 3] = vsum(a3);
+        vsum4(s + j, a0, a1, a2, a3);
       }
     }
   }
 #endif
   for (; j < rows; ++j) s[j] = dot(q, k + j * stride, n);
+}
+
+// The same for four query heads that share a KV head: s[i * len + j] = sum_d q[i * n + d] * k[j * stride + d]
+// for i < 4, j < rows; each key row is loaded (and converted) once for the four.
+template <typename T>
+inline void block_scores4(float* s, int64_t len, const float* q, const T* k, int64_t rows, int64_t stride,
+                          int64_t n) {
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    if (n % kLanes == 0) {
+      for (int64_t j = 0; j < rows; ++j) {
+        const T* kj = k + j * stride;
+        vfloat a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        for (int64_t d = 0; d < n; d += kLanes) {
+          const vfloat kd = vload_as_float(kj + d);
+          a0 = vfma(vload(q + d), kd, a0);
+          a1 = vfma(vload(q + n + d), kd, a1);
+          a2 = vfma(vload(q + 2 * n + d), kd, a2);
+          a3 = vfma(vload(q + 3 * n + d), kd, a3);
+        }
+        float t[4];
+        vsum4(t, a0, a1, a2, a3);
+        for (int i = 0; i < 4; ++i) s[i * len + j] = t[i];
+      }
+      return;
+    }
+  }
+#endif
+  for (int i = 0; i < 4; ++i) block_scores(s + i * len, q + i * n, k, rows, stride, n);
 }
 
 // acc[d] += sum_j p[j] * v[j * stride + d] for j < rows: one block's values weighted by their
@@ -310,6 +352,49 @@ inline void weighted_rows(float* acc, const float* p, const T* v, int64_t rows, 
     for (int64_t j = 0; j < rows; ++j) acc[d] = mul_add(p[j], static_cast<float>(v[j * stride + d]), acc[d]);
 }
 
+// The same for four query heads that share a KV head: acc[i * n + d] += sum_j p[i * len + j] * v[j * stride + d]
+// for i < 4; each value row is loaded (and converted) once for the four, two vectors of it at a time.
+template <typename T>
+inline void weighted_rows4(float* acc, const float* p, int64_t len, const T* v, int64_t rows, int64_t stride,
+                           int64_t n) {
+  int64_t d = 0;
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    for (; d + 2 * kLanes <= n; d += 2 * kLanes) {
+      vfloat lo0 = vload(acc + d), hi0 = vload(acc + d + kLanes), lo1 = vload(acc + n + d),
+             hi1 = vload(acc + n + d + kLanes), lo2 = vload(acc + 2 * n + d), hi2 = vload(acc + 2 * n + d + kLanes),
+             lo3 = vload(acc + 3 * n + d), hi3 = vload(acc + 3 * n + d + kLanes);
+      for (int64_t j = 0; j < rows; ++j) {
+        const T* r = v + j * stride + d;
+        const vfloat lo = vload_as_float(r), hi = vload_as_float(r + kLanes);
+        vfloat pj = vset(p[j]);
+        lo0 = vfma(pj, lo, lo0);
+        hi0 = vfma(pj, hi, hi0);
+        pj = vset(p[len + j]);
+        lo1 = vfma(pj, lo, lo1);
+        hi1 = vfma(pj, hi, hi1);
+        pj = vset(p[2 * len + j]);
+        lo2 = vfma(pj, lo, lo2);
+        hi2 = vfma(pj, hi, hi2);
+        pj = vset(p[3 * len + j]);
+        lo3 = vfma(pj, lo, lo3);
+        hi3 = vfma(pj, hi, hi3);
+      }
+      vstore(acc + d, lo0);
+      vstore(acc + d + kLanes, hi0);
+      vstore(acc + n + d, lo1);
+      vstore(acc + n + d + kLanes, hi1);
+      vstore(acc + 2 * n + d, lo2);
+      vstore(acc + 2 * n + d + kLanes, hi2);
+      vstore(acc + 3 * n + d, lo3);
+      vstore(acc + 3 * n + d + kLanes, hi3);
+    }
+  }
+#endif
+  if (d < n)
+    for (int i = 0; i < 4; ++i) weighted_rows(acc + i * n + d, p + i * len, v + d, rows, stride, n - d);
+}
+
 template <typename T>
 void decode_kernel(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv, const int64_t* tables,
                    int64_t table_width, const int64_t* lens, int64_t block_size, double scale) {
@@ -334,22 +419,39 @@ void decode_kernel(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv, c
       scores.resize(rows * len);
       for (int64_t h = 0; h < rows; ++h)
         row_to_float(qf.data() + h * dim, qp + b * q_seq + (g0 * group + h) * q_head, dim, fscale);
-      // block by block, every query head over the block's keys while they sit in L1
+      // block by block, every query head over the block's keys while they sit in L1; four heads of one
+      // KV head at a time where the group has four left
       for (int64_t start = 0; start < len; start += block_size) {
         const int64_t stop = std::min(len, start + block_size);
         const T* block = keys + table[start / block_size] * block_size * slot_stride;
-        for (int64_t h = 0; h < rows; ++h)
-          block_scores(scores.data() + h * len + start, qf.data() + h * dim, block + (g0 + h / group) * dim,
-                       stop - start, slot_stride, dim);
+        for (int64_t h = 0; h < rows;) {
+          float* s = scores.data() + h * len + start;
+          const T* k = block + (g0 + h / group) * dim;
+          if (h % group + 4 <= group) {
+            block_scores4(s, len, qf.data() + h * dim, k, stop - start, slot_stride, dim);
+            h += 4;
+          } else {
+            block_scores(s, qf.data() + h * dim, k, stop - start, slot_stride, dim);
+            h += 1;
+          }
+        }
       }
       for (int64_t h = 0; h < rows; ++h) softmax(scores.data() + h * len, len);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t start = 0; start < len; start += block_size) {
         const int64_t stop = std::min(len, start + block_size);
         const T* block = values + table[start / block_size] * block_size * slot_stride;
-        for (int64_t h = 0; h < rows; ++h)
-          weighted_rows(acc.data() + h * dim, scores.data() + h * len + start, block + (g0 + h / group) * dim,
-                        stop - start, slot_stride, dim);
+        for (int64_t h = 0; h < rows;) {
+          const float* p = scores.data() + h * len + start;
+          const T* v = block + (g0 + h / group) * dim;
+          if (h % group + 4 <= group) {
+            weighted_rows4(acc.data() + h * dim, p, len, v, stop - start, slot_stride, dim);
+            h += 4;
+          } else {
+            weighted_rows(acc.data() + h * dim, p, v, stop - start, slot_stride, dim);
+            h += 1;
+          }
+        }
       }
       for (int64_t h = 0; h < rows; ++h)
         row_from_float(op + b * o_seq + (g0 * group + h) * o_head, acc.data() + h * dim, dim);
