@@ -91,7 +91,7 @@ def main() -> int:
     parser.add_argument("--baseline-ref", default="main", help="git ref whose kernel source is the baseline")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20, help="calls per timing")
-    parser.add_argument("--once", choices=["kernel", "baseline", "torch"], help="one call, on one thread, no output")
+    parser.add_argument("--once", choices=["kernel", "baseline"], help="one call, on one thread, no output")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     kernel = load_cpu_decode_attention()
