@@ -14,6 +14,8 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -21,15 +23,31 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if !defined(__AVX512F__)
+#pragma GCC target("f16c")  // every AVX2 CPU has F16C (vcvtph2ps); after the headers, for this file only
+#endif
+#include <immintrin.h>
+#endif
 
 namespace {
 
-// The two inner loops of the float path in AVX-512 or AVX2 where the build targets them (cpu_extension.py
-// passes -mavx512f / -mavx2 by the CPU's capability), plain loops otherwise and for bf16/fp16. The
-// compiler alone would sum a dot product's lanes one by one and keep exp scalar.
+// The inner loops in AVX-512 or AVX2 where the build targets them (cpu_extension.py passes -mavx512f /
+// -mavx2 by the CPU's capability), plain loops otherwise. One vectorised loop serves float, bf16
+// and fp16 alike: each row is loaded as float lanes (vload_as_float) and every product and sum is a
+// float operation in the same order, so a bf16 or fp16 result is the float path's on the upcast inputs,
+// rounded once (to nearest even) on the way out. The compiler alone would sum a dot product's lanes one
+// by one, convert bf16 element by element and keep exp scalar.
 #if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
+// the sums of four vectors' 8 lanes each, in the 4 lanes of one: three horizontal adds instead of a
+// reduction per vector
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
 #endif
 
 #if defined(__AVX512F__)
@@ -46,9 +64,37 @@ inline vfloat vsub(vfloat a, vfloat b) { return _mm512_sub_ps(a, b); }
 inline vfloat vmul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
 inline float vsum(vfloat v) { return _mm512_reduce_add_ps(v); }
 inline float vhmax(vfloat v) { return _mm512_reduce_max_ps(v); }
+inline __m256 half_sum(vfloat v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+inline void vsum4(float* s, vfloat a0, vfloat a1, vfloat a2, vfloat a3) {  // s[i] = sum of ai's lanes
+  _mm_storeu_ps(s, hsum4(half_sum(a0), half_sum(a1), half_sum(a2), half_sum(a3)));
+}
 inline vfloat vfloor(vfloat v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline vfloat vpow2(vfloat n) {  // 2^n for integral n in [-126, 127]
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+// bf16 is float's upper half: widen 16 halves to 32 bits and shift them up. Back to bf16 rounds to
+// nearest even as c10::BFloat16 does (a NaN becomes 0x7fc0).
+inline vfloat vload_as_float(const float* p) { return _mm512_loadu_ps(p); }
+inline vfloat vload_as_float(const c10::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vfloat vload_as_float(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void vstore_from_float(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+inline void vstore_from_float(c10::BFloat16* p, vfloat v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7fff));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+inline void vstore_from_float(c10::Half* p, vfloat v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #define LORAPLANE_SIMD 1
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -73,9 +119,32 @@ inline float vhmax(vfloat v) {
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   return _mm_cvtss_f32(_mm_max_ss(x, _mm_movehdup_ps(x)));
 }
+inline void vsum4(float* s, vfloat a0, vfloat a1, vfloat a2, vfloat a3) { _mm_storeu_ps(s, hsum4(a0, a1, a2, a3)); }
 inline vfloat vfloor(vfloat v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
 inline vfloat vpow2(vfloat n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline vfloat vload_as_float(const float* p) { return _mm256_loadu_ps(p); }
+inline vfloat vload_as_float(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline vfloat vload_as_float(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline void vstore_from_float(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+inline void vstore_from_float(c10::BFloat16* p, vfloat v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                        _mm256_set1_epi32(0x7fff));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  // every lane is below 2^16, so the signed-to-unsigned saturating pack keeps them all
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+inline void vstore_from_float(c10::Half* p, vfloat v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 #define LORAPLANE_SIMD 1
 #endif
@@ -111,23 +180,6 @@ inline vfloat vexp_nonpositive(vfloat x) {  // the same steps, lane by lane
 }
 #endif
 
-// s[j] = sum_d q[d] * k[j * stride + d] for j < rows: one query head against one block's keys
-template <typename T>
-inline void block_scores(float* s, const float* q, const T* k, int64_t rows, int64_t stride, int64_t n) {
-  for (int64_t j = 0; j < rows; ++j) {
-    float sum = 0.f;
-    for (int64_t d = 0; d < n; ++d) sum += q[d] * static_cast<float>(k[j * stride + d]);
-    s[j] = sum;
-  }
-}
-
-// acc[d] += sum_j p[j] * v[j * stride + d] for j < rows: one block's values weighted by their probabilities
-template <typename T>
-inline void weighted_rows(float* acc, const float* p, const T* v, int64_t rows, int64_t stride, int64_t n) {
-  for (int64_t j = 0; j < rows; ++j)
-    for (int64_t d = 0; d < n; ++d) acc[d] += p[j] * static_cast<float>(v[j * stride + d]);
-}
-
 // s[j] = exp(s[j] - max s) / sum; the softmax of one query head's scores, in place
 inline void softmax(float* s, int64_t len) {
   float top = -std::numeric_limits<float>::infinity(), sum = 0.f;
@@ -152,73 +204,196 @@ inline void softmax(float* s, int64_t len) {
   for (j = 0; j < len; ++j) s[j] *= inv;
 }
 
+// a * b + c, fused where the build has FMA (as every vector step is): the scalar tails then round alike
+// for every T, however the compiler would contract or vectorise each instantiation's loop
+inline float mul_add(float a, float b, float c) {
+#ifdef __FMA__
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// Whether T's rows load as float vectors: float, bf16 and fp16 on a SIMD build; double stays scalar.
+template <typename T>
+constexpr bool kVectorRows =
 #ifdef LORAPLANE_SIMD
-inline float dot(const float* q, const float* k, int64_t n) {
-  vfloat acc = vzero();
+    std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+#else
+    false;
+#endif
+
+// dst[d] = float(src[d]) * mul for d < n
+template <typename T>
+inline void row_to_float(float* dst, const T* src, int64_t n, float mul) {
   int64_t d = 0;
-  for (; d + kLanes <= n; d += kLanes) acc = vfma(vload(q + d), vload(k + d), acc);
-  float sum = vsum(acc);
-  for (; d < n; ++d) sum += q[d] * k[d];
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>)
+    for (; d + kLanes <= n; d += kLanes) vstore(dst + d, vmul(vload_as_float(src + d), vset(mul)));
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<float>(src[d]) * mul;
+}
+
+// dst[d] = T(src[d]) for d < n, rounded to nearest even as c10's conversions round
+template <typename T>
+inline void row_from_float(T* dst, const float* src, int64_t n) {
+  int64_t d = 0;
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>)
+    for (; d + kLanes <= n; d += kLanes) vstore_from_float(dst + d, vload(src + d));
+#endif
+  for (; d < n; ++d) dst[d] = static_cast<T>(src[d]);
+}
+
+// sum_d q[d] * k[d] for d < n
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t n) {
+  int64_t d = 0;
+  float sum = 0.f;
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    vfloat acc = vzero();
+    for (; d + kLanes <= n; d += kLanes) acc = vfma(vload(q + d), vload_as_float(k + d), acc);
+    sum = vsum(acc);
+  }
+#endif
+  for (; d < n; ++d) sum = mul_add(q[d], static_cast<float>(k[d]), sum);
   return sum;
 }
 
-// four keys at a time: four independent chains of FMAs instead of one that waits on each
-template <>
-inline void block_scores<float>(float* s, const float* q, const float* k, int64_t rows, int64_t stride,
-                                int64_t n) {
+// s[j] = sum_d q[d] * k[j * stride + d] for j < rows: one query head against one block's keys. Four keys
+// at a time: four independent chains of FMAs instead of one that waits on each.
+template <typename T>
+inline void block_scores(float* s, const float* q, const T* k, int64_t rows, int64_t stride, int64_t n) {
   int64_t j = 0;
-  if (n % kLanes == 0) {
-    for (; j + 4 <= rows; j += 4) {
-      const float* k0 = k + j * stride;
-      const float *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-      vfloat a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
-      for (int64_t d = 0; d < n; d += kLanes) {
-        const vfloat qd = vload(q + d);
-        a0 = vfma(qd, vload(k0 + d), a0);
-        a1 = vfma(qd, vload(k1 + d), a1);
-        a2 = vfma(qd, vload(k2 + d), a2);
-        a3 = vfma(qd, vload(k3 + d), a3);
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    if (n % kLanes == 0) {
+      for (; j + 4 <= rows; j += 4) {
+        const T* k0 = k + j * stride;
+        const T *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        vfloat a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        for (int64_t d = 0; d < n; d += kLanes) {
+          const vfloat qd = vload(q + d);
+          a0 = vfma(qd, vload_as_float(k0 + d), a0);
+          a1 = vfma(qd, vload_as_float(k1 + d), a1);
+          a2 = vfma(qd, vload_as_float(k2 + d), a2);
+          a3 = vfma(qd, vload_as_float(k3 + d), a3);
+        }
+        vsum4(s + j, a0, a1, a2, a3);
       }
-      s[j] = vsum(a0);
-      s[j + 1] = vsum(a1);
-      s[j + 2] = vsum(a2);
-      s[j + 3] = vsum(a3);
     }
   }
+#endif
   for (; j < rows; ++j) s[j] = dot(q, k + j * stride, n);
 }
 
-// four vector accumulators stay in registers over the block's rows (through memory, each row's update
-// would wait for the previous one's store)
-template <>
-inline void weighted_rows<float>(float* acc, const float* p, const float* v, int64_t rows, int64_t stride,
-                                 int64_t n) {
-  int64_t d = 0;
-  for (; d + 4 * kLanes <= n; d += 4 * kLanes) {
-    vfloat a0 = vload(acc + d), a1 = vload(acc + d + kLanes), a2 = vload(acc + d + 2 * kLanes),
-           a3 = vload(acc + d + 3 * kLanes);
-    for (int64_t j = 0; j < rows; ++j) {
-      const vfloat pj = vset(p[j]);
-      const float* r = v + j * stride + d;
-      a0 = vfma(pj, vload(r), a0);
-      a1 = vfma(pj, vload(r + kLanes), a1);
-      a2 = vfma(pj, vload(r + 2 * kLanes), a2);
-      a3 = vfma(pj, vload(r + 3 * kLanes), a3);
+// The same for four query heads that share a KV head: s[i * len + j] = sum_d q[i * n + d] * k[j * stride + d]
+// for i < 4, j < rows; each key row is loaded (and converted) once for the four.
+template <typename T>
+inline void block_scores4(float* s, int64_t len, const float* q, const T* k, int64_t rows, int64_t stride,
+                          int64_t n) {
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    if (n % kLanes == 0) {
+      for (int64_t j = 0; j < rows; ++j) {
+        const T* kj = k + j * stride;
+        vfloat a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+        for (int64_t d = 0; d < n; d += kLanes) {
+          const vfloat kd = vload_as_float(kj + d);
+          a0 = vfma(vload(q + d), kd, a0);
+          a1 = vfma(vload(q + n + d), kd, a1);
+          a2 = vfma(vload(q + 2 * n + d), kd, a2);
+          a3 = vfma(vload(q + 3 * n + d), kd, a3);
+        }
+        float t[4];
+        vsum4(t, a0, a1, a2, a3);
+        for (int i = 0; i < 4; ++i) s[i * len + j] = t[i];
+      }
+      return;
     }
-    vstore(acc + d, a0);
-    vstore(acc + d + kLanes, a1);
-    vstore(acc + d + 2 * kLanes, a2);
-    vstore(acc + d + 3 * kLanes, a3);
   }
-  for (; d + kLanes <= n; d += kLanes) {
-    vfloat a = vload(acc + d);
-    for (int64_t j = 0; j < rows; ++j) a = vfma(vset(p[j]), vload(v + j * stride + d), a);
-    vstore(acc + d, a);
-  }
-  for (; d < n; ++d)
-    for (int64_t j = 0; j < rows; ++j) acc[d] += p[j] * v[j * stride + d];
-}
 #endif
+  for (int i = 0; i < 4; ++i) block_scores(s + i * len, q + i * n, k, rows, stride, n);
+}
+
+// acc[d] += sum_j p[j] * v[j * stride + d] for j < rows: one block's values weighted by their
+// probabilities. Four vector accumulators stay in registers over the block's rows (through memory, each
+// row's update would wait for the previous one's store).
+template <typename T>
+inline void weighted_rows(float* acc, const float* p, const T* v, int64_t rows, int64_t stride, int64_t n) {
+  int64_t d = 0;
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    for (; d + 4 * kLanes <= n; d += 4 * kLanes) {
+      vfloat a0 = vload(acc + d), a1 = vload(acc + d + kLanes), a2 = vload(acc + d + 2 * kLanes),
+             a3 = vload(acc + d + 3 * kLanes);
+      for (int64_t j = 0; j < rows; ++j) {
+        const vfloat pj = vset(p[j]);
+        const T* r = v + j * stride + d;
+        a0 = vfma(pj, vload_as_float(r), a0);
+        a1 = vfma(pj, vload_as_float(r + kLanes), a1);
+        a2 = vfma(pj, vload_as_float(r + 2 * kLanes), a2);
+        a3 = vfma(pj, vload_as_float(r + 3 * kLanes), a3);
+      }
+      vstore(acc + d, a0);
+      vstore(acc + d + kLanes, a1);
+      vstore(acc + d + 2 * kLanes, a2);
+      vstore(acc + d + 3 * kLanes, a3);
+    }
+    for (; d + kLanes <= n; d += kLanes) {
+      vfloat a = vload(acc + d);
+      for (int64_t j = 0; j < rows; ++j) a = vfma(vset(p[j]), vload_as_float(v + j * stride + d), a);
+      vstore(acc + d, a);
+    }
+  }
+#endif
+  for (; d < n; ++d)
+    for (int64_t j = 0; j < rows; ++j) acc[d] = mul_add(p[j], static_cast<float>(v[j * stride + d]), acc[d]);
+}
+
+// The same for four query heads that share a KV head: acc[i * n + d] += sum_j p[i * len + j] * v[j * stride + d]
+// for i < 4; each value row is loaded (and converted) once for the four, two vectors of it at a time.
+template <typename T>
+inline void weighted_rows4(float* acc, const float* p, int64_t len, const T* v, int64_t rows, int64_t stride,
+                           int64_t n) {
+  int64_t d = 0;
+#ifdef LORAPLANE_SIMD
+  if constexpr (kVectorRows<T>) {
+    for (; d + 2 * kLanes <= n; d += 2 * kLanes) {
+      vfloat lo0 = vload(acc + d), hi0 = vload(acc + d + kLanes), lo1 = vload(acc + n + d),
+             hi1 = vload(acc + n + d + kLanes), lo2 = vload(acc + 2 * n + d), hi2 = vload(acc + 2 * n + d + kLanes),
+             lo3 = vload(acc + 3 * n + d), hi3 = vload(acc + 3 * n + d + kLanes);
+      for (int64_t j = 0; j < rows; ++j) {
+        const T* r = v + j * stride + d;
+        const vfloat lo = vload_as_float(r), hi = vload_as_float(r + kLanes);
+        vfloat pj = vset(p[j]);
+        lo0 = vfma(pj, lo, lo0);
+        hi0 = vfma(pj, hi, hi0);
+        pj = vset(p[len + j]);
+        lo1 = vfma(pj, lo, lo1);
+        hi1 = vfma(pj, hi, hi1);
+        pj = vset(p[2 * len + j]);
+        lo2 = vfma(pj, lo, lo2);
+        hi2 = vfma(pj, hi, hi2);
+        pj = vset(p[3 * len + j]);
+        lo3 = vfma(pj, lo, lo3);
+        hi3 = vfma(pj, hi, hi3);
+      }
+      vstore(acc + d, lo0);
+      vstore(acc + d + kLanes, hi0);
+      vstore(acc + n + d, lo1);
+      vstore(acc + n + d + kLanes, hi1);
+      vstore(acc + 2 * n + d, lo2);
+      vstore(acc + 2 * n + d + kLanes, hi2);
+      vstore(acc + 3 * n + d, lo3);
+      vstore(acc + 3 * n + d + kLanes, hi3);
+    }
+  }
+#endif
+  if (d < n)
+    for (int i = 0; i < 4; ++i) weighted_rows(acc + i * n + d, p + i * len, v + d, rows, stride, n - d);
+}
 
 template <typename T>
 void decode_kernel(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv, const int64_t* tables,
@@ -242,31 +417,44 @@ void decode_kernel(at::Tensor& out, const at::Tensor& q, const at::Tensor& kv, c
       const int64_t* table = tables + b * table_width;
       const int64_t rows = span * group;  // the query heads of this item, head g0 * group first
       scores.resize(rows * len);
-      for (int64_t h = 0; h < rows; ++h) {
-        const T* row = qp + b * q_seq + (g0 * group + h) * q_head;
-        for (int64_t d = 0; d < dim; ++d) qf[h * dim + d] = static_cast<float>(row[d]) * fscale;
-      }
-      // block by block, every query head over the block's keys while they sit in L1
+      for (int64_t h = 0; h < rows; ++h)
+        row_to_float(qf.data() + h * dim, qp + b * q_seq + (g0 * group + h) * q_head, dim, fscale);
+      // block by block, every query head over the block's keys while they sit in L1; four heads of one
+      // KV head at a time where the group has four left
       for (int64_t start = 0; start < len; start += block_size) {
         const int64_t stop = std::min(len, start + block_size);
         const T* block = keys + table[start / block_size] * block_size * slot_stride;
-        for (int64_t h = 0; h < rows; ++h)
-          block_scores(scores.data() + h * len + start, qf.data() + h * dim, block + (g0 + h / group) * dim,
-                       stop - start, slot_stride, dim);
+        for (int64_t h = 0; h < rows;) {
+          float* s = scores.data() + h * len + start;
+          const T* k = block + (g0 + h / group) * dim;
+          if (h % group + 4 <= group) {
+            block_scores4(s, len, qf.data() + h * dim, k, stop - start, slot_stride, dim);
+            h += 4;
+          } else {
+            block_scores(s, qf.data() + h * dim, k, stop - start, slot_stride, dim);
+            h += 1;
+          }
+        }
       }
       for (int64_t h = 0; h < rows; ++h) softmax(scores.data() + h * len, len);
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t start = 0; start < len; start += block_size) {
         const int64_t stop = std::min(len, start + block_size);
         const T* block = values + table[start / block_size] * block_size * slot_stride;
-        for (int64_t h = 0; h < rows; ++h)
-          weighted_rows(acc.data() + h * dim, scores.data() + h * len + start, block + (g0 + h / group) * dim,
-                        stop - start, slot_stride, dim);
+        for (int64_t h = 0; h < rows;) {
+          const float* p = scores.data() + h * len + start;
+          const T* v = block + (g0 + h / group) * dim;
+          if (h % group + 4 <= group) {
+            weighted_rows4(acc.data() + h * dim, p, len, v, stop - start, slot_stride, dim);
+            h += 4;
+          } else {
+            weighted_rows(acc.data() + h * dim, p, v, stop - start, slot_stride, dim);
+            h += 1;
+          }
+        }
       }
-      for (int64_t h = 0; h < rows; ++h) {
-        T* row = op + b * o_seq + (g0 * group + h) * o_head;
-        for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<T>(acc[h * dim + d]);
-      }
+      for (int64_t h = 0; h < rows; ++h)
+        row_from_float(op + b * o_seq + (g0 * group + h) * o_head, acc.data() + h * dim, dim);
     }
   });
 }

@@ -1,10 +1,16 @@
 """The compiled CPU decode attention against the torch path (gather + SDPA) on random shapes, context
-lengths, block tables, GQA groups and head sizes, in every dtype the engine serves; what it refuses; the
-switch that forces the torch path; the loader's choice (the fallback: test_cpu_extension.py)."""
+lengths, block tables, GQA groups and head sizes, in every dtype the engine serves, on this CPU's build
+and on the AVX2 and plain builds forced with ATEN_CPU_CAPABILITY; bf16 and fp16 against a float32
+reference of the same inputs; what it refuses; the switch that forces the torch path; the loader's
+choice (the fallback: test_cpu_extension.py)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +59,16 @@ def _case(rng: random.Random, dtype: torch.dtype):
     return layer, cache, build_attention_metadata(decode, prefill, block_size, CPU), qkv
 
 
+FORCED = "ATEN_CPU_CAPABILITY"  # set by test_each_instruction_set_serves_alike for the run it starts
+
+
+def test_the_build_is_the_forced_instruction_set():
+    """Under a forced capability, torch (and so the kernel's build flags and cache folder) follows it."""
+    if FORCED not in os.environ:
+        pytest.skip(f"{FORCED} not set: the build is this CPU's own")
+    assert torch.backends.cpu.get_cpu_capability() == os.environ[FORCED].upper()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_kernel_matches_the_torch_path(kernel, dtype):
     rng = random.Random(f"attention-{dtype}")
@@ -64,6 +80,25 @@ def test_the_kernel_matches_the_torch_path(kernel, dtype):
         got = layer(q, k, v, kernel_cache, meta)
         torch.testing.assert_close(got.float(), expected.float(), atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
         assert torch.equal(kernel_cache, torch_cache)  # the step's new K/V written alike, then read in place
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_accumulates_in_float_and_rounds_once(kernel, dtype):
+    """bf16 / fp16 inputs give the float32 torch path's result on the same (upcast) inputs within one
+    rounding to the dtype, and bit for bit the float32 kernel's result on them rounded to nearest even
+    (as torch's .to rounds): the half-precision rows take the float path's loops, converted as loaded."""
+    rng = random.Random(f"rounded-{dtype}")
+    for _ in range(40):
+        layer, cache, meta, (q, k, v) = _case(rng, dtype)
+        half_cache, float_cache = cache.clone(), cache.float()
+        expected = layer(q.float(), k.float(), v.float(), float_cache.clone(), meta)  # torch, float32
+        layer.decode_kernel = kernel
+        got = layer(q, k, v, half_cache, meta)
+        nd = meta.num_decode_tokens
+        step = torch.finfo(dtype).eps / 2 * 1.01  # half a unit in the last place, relative, and float error
+        torch.testing.assert_close(got[:nd].float(), expected[:nd], rtol=step, atol=1e-5)
+        in_float = layer(q.float(), k.float(), v.float(), float_cache, meta)
+        assert torch.equal(got[:nd], in_float[:nd].to(dtype))
 
 
 def test_a_query_sees_exactly_its_own_context(kernel):
@@ -108,3 +143,20 @@ def test_the_loader_puts_the_choice_on_every_layer(monkeypatch, kernel, tiny_che
         model, _ = load_model(tiny_checkpoints["llama"])
         layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         assert layers and all(m.decode_kernel is expected for m in layers)
+
+
+@pytest.mark.skipif(FORCED in os.environ, reason="the run started by this test")
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_each_instruction_set_serves_alike(capability):
+    """The AVX2 build (a CPU without AVX-512) and the plain one (no SIMD) pass the same tests against the
+    torch path in every dtype, in a process whose torch is forced to that capability; each build has its
+    own cache folder, so the first run compiles it."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, FORCED: capability}
+    root = Path(__file__).resolve().parents[3]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+         "forced_instruction_set or matches_the_torch_path or rounds_once or own_context"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=540,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "7 passed" in run.stdout, run.stdout[-2000:]
