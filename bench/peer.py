@@ -361,28 +361,37 @@ def linear_floor_ms(model: Path) -> float:
 
 
 def linear_floor_child(model: Path, batch: int = DECODE_BATCH, repeats: int = 15) -> float:
-    """The median ms of one decode step's linear layers alone at `batch` tokens, bf16, on every CPU, each
-    weight laid out as the engine lays it out (column-major, data_plane/model/layers/linear.py)."""
+    """The median ms of one decode step's linear layers alone at `batch` tokens, bf16, on every CPU: the
+    engine's own linear layers, their weights laid out as its loader lays them out
+    (data_plane/model/layers/cpu_weights.py)."""
     import torch
-    import torch.nn.functional as F
+    from torch import nn
+
+    from data_plane.model.layers.cpu_weights import prepare_cpu_weights
+    from data_plane.model.layers.embedding import ParallelLMHead
+    from data_plane.model.layers.linear import LinearBase
 
     cfg = json.loads((model / "config.json").read_text())
     h, inter, layers, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     kv = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     shapes = [(h + 2 * kv, h), (h, h), (2 * inter, h), (h, inter)]  # [out, in]: qkv, o, gate/up, down
-    def weight(out_f: int, in_f: int) -> torch.Tensor:
-        return (torch.randn(out_f, in_f, dtype=torch.bfloat16) * 0.02).t().contiguous().t()
 
-    weights = [[weight(o, i) for o, i in shapes] for _ in range(layers)]
-    lm_head = weight(vocab, h)
+    def linear(out_f: int, in_f: int) -> LinearBase:
+        module = LinearBase(in_f, out_f, in_f, out_f, False, 0, 1)
+        module.weight.data = torch.randn(out_f, in_f, dtype=torch.bfloat16) * 0.02
+        return module
+
+    linears = nn.ModuleList([linear(o, i) for _ in range(layers) for o, i in shapes])
+    head = ParallelLMHead(vocab, h)
+    head.weight.data = torch.randn(vocab, h, dtype=torch.bfloat16) * 0.02
+    prepare_cpu_weights(nn.ModuleList([*linears, head]))
     x = {i: torch.randn(batch, i, dtype=torch.bfloat16) for i in (h, inter)}
 
     def step() -> None:
-        for layer in weights:
-            for w in layer:
-                F.linear(x[w.shape[1]], w)
-        F.linear(x[h], lm_head)
+        for module in linears:
+            module(x[module.input_size])
+        head(x[h])
 
     times = []
     with torch.inference_mode():

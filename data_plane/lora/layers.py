@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_reduce
@@ -80,7 +79,7 @@ class LinearWithLoRA(nn.Module):
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in]
         shard = self.row_shard
         if lora is not None and shard is not None and shard.fused_all_reduce:
-            y: torch.Tensor = F.linear(x, self.base.weight)  # this rank's partial sum
+            y: torch.Tensor = self.base.matmul(x)  # this rank's partial sum
             lora_shrink_expand(y, x, self.lora_a, self.lora_b, self.lane_columns, lora, self.kernels)  # partial delta too
             y = cast(RowParallelLinear, self.base).all_reduce(y)  # a row shard is only given to row-parallel layers
             return y if self.base.bias is None else y + self.base.bias

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from data_plane.model.attention_kernels import select_decode_attention, use_decode_attention
 from data_plane.model.config import ModelConfig
-from data_plane.model.layers.linear import store_weights_column_major
+from data_plane.model.layers.cpu_weights import prepare_cpu_weights
 from data_plane.model.llama import LlamaForCausalLM
 from shared.errors import UnsupportedModelError
 
@@ -94,6 +94,6 @@ def load_model(
         model = LlamaForCausalLM(config, tp_rank=tp_rank, tp_size=tp_size)
     model.load_weights(iter_safetensors(files))
     if torch.device(device).type == "cpu":
-        store_weights_column_major(model)
+        prepare_cpu_weights(model)
     use_decode_attention(model, select_decode_attention(torch.device(device)))
     return model.eval(), config

@@ -6,6 +6,9 @@ shard_id=None)` that copies this rank's slice of the full Hugging Face tensor.
 
 Every forward takes `lora`, the step's LoRA batch: unused here, it keeps one call signature so the
 LoRA wrappers (data_plane/lora) can replace these modules without touching the model code.
+
+On the CPU the loader lays the weights out once (data_plane/model/layers/cpu_weights.py): a layer
+with a `packed_weight` multiplies through it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_reduce
+from data_plane.model.layers.packed import packed_linear
 from data_plane.model.layers.parallel import (
     ShardId,
     check_full_shape,
@@ -59,27 +63,22 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         raise NotImplementedError
 
+    packed_weight: torch.Tensor | None = None  # oneDNN-packed [out, in] (layers/cpu_weights.py); then the only copy
+
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in] -> [T, out]
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # [T, in] -> [T, out]
+        """x Wᵀ (+ bias) on this rank's shard, through the packed weight when there is one."""
+        if self.packed_weight is not None:
+            return packed_linear(x, self.packed_weight, bias)
+        return F.linear(x, self.weight, bias)
 
     def extra_repr(self) -> str:
         return (
             f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}, "
             f"tp={self.tp_rank}/{self.tp_size}"
         )
-
-
-def store_weights_column_major(model: nn.Module) -> None:
-    """Lay every linear weight out column-major: the same [out, in] tensor, strides (1, out).
-
-    F.linear(x, W) is then x @ Wᵀ over a contiguous Wᵀ, which CPU BLAS multiplies faster at decode batch
-    sizes (why: see docs/performance.md#engine-throughput; a long prefill is unchanged). Shapes, slicing,
-    loading and the LoRA wrappers see the same [out, in] weight.
-    """
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, LinearBase):
-                module.weight.data = module.weight.data.t().contiguous().t()
 
 
 class MergedColumnParallelLinear(LinearBase):
@@ -193,8 +192,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in / tp] -> [T, out]
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = F.linear(x, self.weight)
+            return self.matmul(x, self.bias)
+        y = self.matmul(x)
         if self.reduce_results:
             y = self.all_reduce(y)
         return y if self.bias is None else y + self.bias
