@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 
 import torch
 
@@ -41,3 +42,12 @@ def resolve_device(name: str = "auto") -> torch.device:
             raise ValueError(f"device {name!r} requested but no NPU is available")
         return torch.device(name)
     raise ValueError(f"unknown device {name!r}; choose auto, cpu, cuda[:N] or npu[:N]")
+
+
+def env_choice(variable: str, choices: tuple[str, ...]) -> str:
+    """The value of a kernel switch such as LORAPLANE_ATTENTION_KERNELS: `choices[0]` (auto) when unset or
+    blank; ValueError naming the variable and its choices otherwise."""
+    choice = os.environ.get(variable, choices[0]).strip().lower() or choices[0]
+    if choice not in choices:
+        raise ValueError(f"{variable}={choice!r}: expected one of {', '.join(choices)}")
+    return choice

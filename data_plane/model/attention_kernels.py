@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from data_plane.device import env_choice
 from data_plane.model.attention import DecodeAttentionKernel, PagedAttention
 from data_plane.model.cpu_extension import build_cpu_extension
 
@@ -37,9 +37,7 @@ def load_cpu_decode_attention() -> DecodeAttentionKernel | None:
 
 def select_decode_attention(device: torch.device) -> DecodeAttentionKernel | None:
     """The kernel for `device` under LORAPLANE_ATTENTION_KERNELS; None means the torch path."""
-    choice = os.environ.get(ATTENTION_KERNELS_ENV, "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(f"{ATTENTION_KERNELS_ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
+    choice = env_choice(ATTENTION_KERNELS_ENV, CHOICES)
     if choice == "torch" or device.type != "cpu":
         return None
     return load_cpu_decode_attention()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 
+from data_plane.device import env_choice
 from data_plane.lora.ops import TORCH_KERNELS, LoRAKernels
 
 logger = logging.getLogger(__name__)
@@ -22,9 +22,7 @@ CHOICES = ("auto", "torch")
 
 
 def select_kernels(device: torch.device) -> LoRAKernels:
-    choice = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
+    choice = env_choice(KERNELS_ENV, CHOICES)
     if choice == "torch":
         return TORCH_KERNELS
     return _auto(device.type) or TORCH_KERNELS

@@ -11,11 +11,10 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
+from data_plane.device import env_choice
 from data_plane.model.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from data_plane.model.layers.linear import LinearBase
 from data_plane.model.layers.packed import can_pack, pack
@@ -26,9 +25,7 @@ CHOICES = ("auto", "plain")
 
 def prepare_cpu_weights(model: nn.Module) -> str:
     """Lay out every linear layer's and the head's weight as the module doc says; answers the layout."""
-    choice = os.environ.get(LINEAR_WEIGHTS_ENV, "auto").strip().lower() or "auto"
-    if choice not in CHOICES:
-        raise ValueError(f"{LINEAR_WEIGHTS_ENV}={choice!r}: expected one of {', '.join(CHOICES)}")
+    choice = env_choice(LINEAR_WEIGHTS_ENV, CHOICES)
     if choice == "plain":
         return "plain"
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
