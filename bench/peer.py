@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stack import stop  # bench/stack.py: run as `python bench/peer.py`
+
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".peer-venv"
 MODEL_DIR = REPO / ".peer-model"
@@ -277,12 +279,7 @@ class Server:
         return self.log.stat().st_size
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process)
 
 
 # ---- the HTTP client process ---------------------------------------------------------------------

@@ -36,6 +36,7 @@ from pathlib import Path
 import core_openmp  # noqa: F401  (bench/core_openmp.py, first: this process spins as the engine core does)
 import torch
 from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/serving.py`
+from stack import stop  # bench/stack.py: run as `python bench/serving.py`
 from tqdm import tqdm
 
 from data_plane.adapters.loading.peft_loader import load_peft_adapter
@@ -104,12 +105,7 @@ class Server:
         sys.exit("engine did not start")
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process)
 
 
 # ---- the HTTP client process ---------------------------------------------------------------------

@@ -70,11 +70,17 @@ def process(cmd: list[str], env: dict[str, str], log: Path, url: str, niceness: 
             time.sleep(0.2)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, 30)
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `timeout_s`; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass
