@@ -30,7 +30,6 @@ import multiprocessing as mp
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stack import stop  # bench/stack.py: run as `python bench/peer.py`
+from stack import free_port, stop  # bench/stack.py: run as `python bench/peer.py`
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = REPO / ".peer-venv"
@@ -222,12 +221,6 @@ def cpu_list() -> str:
 
 
 # ---- servers ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """One engine's OpenAI server on this host, logging to `log`; .url once it answers."""
 
@@ -241,7 +234,7 @@ class Server:
         env = {**os.environ}
         if engine == "vllm":
             assert vllm_python is not None
-            port = _free_port()
+            port = free_port()
             cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                    "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), *common]
             env.update(VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB), VLLM_CPU_NUM_OF_RESERVED_CPU="0",

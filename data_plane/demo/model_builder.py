@@ -7,6 +7,7 @@ instead of repeating one, which is what demos and end-to-end tests need. Same se
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -114,13 +115,26 @@ def write_demo_model(
     vocab_size: the tokenizer's (and so the model's) vocabulary; default the demo tokenizer's.
     """
     shape = shape or DemoModelShape()
+    return write_checkpoint(out_dir, vocab_size, lambda vocab, bos, eos: _config(shape, vocab, bos, eos),
+                            lambda vocab: _weights(shape, vocab, seed))
+
+
+def write_checkpoint(
+    out_dir: Path,
+    vocab_size: int | None,
+    config: Callable[[int, int, int], dict[str, Any]],
+    weights: Callable[[int], dict[str, torch.Tensor]],
+) -> list[Path]:
+    """A demo checkpoint's files: the demo tokenizer (`vocab_size` tokens; None: as trained), then
+    config.json = config(vocab, bos_id, eos_id), generation_config.json and model.safetensors =
+    weights(vocab). Returns the written paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = write_tokenizer(out_dir) if vocab_size is None else write_tokenizer(out_dir, vocab_size)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     endoftext_id, im_end_id = special_token_id(tokenizer, ENDOFTEXT), special_token_id(tokenizer, IM_END)
 
-    _write_json(out_dir / "config.json", _config(shape, vocab_size, endoftext_id, im_end_id))
+    _write_json(out_dir / "config.json", config(vocab_size, endoftext_id, im_end_id))
     generation_config = {
         "bos_token_id": endoftext_id,
         # A chat turn ends with <|im_end|>; a raw completion may end with <|endoftext|>.
@@ -129,9 +143,7 @@ def write_demo_model(
         "do_sample": False,
     }
     _write_json(out_dir / "generation_config.json", generation_config)
-    save_file(
-        _weights(shape, vocab_size, seed), str(out_dir / "model.safetensors"), metadata={"format": "pt"}
-    )
+    save_file(weights(vocab_size), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     names = [
         "config.json",
         "generation_config.json",

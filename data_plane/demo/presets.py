@@ -8,7 +8,6 @@ range and greedy decoding wanders over many tokens. Same seed, same bytes.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -16,17 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from data_plane.demo.adapters import DemoAdapter, write_lora_adapter
-from data_plane.demo.model_builder import DemoModelShape
-from data_plane.demo.tokenizer_builder import (
-    ENDOFTEXT,
-    IM_END,
-    MODEL_MAX_LENGTH,
-    special_token_id,
-    write_tokenizer,
-)
+from data_plane.demo.model_builder import DemoModelShape, write_checkpoint
+from data_plane.demo.tokenizer_builder import MODEL_MAX_LENGTH
 
 EMBED_STD = 1.0
 LINEAR_GAIN = 1.0  # std of a linear weight: LINEAR_GAIN / sqrt(in_features)
@@ -117,23 +109,10 @@ def _weights(preset: ModelPreset, seed: int) -> Iterator[tuple[str, torch.Tensor
     yield "lm_head.weight", normal(preset.vocab_size, h, std=1.0 / math.sqrt(h))
 
 
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-
-
 def write_preset_model(out_dir: Path, preset: ModelPreset, seed: int = 0) -> list[Path]:
     """Write config.json, generation_config.json, model.safetensors and the tokenizer files; the paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = write_tokenizer(out_dir, preset.vocab_size)
-    endoftext_id, im_end_id = special_token_id(tokenizer, ENDOFTEXT), special_token_id(tokenizer, IM_END)
-    _write_json(out_dir / "config.json", _config(preset, endoftext_id, im_end_id))
-    _write_json(out_dir / "generation_config.json", {
-        "bos_token_id": endoftext_id, "eos_token_id": [im_end_id, endoftext_id], "pad_token_id": endoftext_id,
-        "do_sample": False})
-    save_file(dict(_weights(preset, seed)), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    names = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-    return [out_dir / name for name in names]
+    return write_checkpoint(out_dir, preset.vocab_size, lambda _vocab, bos, eos: _config(preset, bos, eos),
+                            lambda _vocab: dict(_weights(preset, seed)))
 
 
 def write_preset_adapters(base_dir: Path, out_root: Path, preset: ModelPreset, count: int, seed: int = 0, *,

@@ -52,21 +52,18 @@ def test_packed_bfloat16_weights_multiply_exactly_as_the_plain_ones_and_live_onc
         assert torch.equal(embed(torch.tensor([3, 7])), plain["head"][[3, 7]])
 
 
-def test_float32_weights_are_laid_out_column_major_and_plain_keeps_them() -> None:
+def test_float32_weights_are_laid_out_column_major_and_plain_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
     model, plain = _model(torch.float32, tied=False)
     linear = model[1]
     assert prepare_cpu_weights(model) == "column-major"
     assert linear.weight.stride() == (1, 96) and torch.equal(linear.weight, plain["linear"])
     model, _ = _model(torch.bfloat16, tied=False)
-    os.environ[LINEAR_WEIGHTS_ENV] = "plain"
-    try:
-        assert prepare_cpu_weights(model) == "plain"
-        assert model[1].weight.stride() == (64, 1) and model[1].packed_weight is None
-        os.environ[LINEAR_WEIGHTS_ENV] = "fast"
-        with pytest.raises(ValueError, match=LINEAR_WEIGHTS_ENV):
-            prepare_cpu_weights(model)
-    finally:
-        del os.environ[LINEAR_WEIGHTS_ENV]
+    monkeypatch.setenv(LINEAR_WEIGHTS_ENV, "plain")
+    assert prepare_cpu_weights(model) == "plain"
+    assert model[1].weight.stride() == (64, 1) and model[1].packed_weight is None
+    monkeypatch.setenv(LINEAR_WEIGHTS_ENV, "fast")
+    with pytest.raises(ValueError, match=LINEAR_WEIGHTS_ENV):
+        prepare_cpu_weights(model)
 
 
 def test_a_cpu_without_onednns_bfloat16_path_keeps_plain_bfloat16_weights() -> None:
