@@ -18,7 +18,7 @@ additively.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
@@ -163,6 +163,10 @@ class LoraStats(msgspec.Struct, kw_only=True):
 
 
 # ---- engine → control plane requests -----------------------------------------------------------
+EngineKind = Literal["loraplane", "vllm"]  # the engines the fleet drives; a kind ships with a test against it
+HttpUrl = Annotated[str, msgspec.Meta(pattern=r"^[hH][tT][tT][pP][sS]?://\S+$", max_length=1024)]
+
+
 class EngineRegistration(msgspec.Struct, kw_only=True):
     """POST /v1/engines/register: idempotent by name (a re-registration updates everything below).
     The control plane checks `url` further (scheme, host, no userinfo/query/fragment/path, networks).
@@ -171,10 +175,17 @@ class EngineRegistration(msgspec.Struct, kw_only=True):
     model by hub id, path or config digest finds it: the checkpoint's `_name_or_path` (config.json), the
     model folder, the sha256 of config.json; and what it can hold: device slots (`slots_total`, its
     --max-loras), the rank slots are padded to, the host cache's slots (--max-cpu-loras), its context
-    length (`max_model_len`: routers reserve a tenant's tokens by it when a request sets no max_tokens)."""
+    length (`max_model_len`: routers reserve a tenant's tokens by it when a request sets no max_tokens).
+
+    `kind` says which engine serves: `loraplane` (this project's engine; `url` serves both the admin
+    API and inference) or the kind of an engine driven by `loraplane agent` (`vllm`): `url` is then the
+    agent's admin API and `inference_url` the engine's OpenAI server, where routers send inference
+    (checked by the same address rules as `url`). Without `inference_url`, inference goes to `url`."""
 
     name: Name
-    url: Annotated[str, msgspec.Meta(pattern=r"^[hH][tT][tT][pP][sS]?://\S+$", max_length=1024)]
+    url: HttpUrl
+    kind: EngineKind = "loraplane"
+    inference_url: HttpUrl | None = None
     base_model: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     slots_total: Slots = 0
     model_name_or_path: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
