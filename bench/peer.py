@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -139,7 +140,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, list[dict[str, fl
         "benchmark": "peer",
         "model": f"loraplane demo-model --preset {PRESET}",
         "cpu": cpu, "cpus": len(os.sched_getaffinity(0)), "vllm": VLLM_PIN,
-        "flags": " ".join(FLAGS), "requests_per_client": REQUESTS_PER_CLIENT, "repeats": args.repeats,
+        "flags": " ".join(FLAGS), "loraplane_args": " ".join(args.loraplane_args),
+        "requests_per_client": REQUESTS_PER_CLIENT, "repeats": args.repeats,
         "shapes": shapes,
         "linear_floor_ms": None if floor is None else round(floor, 2),
         "linear_floor_range_ms": median_range(floor_ms) if floor_ms else None,
@@ -158,6 +160,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"the model directory, written with its adapters when missing (default {MODEL_DIR.name}/)")
     parser.add_argument("--no-floor", dest="floor", action="store_false", help="skip timing the linear floor")
     parser.add_argument("--server-timeout", type=float, default=900, help="seconds a server may take to start")
+    parser.add_argument("--loraplane-args", type=shlex.split, default=[], metavar="'FLAGS'",
+                        help="more flags for loraplane only, e.g. '--decode-stall-limit 0' (reported in the JSON)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -225,7 +229,7 @@ class Server:
     """One engine's OpenAI server on this host, logging to `log`; .url once it answers."""
 
     def __init__(self, engine: str, model: Path, adapters: int, log: Path, vllm_python: Path | None,
-                 timeout: float) -> None:
+                 timeout: float, extra_args: list[str]) -> None:
         self.engine, self.log = engine, log
         modules = [f"lora-{i:03d}={model / 'adapters' / f'lora-{i:03d}'}" for i in range(adapters)]
         common = [*FLAGS, "--max-cpu-loras", str(max(adapters, 32))]
@@ -245,7 +249,7 @@ class Server:
         else:  # --log-level debug: the engine core's step lines (the decode step's timer)
             cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(model), "--served-model-name",
                    SERVED_NAME, "--host", "127.0.0.1", "--port", "0", "--kv-cache-memory-mb", str(KV_CACHE_GIB * 1024),
-                   "--log-level", "debug", *common]
+                   "--log-level", "debug", *common, *extra_args]
             self.url = None
         with log.open("w") as out:
             self.process = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -427,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"repeat {repeat + 1}/{args.repeats}: starting {engine}")
                 started = time.monotonic()
                 server = Server(engine, args.model, adapters, logs / f"{engine}-{repeat}.log", vllm_python,
-                                args.server_timeout)
+                                args.server_timeout, args.loraplane_args if engine == "loraplane" else [])
                 progress(f"{engine} up in {time.monotonic() - started:.0f} s; warming up")
                 try:
                     warm = [([rng.randrange(10, vocab) for _ in range(16)], SERVED_NAME)] * 2
