@@ -1,5 +1,7 @@
 """Which engine URLs the control plane accepts at registration (it sends them its engine admin token and
-every load body, so an engine URL must not be a way to reach anything else).
+every load body, so an engine URL must not be a way to reach anything else). An engine's inference URL
+(`inference_url`: routers send it clients' requests and the engines' inference key) passes the same rules,
+and a refusal names the field it is about.
 
 Accepted: `http(s)://host[:port][/]` with no userinfo, query, fragment or further path. The host is a
 canonical IPv4/IPv6 literal or an ASCII DNS name; refused by default: link-local addresses
@@ -38,32 +40,33 @@ _METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
 _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 
 
-def _refuse(problem: str) -> InvalidRequestError:
-    return InvalidRequestError(f"engine url refused: {problem}", param="url", code="invalid_engine_url")
+def _refuse(problem: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(f"engine {param} refused: {problem}", param=param, code="invalid_engine_url")
 
 
-def parse_engine_url(url: str) -> tuple[str, str]:
-    """(normalized url without a trailing `/`, host) of an acceptable URL; raises a 400 naming the problem."""
+def parse_engine_url(url: str, param: str = "url") -> tuple[str, str]:
+    """(normalized url without a trailing `/`, host) of an acceptable URL; raises a 400 naming the problem
+    and the field (`param`) that holds it."""
     if any(not c.isprintable() or c.isspace() for c in url):
-        raise _refuse("it contains whitespace or control characters")
+        raise _refuse("it contains whitespace or control characters", param)
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise _refuse(f"not a valid URL ({exc})") from None
+        raise _refuse(f"not a valid URL ({exc})", param) from None
     if parts.scheme.lower() not in ("http", "https"):
-        raise _refuse("the scheme must be http or https")
+        raise _refuse("the scheme must be http or https", param)
     if "@" in parts.netloc:
-        raise _refuse("it may not contain userinfo (user:password@)")
+        raise _refuse("it may not contain userinfo (user:password@)", param)
     if "?" in url or parts.query:
-        raise _refuse("it may not contain a query (?…)")
+        raise _refuse("it may not contain a query (?…)", param)
     if "#" in url or parts.fragment:
-        raise _refuse("it may not contain a fragment (#…)")
+        raise _refuse("it may not contain a fragment (#…)", param)
     if parts.path not in ("", "/"):
-        raise _refuse("it may not have a path beyond `/` (the engine's routes are appended to it)")
+        raise _refuse("it may not have a path beyond `/` (the engine's routes are appended to it)", param)
     host = (parts.hostname or "").rstrip(".")
     if not host:
-        raise _refuse("it has no host")
+        raise _refuse("it has no host", param)
     netloc = f"[{host}]" if ":" in host else host
     if port is not None:
         netloc += f":{port}"
@@ -161,16 +164,16 @@ def host_problem(host: str) -> str | None:
     return None
 
 
-async def check_engine_url(url: str, allowed: tuple[str, ...]) -> str:
-    """The normalized URL when the control plane may call it; else a 400 naming the problem."""
-    normalized, host = parse_engine_url(url)
+async def check_engine_url(url: str, allowed: tuple[str, ...], param: str = "url") -> str:
+    """The normalized URL when the control plane may call it; else a 400 naming the problem and `param`."""
+    normalized, host = parse_engine_url(url, param)
     literal = _literal(host)
     if literal is not None:
         problem = address_problem(literal, allowed)
     else:
         problem = host_problem(host) or await _resolved_problem(host, allowed)
     if problem is not None:
-        raise _refuse(problem)
+        raise _refuse(problem, param)
     return normalized
 
 

@@ -49,11 +49,21 @@ class RouteEngine(msgspec.Struct, kw_only=True):
     """An engine the router may send requests to (healthy, not draining)."""
 
     name: str
-    url: str  # the engine's base URL: the router calls `{url}/v1/chat/completions` with its inference key
+    # the engine's base URL: the router calls `{url}/v1/chat/completions` with its inference key, unless
+    # `inference_url` is set
+    url: str
     base_model: str  # the engine's served model name
     # registered with its own engine credential: only then does the router send it the engines' inference
     # key (None: a control plane that does not say; the key is sent, as before)
     credentialed: bool | None = None
+    # where inference goes instead of `url`: the OpenAI server of an engine driven by `loraplane agent`
+    # (`url` is then the agent's admin API, which serves no inference). None: `url`.
+    inference_url: str | None = None
+
+    @property
+    def serving_url(self) -> str:
+        """The base URL of the engine's inference routes."""
+        return self.inference_url or self.url
 
 
 class Holder(msgspec.Struct, kw_only=True):

@@ -24,14 +24,18 @@ def engines() -> None:
 @engines.command("list")
 @connected
 def list_(session: Session) -> int:
-    """Every engine with its health, base model, slots and last heartbeat."""
+    """Every engine with its kind, health, base model, slots, last heartbeat and addresses (admin; inference
+    when it is elsewhere)."""
     return session.finish(session.api.get("/v1/engines"), _list)
 
 
 def _list(body: dict[str, Any]) -> None:
-    rows = [(e["name"], e["state"], e["base_model"], f"{e['slots_used']}/{e['slots_total']}", e["device_kind"],
-             render.when(e["last_heartbeat"]), e["url"]) for e in body["data"]]
-    render.show(render.table(("NAME", "STATE", "BASE MODEL", "SLOTS", "DEVICE", "LAST HEARTBEAT", "URL"), rows))
+    # `kind` and `inference_url` are absent from an older control plane's answer: its engines are all loraplane's
+    rows = [(e["name"], e["state"], e.get("kind", "loraplane"), e["base_model"], f"{e['slots_used']}/{e['slots_total']}",
+             e["device_kind"], render.when(e["last_heartbeat"]), e["url"], e.get("inference_url"))
+            for e in body["data"]]
+    render.show(render.table(("NAME", "STATE", "KIND", "BASE MODEL", "SLOTS", "DEVICE", "LAST HEARTBEAT", "URL",
+                              "INFERENCE URL"), rows))
 
 
 def _one(body: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """Forwarding a request to an engine: the body as it arrived, the answer as it comes, chunk for chunk.
 
-`Proxy.open` tries the candidates in the balancer's order, at most `max_attempts` of them, moving on only
-while nothing of an answer exists yet: the engine refused the connection (or timed out connecting),
+A request goes to the engine's inference URL (`RouteEngine.serving_url`: its own URL, or the OpenAI
+server of an engine driven by `loraplane agent`, whose `url` is the agent's admin API). `Proxy.open`
+tries the candidates in the balancer's order, at most `max_attempts` of them, moving on only while
+nothing of an answer exists yet: the engine refused the connection (or timed out connecting),
 closed it without answering (a kept-alive connection it had dropped, or it died), answered 503
 (draining, overloaded), or refused the router's own credentials (401/403: its engine key). The last
 candidate's 503 reaches the client as the engine sent it; when every engine tried refused the router's
@@ -217,14 +219,14 @@ class Proxy:
             self.balancer.begin(name, model)
             sent_at = time.perf_counter()
             try:
-                response = await self.session.post(self._url(candidate.engine.url, path), data=body,
+                response = await self.session.post(self._url(candidate.engine.serving_url, path), data=body,
                                                    headers=self._headers_for(candidate.engine))
             except _RETRYABLE as exc:
                 self.balancer.end(name, model)
                 reason = next(r for kind, r in _RETRY_ERRORS if isinstance(exc, kind))
                 if reason == "connect":
                     self.balancer.mark_down(name)
-                logger.warning("engine %s (%s) failed before answering: %s: %s", name, candidate.engine.url,
+                logger.warning("engine %s (%s) failed before answering: %s: %s", name, candidate.engine.serving_url,
                                type(exc).__name__, exc)
                 continue
             except _UPSTREAM_ERRORS as exc:  # e.g. no answer within the read timeout: no retry doubles the load
@@ -275,7 +277,7 @@ class Proxy:
                    "up`: .loraplane/engine-api-key)")
         logger.error("engine %s (%s) answered %d to the router's credentials: the router is misconfigured; %s. "
                      "Requests that no engine accepts are answered 502 and cost no quota.",
-                     engine.name, engine.url, status, fix)
+                     engine.name, engine.serving_url, status, fix)
 
     def _url(self, engine_url: str, path: str) -> URL:
         url = self._urls.get((engine_url, path))

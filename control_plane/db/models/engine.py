@@ -21,7 +21,11 @@ class Engine(IdentityAuditBase):
     __tablename__ = "engines"
 
     name: Mapped[str] = mapped_column(String(128), unique=True)
-    url: Mapped[str] = mapped_column(String(1024))
+    url: Mapped[str] = mapped_column(String(1024))  # its admin API (the control plane's pushes go there)
+    # which engine serves (shared.engine_admin.EngineKind): `loraplane`, or one driven by `loraplane agent`
+    kind: Mapped[str] = mapped_column(String(32), default="loraplane", server_default="loraplane")
+    # where routers send inference when it is not `url` (an agent's engine: its OpenAI server); NULL: `url`
+    inference_url: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     base_model: Mapped[str] = mapped_column(String(256), index=True)
     # Stored as text (not a database enum) so that adding a state needs no enum migration.
     state: Mapped[str] = mapped_column(String(16), default=EngineState.UNHEALTHY.value)

@@ -53,14 +53,17 @@ class EngineController(Controller):
                                     "slots_total": 4})})
     async def register(self, service: EngineService, principal: Principal,
                        request: Request[Any, Any, Any]) -> schemas.Engine:
-        """Register an engine (idempotent by name: a repeat updates everything it registers: url, served
+        """Register an engine (idempotent by name: a repeat updates everything it registers: its kind
+        (`loraplane`, or `vllm` behind `loraplane agent`), url, inference url (`inference_url`: where
+        routers send inference when that is not `url`, as for an agent whose engine serves it), served
         base model, the other names its base model goes by (`model_name_or_path`, `model_path`,
         `config_digest`: an adapter's base model matches any of them), device, capacities and context
         length (`max_model_len`, which the routing table carries for routers' token reservations); it is
         healthy from now on for as long as it heartbeats. An admin token registers any name, an engine
-        token only its own. The url must be `http(s)://host[:port]`: no userinfo, query, fragment or
-        path, no link-local or cloud-metadata address, inside LORAPLANE_ENGINE_ALLOWED_NETWORKS when
-        set (400 `invalid_engine_url` naming the problem)."""
+        token only its own. The url (and the inference url) must be `http(s)://host[:port]`: no
+        userinfo, query, fragment or path, no link-local or cloud-metadata address, inside
+        LORAPLANE_ENGINE_ALLOWED_NETWORKS when set (400 `invalid_engine_url` naming the field and the
+        problem)."""
         return await service.register(decode_body(await request.body(), schemas.EngineCreate), principal)
 
     @post("/reconcile", status_code=200, guards=[admin_guard], operation_id="reconcileEngines",

@@ -15,7 +15,9 @@ __all__ = ["Engine", "EngineCreate", "EngineDeleted", "EngineHeartbeat", "Engine
 
 class Engine(msgspec.Struct, kw_only=True):
     name: str
-    url: str
+    kind: str  # loraplane | vllm (an engine driven by `loraplane agent`)
+    url: str  # its admin API (and its inference too, without `inference_url`)
+    inference_url: str | None  # where routers send inference; None: `url`
     base_model: str
     state: str  # healthy | unhealthy (its step loop died) | draining | stale (heartbeats missed)
     last_heartbeat: dt.datetime | None

@@ -3,8 +3,9 @@
 Registration, draining and removal are audited mutations (control_plane.uow.Mutation); removal's `forget`
 is also what the collector of silent engines runs (domain/engines/collector.py). Heartbeats arrive every
 few seconds from every engine, so they are a plain update under the write gate, not an audit row each.
-An engine token acts only for its own name (`require_engine`); engine URLs are checked before anything
-is recorded (control_plane.engine_urls).
+An engine token acts only for its own name (`require_engine`); engine URLs (`url`, and `inference_url` where
+an agent's engine serves inference elsewhere) are checked before anything is recorded
+(control_plane.engine_urls). Nothing here depends on an engine's `kind`: it is recorded and shown.
 
 A heartbeat says how the engine is: `healthy` false (its step loop died) makes it unhealthy at once,
 `draining` (it is shutting down) makes it draining; either way it gets no new placements and the
@@ -68,17 +69,22 @@ class EngineService:
         self.gate = gate
 
     async def register(self, req: schemas.EngineCreate, actor: Principal) -> schemas.Engine:
-        async def check() -> str:  # inside the mutation: a refusal is audited
+        async def check() -> tuple[str, str | None]:  # inside the mutation: a refusal is audited
             require_engine(actor, req.name)
-            return await check_engine_url(req.url, self.settings.engine_allowed_networks)
+            allowed = self.settings.engine_allowed_networks
+            url = await check_engine_url(req.url, allowed)
+            if req.inference_url is None:
+                return url, None
+            return url, await check_engine_url(req.inference_url, allowed, "inference_url")
 
-        async def work(session: AsyncSession, url: str) -> Engine:
+        async def work(session: AsyncSession, urls: tuple[str, str | None]) -> Engine:
             await _refuse_adapter_names(session, req.base_model)
             engine = await session.scalar(select(Engine).where(Engine.name == req.name).with_for_update())
             if engine is None:
                 engine = Engine(name=req.name)
                 session.add(engine)
-            engine.url = url
+            engine.url, engine.inference_url = urls
+            engine.kind = req.kind
             engine.base_model = req.base_model
             engine.slots_total = req.slots_total
             # what it serves and can hold (an older engine sends none of these: they are cleared)
@@ -166,7 +172,8 @@ class EngineService:
         return engine
 
     def _engine(self, e: Engine) -> schemas.Engine:
-        return schemas.Engine(name=e.name, url=safe_url(e.url), base_model=e.base_model,
+        return schemas.Engine(name=e.name, kind=e.kind, url=safe_url(e.url),
+                              inference_url=e.inference_url and safe_url(e.inference_url), base_model=e.base_model,
                               state=effective_state(e, self.settings.engine_stale_after_s),
                               last_heartbeat=e.last_heartbeat, slots_total=e.slots_total, slots_used=e.slots_used,
                               model_name_or_path=e.model_name_or_path, model_path=e.model_path,

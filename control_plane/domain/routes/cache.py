@@ -75,8 +75,8 @@ async def fingerprint(session: AsyncSession, engines: list[Engine]) -> Hashable:
     adapters = (await session.execute(select(
         func.count(), func.coalesce(func.sum(_weight(Adapter.id) * (func.coalesce(Adapter.active_version_id, 0)
                                                                     % _PRIME + 1)), 0)))).one()
-    served = tuple((e.id, e.name, e.url, e.base_model, e.model_name_or_path, e.model_path, e.config_digest,
-                    e.max_model_len) for e in engines)
+    served = tuple((e.id, e.name, e.url, e.inference_url, e.credentialed, e.base_model, e.model_name_or_path,
+                    e.model_path, e.config_digest, e.max_model_len) for e in engines)
     return served, tuple(placements), tuple(adapters)
 
 

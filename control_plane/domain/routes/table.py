@@ -6,7 +6,8 @@ placements of those active versions on those engines. Nothing is read per adapte
 
 - engines: healthy ones only (stored state `healthy` and a fresh heartbeat: domain/engines/health.py;
   draining and unhealthy engines are out), as `RouteEngine`, with whether each registered itself with its
-  own engine credential (routers send the engines' inference key only to those);
+  own engine credential (routers send the engines' inference key only to those) and its inference URL
+  when that is not its admin URL (an engine driven by `loraplane agent`: routers send inference there);
 - one `base` route per served base model, held on device by each of its engines;
 - one `adapter` route per adapter with an active version that was not unloaded (the rule engines'
   resolve follows: placements exist and none is desired held; control_plane.domain.adapters.queries),
@@ -83,8 +84,8 @@ async def build_routes(session: AsyncSession, engines: list[Engine],
 
 
 def route_engines(engines: list[Engine]) -> list[RouteEngine]:
-    return [RouteEngine(name=e.name, url=safe_url(e.url), base_model=e.base_model, credentialed=e.credentialed)
-            for e in engines]
+    return [RouteEngine(name=e.name, url=safe_url(e.url), base_model=e.base_model, credentialed=e.credentialed,
+                        inference_url=e.inference_url and safe_url(e.inference_url)) for e in engines]
 
 
 def _context_lengths(engines: list[Engine]) -> dict[str, int]:

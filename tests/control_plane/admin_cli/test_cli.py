@@ -4,7 +4,7 @@ for partial pushes, one registered at an address nobody answers. URL and token c
 environment (LORAPLANE_URL, LORAPLANE_TOKEN) or a profile file, never from a flag.
 
 Checked: load, list, show, upload, pin and unpin (seen on the engine itself), activate, unload, delete,
-engines list/drain/remove/token, stats (and --watch), audit; exit code 1 and the failed engine named on a push
+engines list (with each engine's kind)/drain/remove/token, stats (and --watch), audit; exit code 1 and the failed engine named on a push
 that reached only some engines, 2 with the server's message on a 404 and on a read token's 403."""
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def test_engines_token_prints_the_token_the_engine_takes_without_calling_the_con
 
 def test_a_push_that_reaches_some_engines_exits_1_and_engines_drain_and_go(fleet: Fleet) -> None:
     r = httpx.post(f"{fleet.url}/v1/engines/register", timeout=30, headers={"Authorization": f"Bearer {ADMIN}"},
-                   json={"name": "dead", "url": UNREACHABLE, "base_model": "demo", "slots_total": 4})
+                   json={"name": "dead", "kind": "vllm", "url": UNREACHABLE, "inference_url": "http://127.0.0.1:2",
+                         "base_model": "demo", "slots_total": 4})
     assert r.status_code == 200, r.text
     try:
         partial = cli(fleet, "adapters", "load", "poet", str(fleet.adapters["demo-poet"]), "--base-model", "demo",
@@ -176,6 +177,9 @@ def test_a_push_that_reaches_some_engines_exits_1_and_engines_drain_and_go(fleet
 
         listed = {e["name"]: e["state"] for e in as_json(cli(fleet, "engines", "list", "--json"))["data"]}
         assert listed == {"dead": "healthy", "e1": "healthy"}
+        rows = {line.split()[0]: line.split() for line in ok(cli(fleet, "engines", "list")).stdout.splitlines()[1:]}
+        assert (rows["e1"][2], rows["dead"][2]) == ("loraplane", "vllm")  # NAME STATE KIND …
+        assert rows["dead"][-2:] == [UNREACHABLE, "http://127.0.0.1:2"] and rows["e1"][-1] == "-"  # URL, INFERENCE URL
         assert "dead: draining" in ok(cli(fleet, "engines", "drain", "dead")).stdout
         assert "draining" in ok(cli(fleet, "engines", "list")).stdout
         assert "removed dead" in ok(cli(fleet, "engines", "remove", "dead")).stdout

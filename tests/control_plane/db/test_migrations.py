@@ -23,7 +23,7 @@ from tests.control_plane.conftest import create_pg_database, drop_pg_database
 
 TABLES = {"adapters", "adapter_versions", "engines", "placements", "audit_events", "artifact_blobs", "version_files",
           "demand_reports", "stats_samples", "routers", "tenants", "api_keys", "console_session_ends"}
-HEAD = "0013_console_session_ends"
+HEAD = "0014_engine_kind"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -104,6 +104,14 @@ async def _insert_adapter(conn: AsyncConnection, name: str, now: dt.datetime) ->
         "VALUES (:name, 'demo', '', '{}', :now, :now) RETURNING id"), {"name": name, "now": now})).scalar_one()
 
 
+async def _insert_engine(conn: AsyncConnection, name: str, now: dt.datetime) -> int:
+    """An engine row with only the columns every revision has."""
+    return (await conn.execute(text(
+        "INSERT INTO engines (name, url, base_model, state, slots_total, slots_used, created_at, updated_at) "
+        "VALUES (:name, 'http://10.0.0.1:1', 'demo', 'healthy', 4, 0, :now, :now) RETURNING id"),
+        {"name": name, "now": now})).scalar_one()
+
+
 async def test_0002_recomputes_digests_of_intact_versions_and_keeps_the_rest(empty_db: str, demo: dict,
                                                                              tmp_path: Path) -> None:
     intact, edited = tmp_path / "intact", tmp_path / "edited"
@@ -144,10 +152,7 @@ async def test_0004_marks_adapters_unloaded_before_it_as_unloaded(empty_db: str)
         await migrate.upgrade(engine, "0003_artifact_store")
         now = dt.datetime.now(dt.UTC)
         async with engine.begin() as conn:
-            engine_id = (await conn.execute(text(
-                "INSERT INTO engines (name, url, base_model, state, slots_total, slots_used, created_at, updated_at) "
-                "VALUES ('e', 'http://10.0.0.1:1', 'demo', 'healthy', 4, 0, :now, :now) RETURNING id"),
-                {"now": now})).scalar_one()
+            engine_id = await _insert_engine(conn, "e", now)
             for name, desired in (("gone", "absent"), ("held", "loaded"), ("never", None)):
                 adapter_id = await _insert_adapter(conn, name, now)
                 version_id = (await conn.execute(text(
@@ -164,5 +169,29 @@ async def test_0004_marks_adapters_unloaded_before_it_as_unloaded(empty_db: str)
             rows = dict((await conn.execute(text("SELECT name, scale_state FROM adapters"))).all())
         parsed = {n: json.loads(v) if isinstance(v, str) else v for n, v in rows.items()}
         assert parsed == {"gone": {"unloaded": True}, "held": None, "never": None}
+    finally:
+        await engine.dispose()
+
+
+async def test_0014_engines_before_it_are_loraplane_engines_serving_inference_at_their_url(empty_db: str) -> None:
+    engine = create_async_engine(empty_db)
+    try:
+        await migrate.upgrade(engine, "0013_console_session_ends")
+        now = dt.datetime.now(dt.UTC)
+        async with engine.begin() as conn:
+            await _insert_engine(conn, "old", now)
+        await migrate.upgrade(engine)
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                "INSERT INTO engines (name, url, kind, inference_url, base_model, state, slots_total, slots_used, "
+                "created_at, updated_at) VALUES ('agent', 'http://10.0.0.2:1', 'vllm', 'http://10.0.0.2:8000', "
+                "'demo', 'healthy', 4, 0, :now, :now)"), {"now": now})
+            rows = (await conn.execute(text("SELECT name, kind, inference_url FROM engines ORDER BY name"))).all()
+        assert [tuple(r) for r in rows] == [("agent", "vllm", "http://10.0.0.2:8000"), ("old", "loraplane", None)]
+        await migrate.downgrade(engine, "0013_console_session_ends")
+        async with engine.connect() as conn:
+            columns = {c["name"] for c in await conn.run_sync(lambda c: inspect(c).get_columns("engines"))}
+            names = (await conn.execute(text("SELECT name FROM engines ORDER BY name"))).scalars().all()
+        assert not {"kind", "inference_url"} & columns and names == ["agent", "old"]
     finally:
         await engine.dispose()

@@ -5,7 +5,8 @@ The stopped engine reads `stale` (the API, `loraplane engines list`) and the Fle
 a read session sees no Remove button and its forged POST is refused (403, audited); signing out ends the
 session on the server (the copied cookie replayed afterwards lands on the sign-in page); an admin
 session's POST without the CSRF token is refused, a dismissed confirmation removes nothing, an accepted
-one removes the engine as DELETE /v1/engines/{name} does, and the audit trail shows who did it."""
+one removes the engine as DELETE /v1/engines/{name} does, and the audit trail shows who did it. An engine
+of kind `vllm` shows its kind and its inference URL."""
 
 from __future__ import annotations
 
@@ -111,6 +112,17 @@ def test_a_stopped_engine_is_stale_and_an_admin_removes_it_from_the_fleet_page(t
         page.goto(cp + "/ui/audit?action=delete_engine")
         expect(page.locator("[data-testid=audit]")).to_contain_text(f"admin:{token_id(ADMIN)}")
         expect(page.locator("[data-testid=audit]")).to_contain_text("e1")
+
+        # an engine of another kind, registered as `loraplane agent` registers a vLLM server: the page shows
+        # its kind and where routers send its inference
+        r = admin.post("/v1/engines/register", json={
+            "name": "v1", "kind": "vllm", "url": "http://127.0.0.1:1", "inference_url": "http://127.0.0.1:2/",
+            "base_model": "demo", "slots_total": 4})
+        assert r.status_code == 200, r.text
+        page.goto(cp + "/ui/fleet")
+        agent_row = page.locator("tr[data-engine=v1]")
+        expect(agent_row.locator("[data-testid=kind]")).to_have_text("vllm")
+        expect(agent_row.locator("[data-testid=inference-url]")).to_have_text("inference: http://127.0.0.1:2")
         browser.close()
         trail = admin.get("/v1/audit", params={"action": "delete_engine"}).json()["data"]
         assert [(e["actor"], e["target"], e["outcome"]) for e in trail] == [(f"admin:{token_id(ADMIN)}", "e1", "ok")]

@@ -1,7 +1,8 @@
 """The engine role (LORAPLANE_ENGINE_CREDENTIALS), engine URL checks, honest heartbeats and draining.
 
 SSRF: an engine URL is where the control plane sends its engine admin token and every
-load body, so registration refuses URLs that reach elsewhere; and an engine holds only a token bound
+load body (and an inference URL where routers send the engines' inference key and clients' requests), so
+registration refuses URLs that reach elsewhere; and an engine holds only a token bound
 to its own name, which can do an engine's bookkeeping and nothing else.
 """
 
@@ -83,6 +84,25 @@ async def test_attack_urls_are_refused_naming_the_problem(cp: AsyncTestClient, u
     error = r.json()["error"]
     assert error["param"] == "url" and ATTACKS[url] in error["message"], error
     assert (await cp.get(ENGINES, headers=reader())).json()["data"] == []
+
+
+async def test_an_inference_url_passes_the_same_rules_and_a_refusal_names_it(cp: AsyncTestClient,
+                                                                            role_settings: ControlPlaneSettings) -> None:
+    for url in ("http://127.0.0.1:8000/?x=", "http://127.0.0.1:8000/v1/evil", "http://user:pw@127.0.0.1:8000",
+                "http://0x7f.1:8000", "http://169.254.169.254", "http://[64:ff9b::a9fe:a9fe]",
+                "http://metadata.google.internal", "http://0.0.0.0:8000", "ftp://127.0.0.1:8000"):
+        r = await cp.post(f"{ENGINES}/register", json={**spec(), "kind": "vllm", "inference_url": url}, headers=admin())
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "inference_url" and ATTACKS[url] in error["message"], error
+    assert (await cp.get(ENGINES, headers=reader())).json()["data"] == []
+    assert ("register_engine", "e1", "400 invalid_request_error") in await audit(role_settings.database_url)
+    only = dataclasses.replace(role_settings, engine_allowed_networks=("10.0.0.0/8",))
+    async with AsyncTestClient(app=create_app(only)) as c:
+        r = await c.post(f"{ENGINES}/register", headers=admin(),
+                         json={**spec(url="http://10.1.2.3:80"), "inference_url": "http://127.0.0.1:8000"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "inference_url"
+        assert "outside the allowed engine networks" in r.json()["error"]["message"]
 
 
 async def test_good_urls_are_accepted_and_normalized(cp: AsyncTestClient) -> None:

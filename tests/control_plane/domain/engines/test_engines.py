@@ -1,4 +1,5 @@
-"""Engines API: registration (idempotent by name), heartbeats, stale from missed heartbeats, removal, auth."""
+"""Engines API: registration (idempotent by name), heartbeats, stale from missed heartbeats, removal, auth;
+an engine's kind and inference URL (listed, in the routing table), and placement of any kind by base model."""
 
 from __future__ import annotations
 
@@ -89,3 +90,51 @@ async def test_openapi_documents_the_engine_handlers(client: AsyncTestClient) ->
     ops = {op["operationId"]: op for path in doc["paths"].values() for op in path.values()}
     for op_id in ("registerEngine", "engineHeartbeat", "drainEngine", "listEngines", "deleteEngine"):
         assert ops[op_id].get("description") or ops[op_id].get("summary")
+
+
+async def test_kind_and_inference_url_are_stored_shown_routed_and_updated_by_a_reregistration(
+        client: AsyncTestClient, settings) -> None:
+    async def routed() -> dict[str, dict]:
+        table = (await client.get("/v1/routes", headers=reader())).json()
+        return {e["name"]: e for e in table["engines"]}
+
+    r = await client.post(f"{ENGINES}/register", json=spec("own"), headers=admin())
+    assert (r.json()["kind"], r.json()["inference_url"]) == ("loraplane", None)
+    agent = spec("agent", kind="vllm", url="http://10.0.0.2:9000", inference_url="HTTP://10.0.0.3:8000/")
+    r = await client.post(f"{ENGINES}/register", json=agent, headers=admin())
+    assert r.status_code == 200, r.text
+    assert (r.json()["kind"], r.json()["url"], r.json()["inference_url"]) == (
+        "vllm", "http://10.0.0.2:9000", "http://10.0.0.3:8000")  # normalized as `url` is
+    shown = await listed(client)
+    assert {n: (e["kind"], e["inference_url"]) for n, e in shown.items()} == {
+        "agent": ("vllm", "http://10.0.0.3:8000"), "own": ("loraplane", None)}
+    # the routing table: where routers send inference (the admin URL stays the control plane's)
+    table = await routed()
+    assert (table["agent"]["url"], table["agent"]["inference_url"]) == ("http://10.0.0.2:9000", "http://10.0.0.3:8000")
+    assert table["own"]["inference_url"] is None
+    # a re-registration updates both: another inference URL, then none (inference goes to `url` again)
+    await client.post(f"{ENGINES}/register", json={**agent, "inference_url": "http://10.0.0.4:8000"}, headers=admin())
+    assert (await routed())["agent"]["inference_url"] == "http://10.0.0.4:8000"
+    r = await client.post(f"{ENGINES}/register", json=spec("agent", url="http://10.0.0.2:9000"), headers=admin())
+    assert (r.json()["kind"], r.json()["inference_url"]) == ("loraplane", None)
+    assert (await routed())["agent"]["inference_url"] is None
+    # a kind no engine implements, and an inference URL that is no http(s) URL: 400s naming the field
+    for bad, param in (({"kind": "sglang"}, "kind"), ({"inference_url": "ftp://10.0.0.3:8000"}, "inference_url"),
+                       ({"inference_url": "http://10.0.0.3:8000/v1"}, "inference_url")):
+        r = await client.post(f"{ENGINES}/register", json=spec("agent", **bad), headers=admin())
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (bad, r.text)
+    assert (await listed(client))["agent"]["kind"] == "loraplane"  # refused registrations changed nothing
+
+
+async def test_placement_matches_an_engine_of_any_kind_by_its_served_base_model(client: AsyncTestClient,
+                                                                               demo: dict) -> None:
+    await client.post(f"{ENGINES}/register", headers=admin(), json=spec(
+        "vllm-0", kind="vllm", url="http://127.0.0.1:1", inference_url="http://127.0.0.1:2"))
+    await client.post(f"{ENGINES}/register", json=spec("other", url="http://127.0.0.1:3", base_model="other"),
+                      headers=admin())
+    r = await client.post("/v1/load_lora_adapter", headers=admin(), json={
+        "lora_name": "a", "lora_path": str(demo["demo-short"]), "base_model": "demo"})
+    assert [e["engine"] for e in r.json()["engines"]] == ["vllm-0"], r.text  # pushed to its agent (absent here)
+    placed = (await client.get("/v1/lora_adapters/a", headers=reader())).json()["placements"]
+    assert [(p["engine"], p["desired"]) for p in placed] == [("vllm-0", "loaded")]
+    assert (await listed(client))["vllm-0"]["kind"] == "vllm"
