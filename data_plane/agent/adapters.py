@@ -98,7 +98,7 @@ class AgentAdapters:
             current = self._digest_of(served.adapters.get(name))
             if current == ref.digest:  # the same files under the same name: nothing to do
                 self._versions[(name, ref.digest)] = body.version or self._versions.get((name, ref.digest))
-                return self._loaded(name, ref.digest)
+                return await self._loaded(name, ref.digest)
             if name in served.adapters and not body.load_inplace:
                 raise ConflictError(f"{name} is loaded with other files; pass load_inplace to replace them",
                                     param="lora_name")
@@ -116,7 +116,7 @@ class AgentAdapters:
             self._versions[(name, ref.digest)] = body.version
             self._served.add(ref.digest)
             self._loaded_at[name] = time.time()
-            return self._loaded(name, ref.digest)
+            return await self._loaded(name, ref.digest)
 
     async def _load(self, name: str, ref: ArtifactRef, inplace: bool) -> None:
         async with self.cache.acquire(ref) as folder:  # held: not evicted while the engine reads it
@@ -209,11 +209,12 @@ class AgentAdapters:
     def _id(self, name: str) -> int:
         return self._ids.setdefault(name, len(self._ids) + 1)
 
-    def _loaded(self, name: str, digest: str) -> engine_admin.LoadedAdapter:
+    async def _loaded(self, name: str, digest: str) -> engine_admin.LoadedAdapter:
         description = self._descriptions.get(digest)
         if description is None:  # served since before this process started: read it off the cached files
-            manifest = self.cache.check_files(digest)
-            description = self._descriptions[digest] = describe(self.cache.root / digest, manifest)
+            manifest = await read_off_loop(self.cache.check_files, digest)
+            description = await read_off_loop(describe, self.cache.root / digest, manifest)
+            self._descriptions[digest] = description
         return engine_admin.LoadedAdapter(
             **msgspec.structs.asdict(description), name=name, id=self._id(name),
             version=self._versions.get((name, digest)), load_generation=self._loads[name], residency=RESIDENCY)
