@@ -56,7 +56,11 @@ TEST_WORKERS ?= 2
 
 # pylint's duplicate-code pass and mypy (about 3 min of one CPU on a clean clone) run beside the tests,
 # in the CPU time the tests leave while they wait on their servers; their output follows the tests'.
+# vLLM's CPU build in its own venv (bench/vllm_venv.py: .peer-venv/, or LORAPLANE_VLLM_VENV) for the tests
+# against a real vLLM (tests/e2e/test_vllm_agent.py): made once (minutes), then found by its marker. Where it
+# cannot be made, CI fails here; elsewhere those tests skip.
 test: $(STAMP)
+	$(BIN)/python bench/vllm_venv.py || test -z "$$CI"
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	@mkdir -p .loraplane

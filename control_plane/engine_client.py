@@ -13,7 +13,7 @@ Connection errors, timeouts and 5xx are retried with exponential backoff within 
 answer is final.
 
 What the engine said is never passed on verbatim (the URL may not even be an engine): an error is the
-status plus a short reason, control characters stripped. Each call is addressed to an engine by name and
+status plus a short reason, control characters stripped (shared.sanitize). Each call is addressed to an engine by name and
 URL (`EngineAt`) and carries that engine's own admin token (control_plane.engine_tokens), never the secret
 it is derived from, so a URL that is no engine of ours learns nothing another engine accepts. The token
 goes in the Authorization header only and is never logged; URLs in messages carry no userinfo.
@@ -25,7 +25,6 @@ import asyncio
 import logging
 import time
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import msgspec
@@ -34,13 +33,13 @@ from control_plane.egress import REFUSED, GuardedTransport
 from control_plane.engine_tokens import engine_admin_token
 from shared import engine_admin
 from shared.artifacts import ArtifactRef
+from shared.sanitize import reply_reason, safe_url, sanitize
 
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
 BACKOFF_S = 0.2  # 0.2 s, then 0.4 s, …
 MAX_BODY_BYTES = 8 << 20  # a fleet-size /metrics or adapter listing stays far below this
-MAX_REASON = 200
 
 T = TypeVar("T")
 
@@ -53,30 +52,6 @@ class EngineCallError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-
-
-def sanitize(text: str, limit: int = MAX_REASON) -> str:
-    """Printable characters only, at most `limit` of them: safe in logs, JSON answers and the database."""
-    clean = "".join(c if c.isprintable() else " " for c in text[: limit * 2])
-    clean = " ".join(clean.split())
-    return clean if len(clean) <= limit else clean[: limit - 1] + "…"
-
-
-def safe_url(url: str) -> str:
-    """`url` without userinfo (a password in a URL must not reach logs or `last_error`)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-    except ValueError:
-        return "<invalid url>"
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = host + (f":{port}" if port is not None else "")
-    return sanitize(urlunsplit((parts.scheme, netloc, parts.path, "", "")), 300)
 
 
 class EngineAt(NamedTuple):
@@ -185,7 +160,7 @@ class EngineClient:
             else:
                 if 200 <= status < 300 or (ok_404 and status == 404):
                     return status, raw
-                failure = EngineCallError(f"{where}: {_reason(status, raw)}", status)
+                failure = EngineCallError(f"{where}: {reply_reason(status, raw)}", status)
                 if status < 500:
                     raise failure  # the engine's answer (or a redirect): retrying would not change it
             if attempt < self.max_attempts:
@@ -212,24 +187,3 @@ class EngineClient:
                     raise too_large
                 chunks.append(chunk)
             return r.status_code, b"".join(chunks)
-
-
-def _reason(status: int, raw: bytes) -> str:
-    """Status plus a short reason: the engine's OpenAI-style error message, bounded and sanitized, or the
-    standard phrase of the status. Never the body itself."""
-    phrase = httpx.codes.get_reason_phrase(status) or "error"
-    if 300 <= status < 400:
-        return f"{status} {phrase} (redirects are not followed)"
-    try:
-        message = msgspec.json.decode(raw, type=_ErrorBody).error.message
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return f"{status} {phrase}"
-    return f"{status} {sanitize(message)}" if message else f"{status} {phrase}"
-
-
-class _ErrorDetail(msgspec.Struct):
-    message: str = ""
-
-
-class _ErrorBody(msgspec.Struct):
-    error: _ErrorDetail

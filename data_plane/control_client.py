@@ -1,7 +1,7 @@
 """The engine's side of the control plane: register at start, heartbeat, drain, resolve unknown adapter names.
 
-`attach_control_plane(app, …)` (called by server.py when --control-plane is given) starts a background
-task on the app's startup that registers the engine (retrying until the control plane answers) and then
+`ControlPlaneClient.start()` (the engine's wiring: data_plane/api/control_plane.py; `loraplane agent`'s:
+data_plane/agent/) starts a background task that registers the engine (retrying until the control plane answers) and then
 heartbeats every --heartbeat-interval-s (HEARTBEAT_S by default), registering again if the control plane forgot it (404). The
 registration says what the engine serves and can hold (data_plane.served_model). Each heartbeat says
 whether the engine is `healthy` (its step loop alive) and `draining` (after `drain()`, called on
@@ -16,6 +16,11 @@ name reaches the control plane only if the shared name rule accepts it, quoted w
 its schema, unknown names are remembered for NEGATIVE_TTL_S (bounded), concurrent lookups of one name
 share one call and at most MAX_CONCURRENT_RESOLVES run at once.
 
+Torch-free, and it knows neither the engine's config nor its loop: what it reports comes in as `engine`
+(anything with `healthy`, `dead_reason` and `stats().lora.slots_used`, as the engine has) and the
+registration's fields. `register_again()` makes the next beat a registration (`loraplane agent` after
+its engine restarted: a registration starts a reconcile round, which loads the engine's adapters again).
+
 The token (LORAPLANE_CONTROL_PLANE_TOKEN: this engine's entry of the control plane's
 LORAPLANE_ENGINE_CREDENTIALS) is sent only as a bearer header; it is never logged.
 """
@@ -28,16 +33,13 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
 import msgspec
-from litestar import Litestar
 
-from data_plane.config import EngineConfig
-from data_plane.engine.protocol import EngineHealth
-from data_plane.served_model import ServedModel, served_model
 from shared.engine_admin import EngineHeartbeat, EngineRegistration, ResolvedAdapter
 from shared.names import name_problem
 
@@ -52,17 +54,45 @@ MAX_CONCURRENT_RESOLVES = 4
 MAX_REASON = 500
 
 
+class _SlotFigures(Protocol):
+    @property
+    def slots_used(self) -> int: ...
+
+
+class _Figures(Protocol):
+    @property
+    def lora(self) -> _SlotFigures: ...
+
+
+class EngineState(Protocol):
+    """What a heartbeat reports of the engine behind the client (data_plane.engine.protocol.EngineHealth
+    has this shape; so has `loraplane agent`'s view of its engine)."""
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def dead_reason(self) -> str | None: ...
+
+    def stats(self) -> _Figures: ...
+
+
 class ControlPlaneClient:
     def __init__(self, url: str, token: str | None, *, name: str, engine_url: str, base_model: str,
-                 slots_total: int, engine: EngineHealth | None = None, heartbeat_s: float = HEARTBEAT_S,
-                 negative_ttl_s: float = NEGATIVE_TTL_S, served: ServedModel | None = None,
+                 slots_total: int, engine: EngineState | None = None, heartbeat_s: float = HEARTBEAT_S,
+                 negative_ttl_s: float = NEGATIVE_TTL_S, served: Any = None,
+                 registration: Mapping[str, Any] | None = None,
                  cache_bytes_free: Callable[[], int | None] | None = None) -> None:
+        """served: a dataclass of further registration fields (data_plane.served_model.ServedModel);
+        registration: more of them by name (`kind`, `inference_url`)."""
         self.url = url.rstrip("/")
         self.name = name
         self.engine_url = engine_url
         self.base_model = base_model
         self.slots_total = slots_total
         self.served = served  # None: only the served name is registered (a resolver alone, tests)
+        self.registration = dict(registration or {})
+        self._register_again = False
         self._cache_bytes_free = cache_bytes_free
         self._reported: tuple[bool, bool] | None = None  # (healthy, draining) of the last heartbeat sent
         self.heartbeat_s = heartbeat_s
@@ -159,9 +189,15 @@ class ControlPlaneClient:
         logger.info("drained at the control plane %s as %s", self.url, self.name)
         return True
 
+    def register_again(self) -> None:
+        """Register at once instead of the next heartbeat (what the engine is has changed: restarted)."""
+        self._register_again = True
+
     async def _run(self) -> None:
         registered = False
         while True:
+            if self._register_again:
+                self._register_again, registered = False, False
             try:
                 registered = await self._heartbeat() if registered else await self._register()
             except httpx.HTTPError as exc:
@@ -176,7 +212,7 @@ class ControlPlaneClient:
         last heartbeat said (the step loop died, or a drain began)."""
         deadline = time.monotonic() + self.heartbeat_s
         while (left := deadline - time.monotonic()) > 0:
-            if self._reported is not None and self._status() != self._reported:
+            if self._register_again or (self._reported is not None and self._status() != self._reported):
                 return
             await asyncio.sleep(min(WATCH_S, left))
 
@@ -184,7 +220,7 @@ class ControlPlaneClient:
         assert self._http is not None
         served = dataclasses.asdict(self.served) if self.served is not None else {}
         body = EngineRegistration(name=self.name, url=self.engine_url, base_model=self.base_model,
-                                  slots_total=self.slots_total, **served)
+                                  slots_total=self.slots_total, **served, **self.registration)
         r = await self._http.post(f"{self.url}/v1/engines/register", content=msgspec.json.encode(body),
                                   headers={"content-type": "application/json"})
         if r.status_code != 200:
@@ -228,27 +264,3 @@ def _error_message(r: httpx.Response) -> str:
         return str(r.json()["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return ""
-
-
-def attach_control_plane(app: Litestar, engine: EngineHealth, config: EngineConfig, engine_url: str,
-                         default_name: str) -> ControlPlaneClient:
-    """Register, heartbeat (and resolve, unless --no-resolve-adapters) through the control plane for the
-    app's lifetime. The returned client's `drain()` is for the engine's shutdown."""
-    from data_plane.device import resolve_device  # torch: the engine's process has it loaded already
-
-    assert config.control_plane_url is not None
-    cache = app.state.lora.artifact_cache
-
-    def cache_bytes_free() -> int | None:
-        return None if cache is None else max(0, cache.max_bytes - cache.size_bytes)
-
-    client = ControlPlaneClient(
-        config.control_plane_url, config.control_plane_token, name=config.engine_name or default_name,
-        engine_url=engine_url, base_model=config.served_model_name or config.model,
-        slots_total=config.max_loras, engine=engine, heartbeat_s=config.heartbeat_interval_s,
-        served=served_model(config, resolve_device(config.device).type), cache_bytes_free=cache_bytes_free)
-    if config.resolve_adapters:
-        app.state.resolver.remote = client.resolve
-    app.on_startup.append(client.start)  # after the engine's own start
-    app.on_shutdown.insert(0, client.stop)
-    return client

@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("data_plane.api.server", "run a data-plane engine (OpenAI-compatible API)"),
     "control": ("control_plane.cli", "run the control plane or call its admin API"),
     "router": ("data_plane.router.cli", "run the router: one OpenAI endpoint in front of the engines"),
+    "agent": ("data_plane.agent.cli", "run beside a vLLM server: it becomes an engine of the fleet"),
     "up": ("control_plane.up", "start the control plane, engines and the router on the demo model, adapters loaded"),
     "demo-model": ("data_plane.demo.cli", "write a small random Qwen2 checkpoint for demos and tests"),
     # the admin CLI, a client of the control plane's API (LORAPLANE_URL, LORAPLANE_TOKEN)

@@ -3,6 +3,7 @@
 - AdapterDescription: what one version of an adapter is. Every message and record that describes a
   version embeds it (a Struct subclass keeps its fields flat in JSON): the engine's replies below, the
   control plane's answers, the engine's in-memory adapters and the control plane's inspection of a folder.
+- The control plane's LoRA admin requests (load, unload: vLLM's field names and loraplane's extras).
 - The engine's LoRA admin replies (`POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter`,
   `GET /v1/lora_adapters`, `GET /v1/lora_stats`): the engine builds them, the control plane decodes
   every reply with them, so that an engine answering `[1,2,3]` or garbage is one failed engine call
@@ -54,6 +55,37 @@ def _unknown_yet(struct: type[msgspec.Struct]) -> type[msgspec.Struct]:
     """`struct`'s fields, each `T | None` and None by default: for a row that may not know them yet."""
     fields = [(f.name, f.type | None, None) for f in msgspec.structs.fields(struct)]
     return msgspec.defstruct(f"Partial{struct.__name__}", fields, kw_only=True, module=__name__)
+
+
+# ---- control plane → engine requests ----------------------------------------------------------
+# No NUL (the OS cannot take one) and no longer than Linux's PATH_MAX.
+AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern="^[^\\x00]*$",
+                                          description="the adapter folder, under one of the engine's --lora-roots")]
+
+
+HexSha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$", description="hex sha256")]
+
+
+class LoadLoRAAdapterRequest(msgspec.Struct):
+    """vLLM's load request; `pinned`, `load_inplace`, `expected_sha256` and `artifact` are loraplane's
+    extras. Exactly one of `lora_path` (a folder on the engine, under --lora-roots) and `artifact` (a
+    version the engine fetches from its control plane by digest, verifies and caches) names the files."""
+
+    lora_name: Name
+    lora_path: AdapterPath | None = None
+    pinned: bool = False
+    load_inplace: bool = False
+    # The version's manifest digest (shared.manifest) as the control plane recorded it: the engine
+    # digests what it read and refuses other content with a 409 `sha256_mismatch`, loading nothing.
+    expected_sha256: HexSha256 | None = None
+    artifact: ArtifactRef | None = None
+    # the control plane registry's version number of these files: the engine lists it as `version`
+    version: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)] | None = None
+
+
+class UnloadLoRAAdapterRequest(msgspec.Struct):
+    lora_name: Name
+    drain_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] | None = None
 
 
 # ---- engine replies (engine → control plane) ---------------------------------------------------

@@ -18,20 +18,8 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
 from data_plane.config import EngineConfig
+from shared.admin_auth import check_admin
 from shared.errors import AuthenticationError, LoraplaneError, PermissionDeniedError
-
-
-def check_admin(authorization: str | None, admin_token: str | None) -> None:
-    if not admin_token:
-        return
-    scheme, _, offered = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "bearer" or not offered.strip():
-        raise AuthenticationError(
-            "This endpoint needs an admin token: send `Authorization: Bearer <token>` "
-            "(the engine's --admin-token)."
-        )
-    if not hmac.compare_digest(offered.strip().encode(), admin_token.encode()):
-        raise PermissionDeniedError("The admin token is not valid.")
 
 
 def check_api_key(authorization: str | None, api_key: str | None) -> None:

@@ -13,13 +13,9 @@ from litestar import Request, get, post
 from litestar.datastructures import State
 
 from data_plane.api.auth import admin_guard, is_admin, listing_guard
-from data_plane.api.serving_lora import (
-    LoadLoRAAdapterRequest,
-    LoRAService,
-    UnloadLoRAAdapterRequest,
-    decode_admin_request,
-)
+from data_plane.api.serving_lora import LoRAService, decode_admin_request
 from shared import engine_admin
+from shared.engine_admin import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from shared.openapi import route_doc
 
 # 400: a malformed body, or LoRA off; 401/403: the admin token (when the engine has one); 413: body size

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     on_drain = None  # awaited on SIGTERM (data_plane/api/shutdown.py)
     if config.control_plane_url:
-        from data_plane.control_client import attach_control_plane
+        from data_plane.api.control_plane import attach_control_plane
 
         # a wildcard bind address is no address for others to call: advertise the host name instead
         advertised = f"http://{socket.gethostname()}:{port}" if host in ("0.0.0.0", "::") else url

@@ -4,7 +4,7 @@ shapes are shared.engine_admin's."""
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -17,43 +17,13 @@ from data_plane.api.protocol import decode_request
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.lora.slots import AdapterEngineStats
 from shared import engine_admin
-from shared.artifacts import ArtifactRef
+from shared.engine_admin import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 from shared.errors import InvalidRequestError
-from shared.names import ADAPTER_NAME_DESCRIPTION, AdapterName
+from shared.names import ADAPTER_NAME_DESCRIPTION
 
 T = TypeVar("T", bound=msgspec.Struct)
 
 LORA_DISABLED = "LoRA is not enabled on this engine; start it with --enable-lora"
-
-
-# No NUL (the OS cannot take one) and no longer than Linux's PATH_MAX.
-AdapterPath = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern="^[^\\x00]*$",
-                                          description="the adapter folder, under one of --lora-roots")]
-
-
-Sha256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$", description="hex sha256")]
-
-
-class LoadLoRAAdapterRequest(msgspec.Struct):
-    """vLLM's load request; `pinned`, `load_inplace`, `expected_sha256` and `artifact` are loraplane's
-    extras. Exactly one of `lora_path` (a folder on the engine, under --lora-roots) and `artifact` (a
-    version the engine fetches from its control plane by digest, verifies and caches) names the files."""
-
-    lora_name: AdapterName
-    lora_path: AdapterPath | None = None
-    pinned: bool = False
-    load_inplace: bool = False
-    # The version's manifest digest (shared.manifest) as the control plane recorded it: the engine
-    # digests what it read and refuses other content with a 409 `sha256_mismatch`, loading nothing.
-    expected_sha256: Sha256 | None = None
-    artifact: ArtifactRef | None = None
-    # the control plane registry's version number of these files: the engine lists it as `version`
-    version: Annotated[int, msgspec.Meta(ge=1, le=(1 << 31) - 1)] | None = None
-
-
-class UnloadLoRAAdapterRequest(msgspec.Struct):
-    lora_name: AdapterName
-    drain_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86400)] | None = None
 
 
 def decode_admin_request(body: bytes, kind: type[T]) -> T:

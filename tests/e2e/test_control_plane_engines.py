@@ -75,14 +75,14 @@ def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.
 
 
 @contextlib.contextmanager
-def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[[], bool], what: str
-            ) -> Iterator[subprocess.Popen]:
-    """`cmd` running (output in `log`) once `ready()` holds (an HTTPError counts as not yet); terminated on exit
-    (killed if it does not end within 30 s)."""
+def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[[], bool], what: str,
+            timeout_s: float = 60) -> Iterator[subprocess.Popen]:
+    """`cmd` running (output in `log`) once `ready()` holds within `timeout_s` (an HTTPError counts as not
+    yet); terminated on exit (killed if it does not end within 30 s)."""
     with log.open("w") as out:
         process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout_s
         while True:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"{what} did not start:\n{log.read_text()[-3000:]}")

@@ -5,7 +5,7 @@ is also what the collector of silent engines runs (domain/engines/collector.py).
 few seconds from every engine, so they are a plain update under the write gate, not an audit row each.
 An engine token acts only for its own name (`require_engine`); engine URLs (`url`, and `inference_url` where
 an agent's engine serves inference elsewhere) are checked before anything is recorded
-(control_plane.engine_urls). Nothing here depends on an engine's `kind`: it is recorded and shown.
+(shared.engine_urls). Nothing here depends on an engine's `kind`: it is recorded and shown.
 
 A heartbeat says how the engine is: `healthy` false (its step loop died) makes it unhealthy at once,
 `draining` (it is shutting down) makes it draining; either way it gets no new placements and the
@@ -32,11 +32,11 @@ from control_plane.db.session import WriteGate
 from control_plane.db.transaction import read, transact
 from control_plane.domain.engines import schemas
 from control_plane.domain.engines.health import effective_state, now
-from control_plane.engine_client import safe_url, sanitize
-from control_plane.engine_urls import check_engine_url
 from control_plane.settings import ControlPlaneSettings
 from control_plane.uow import Mutation
+from shared.engine_urls import check_engine_url
 from shared.errors import InvalidRequestError, NotFoundError
+from shared.sanitize import safe_url, sanitize
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from control_plane.db.models import HOLDING, Adapter, Engine, ObservedState, Pla
 from control_plane.domain.engines.health import healthy_clause
 from control_plane.domain.engines.matching import engine_serves
 from control_plane.domain.placements.view import UNLOADED
-from control_plane.engine_client import safe_url
 from shared.routes import Holder, ModelRoute, Residency, RouteEngine
+from shared.sanitize import safe_url
 
 # observed state of a placement desired held -> its residency for routing (None: not a holder)
 _PLACED: dict[str, Residency] = {ObservedState.LOADING.value: "loading", ObservedState.ABSENT.value: "loading"}

@@ -6,8 +6,9 @@
   into place, then the directory fsynced. A crash or a failed fetch leaves only .partial/ debris,
   removed at the next start. That write only serves the next start, so it waits: until the load that
   fetched the version has taken its weights from the held bytes (or WRITE_DELAY_S), then until the
-  engine has had no request for WRITE_QUIET_S (at most WRITE_IDLE_WAIT_S, and not at all once
-  something waits for it: shutdown, room for another fetch, a discard); it runs in a low-priority
+  engine has had no request for WRITE_QUIET_S (at most WRITE_IDLE_WAIT_S); neither wait lasts once
+  something waits for the write: shutdown, room for another fetch, a discard, a holder that needs the
+  files on disk (`on_disk`). It runs in a low-priority
   thread that rests while the engine is busy (data_plane.background.BackgroundPace). Beside the first
   request of the adapter just loaded, the write would delay that request's first token, even paced: on a
   VM the disk's emulation takes host CPU (docs/performance.md#artifacts). A crash before it ends only
@@ -49,12 +50,13 @@ from typing import IO
 import msgspec
 
 from data_plane.adapters.artifacts.buffers import Buffer
-from data_plane.adapters.artifacts.fetch import ArtifactFetcher, ArtifactFetchError
+from data_plane.adapters.artifacts.fetch import ArtifactFetcher, ArtifactFetchError, refusal
 from data_plane.adapters.artifacts.verified_files import VerifiedFiles
 from data_plane.adapters.keyed_lock import KeyedLock
 from data_plane.background import fetch_off_loop, read_off_loop
 from shared.artifacts import DIGEST_PATTERN, ArtifactManifest, ArtifactRef, manifest_matches
 from shared.errors import InvalidRequestError, OverloadedError
+from shared.manifest import file_sha256
 
 MANIFEST_NAME = ".manifest.json"
 WRITE_DELAY_S = 10.0  # the longest a fetched version's write waits for the load that needed it
@@ -181,6 +183,39 @@ class ArtifactCache:
         while self._writing:
             await self._written(list(self._writing.values()))
 
+    async def on_disk(self, digest: str) -> None:
+        """Wait until a held version's files are in its folder (for a holder that hands the folder to
+        another process, which cannot read the held bytes): its write waits neither for the load nor for
+        a quiet engine. A failed write leaves no folder; the holder finds its files missing."""
+        writing = self._writing.get(digest)
+        if writing is not None:
+            await self._written([writing])
+
+    def check_files(self, digest: str) -> ArtifactManifest:
+        """Blocking: the manifest of a held version once every file in its folder is a regular file with
+        the listed size and sha256 (a file this process verified, its stat stamp unchanged, is not hashed
+        again); `checksum_mismatch` (400) otherwise. For a holder whose reader does not check what it reads
+        (another process: `loraplane agent`'s engine); on a refusal, `discard` and acquire again."""
+        folder = self.root / digest
+        try:
+            manifest = msgspec.json.decode((folder / MANIFEST_NAME).read_bytes(), type=ArtifactManifest)
+        except (OSError, msgspec.ValidationError, msgspec.DecodeError):
+            raise refusal(f"the cached copy of {digest[:16]}… has no valid manifest", "checksum_mismatch") from None
+        if manifest.digest != digest or not manifest_matches(manifest):
+            raise refusal(f"the cached copy of {digest[:16]}… is another version", "checksum_mismatch")
+        for f in manifest.files:
+            path = folder / f.name
+            try:
+                st = path.lstat()
+                same = stat.S_ISREG(st.st_mode) and st.st_size == f.size and (
+                    self.verified.sha256_of(path) == f.sha256 or file_sha256(path) == f.sha256)
+            except OSError:
+                same = False
+            if not same:
+                raise refusal(f"checksum mismatch for {f.name}: the cached copy changed since it was verified",
+                              "checksum_mismatch")
+        return manifest
+
     async def discard(self, digest: str) -> None:
         """Drop a cached version whose files no longer hash to its digest (the next need fetches it)."""
         writing = self._writing.get(digest)
@@ -236,8 +271,7 @@ class ArtifactCache:
         try:
             # at once: its appearance is when the version was verified (bench/artifacts.py times by it)
             partial.mkdir()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(loaded.wait(), WRITE_DELAY_S)
+            await _first_of(loaded, self._hurry, WRITE_DELAY_S)
             await self._quiet_engine()
             folder = await fetch_off_loop(self._publish, partial, manifest, contents)
         except Exception as exc:
@@ -347,6 +381,16 @@ def _verified_size(folder: Path) -> int | None:
     except (OSError, msgspec.ValidationError, msgspec.DecodeError):
         return None
     return manifest.size_bytes
+
+
+async def _first_of(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
+    """Until either event is set, or `timeout_s` passed."""
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _fsync_dir(path: Path) -> None:
