@@ -105,16 +105,25 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,  # [T, hidden]
+        h: torch.Tensor,  # [T, hidden]: the previous layer's MLP output, or the embeddings at the first layer
+        residual: torch.Tensor | None,  # [T, hidden]: the stream h is added to; None at the first layer
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
         lora: LoRABatch | None = None,
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, attn, lora)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h), lora)
-        return out
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream it is to be added to)
+        """HF's `h = h + attn(norm(h)); h = h + mlp(norm(h))`, each add fused into the norm after it; the
+        last layer's add is the final norm's (LlamaModel)."""
+        if residual is None:
+            residual = h
+            normed = self.input_layernorm(h)
+        else:
+            normed, residual = self.input_layernorm.add_forward(h, residual)
+        attended = self.self_attn(normed, cos, sin, kv_cache, attn, lora)
+        normed, residual = self.post_attention_layernorm.add_forward(attended, residual)
+        out: torch.Tensor = self.mlp(normed, lora)
+        return out, residual
 
 
 class LlamaModel(nn.Module):
@@ -141,9 +150,12 @@ class LlamaModel(nn.Module):
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb.cos_sin(positions)
         cos, sin = cos.to(h.dtype), sin.to(h.dtype)  # HF casts cos/sin to the activation dtype too
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, kv_cache, attn, lora)
-        normed: torch.Tensor = self.norm(h)
+            h, residual = layer(h, residual, cos, sin, kv_cache, attn, lora)
+        if residual is None:  # no layers
+            return self.norm(h)
+        normed, _ = self.norm.add_forward(h, residual)
         return normed
 
 

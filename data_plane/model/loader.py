@@ -20,6 +20,7 @@ from data_plane.model.attention_kernels import select_decode_attention, use_deco
 from data_plane.model.config import ModelConfig
 from data_plane.model.layers.cpu_weights import prepare_cpu_weights
 from data_plane.model.llama import LlamaForCausalLM
+from data_plane.model.norm_kernels import select_norm_kernel, use_norm_kernel
 from shared.errors import UnsupportedModelError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -96,4 +97,5 @@ def load_model(
     if torch.device(device).type == "cpu":
         prepare_cpu_weights(model)
     use_decode_attention(model, select_decode_attention(torch.device(device)))
+    use_norm_kernel(model, select_norm_kernel(torch.device(device), torch_dtype))
     return model.eval(), config

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -78,9 +79,11 @@ def control_plane(tmp: Path, adapter_root: Path, launcher: Sequence[str] = (sys.
 def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[[], bool], what: str,
             timeout_s: float = 60) -> Iterator[subprocess.Popen]:
     """`cmd` running (output in `log`) once `ready()` holds within `timeout_s` (an HTTPError counts as not
-    yet); terminated on exit (killed if it does not end within 30 s)."""
+    yet); terminated on exit (killed if it does not end within 30 s), then what is left of its process
+    group killed: it leads a group of its own, so the children of a server that was killed alone go too."""
     with log.open("w") as out:
-        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -98,6 +101,13 @@ def started(cmd: Sequence[str], log: Path, env: dict[str, str], ready: Callable[
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        signal_group(process, signal.SIGKILL)  # children left behind by the leader's end
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to the process group `process` leads (started by `started`); gone already is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
 
 
 def wait_for(predicate, what: str, timeout_s: float = 30) -> None:  # noqa: ANN001

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from tests.e2e.test_control_plane_engines import (
     READ,
     control_plane,
     engine_token,
+    signal_group,
     started,
     wait_for,
 )
@@ -251,7 +253,7 @@ def test_a_bad_engine_url_is_refused(fleet: SimpleNamespace) -> None:
 
 def test_vllm_killed_is_unhealthy_and_restarted_gets_its_adapters_back(fleet: SimpleNamespace) -> None:
     assert "other" in vllm_roots(fleet)  # desired here by the control plane
-    fleet.vllm.process.kill()
+    signal_group(fleet.vllm.process, signal.SIGKILL)  # the server and its engine-core process
     fleet.vllm.process.wait()
     wait_for(lambda: engine_state(fleet.reader, fleet.cp) == "unhealthy", "the control plane to see vLLM down")
     r = httpx.get(fleet.agent + "/health", timeout=10)

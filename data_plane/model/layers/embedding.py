@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_gather, tensor_parallel_all_reduce
-from data_plane.model.layers.packed import packed_linear
+from data_plane.model.layers.packed import CpuWeight
 from data_plane.model.layers.parallel import ShardId, check_full_shape, new_parameter, set_weight_loader
 
 
@@ -61,12 +61,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits; tied models pass the embedding's weight as shared_weight."""
 
-    packed_weight: torch.Tensor | None = None  # oneDNN-packed (layers/cpu_weights.py)
+    cpu_weight: CpuWeight | None = None  # laid out for the CPU's matmul (layers/cpu_weights.py)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # hidden: [S, hidden] -> [S, vocab] float32
-        # matmul in the model dtype (as HF does), cast afterwards: an fp32 copy of the weight would cost memory
-        packed = self.packed_weight
-        logits = F.linear(hidden, self.weight) if packed is None else packed_linear(hidden, packed)
+        # logits in the model dtype (as HF computes them), cast afterwards
+        laid_out = self.cpu_weight
+        logits = F.linear(hidden, self.weight) if laid_out is None else laid_out.linear(hidden)
         if self.tp_size > 1:
             logits = tensor_parallel_all_gather(logits)
         return logits[:, : self.num_embeddings].float()

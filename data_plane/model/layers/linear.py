@@ -8,7 +8,7 @@ Every forward takes `lora`, the step's LoRA batch: unused here, it keeps one cal
 LoRA wrappers (data_plane/lora) can replace these modules without touching the model code.
 
 On the CPU the loader lays the weights out once (data_plane/model/layers/cpu_weights.py): a layer
-with a `packed_weight` multiplies through it.
+with a `cpu_weight` multiplies through it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_plane.distributed.collectives import tensor_parallel_all_reduce
-from data_plane.model.layers.packed import packed_linear
+from data_plane.model.layers.packed import CpuWeight
 from data_plane.model.layers.parallel import (
     ShardId,
     check_full_shape,
@@ -63,15 +63,15 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: ShardId = None) -> None:
         raise NotImplementedError
 
-    packed_weight: torch.Tensor | None = None  # oneDNN-packed [out, in] (layers/cpu_weights.py); then the only copy
+    cpu_weight: CpuWeight | None = None  # laid out for the CPU's matmul (layers/cpu_weights.py); then the only copy
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # x: [T, in] -> [T, out]
         return self.matmul(x, self.bias)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:  # [T, in] -> [T, out]
-        """x Wᵀ (+ bias) on this rank's shard, through the packed weight when there is one."""
-        if self.packed_weight is not None:
-            return packed_linear(x, self.packed_weight, bias)
+        """x Wᵀ (+ bias) on this rank's shard, through the CPU layout when there is one."""
+        if self.cpu_weight is not None:
+            return self.cpu_weight.linear(x, bias)
         return F.linear(x, self.weight, bias)
 
     def extra_repr(self) -> str:
