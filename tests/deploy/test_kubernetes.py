@@ -34,7 +34,7 @@ from tests.control_plane.engines import serve_app
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO_ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("dev", "prod")
+OVERLAYS = ("dev", "prod", "vllm")
 GRAFANA = REPO_ROOT / "deploy" / "grafana"
 SCRIPTS = KUBERNETES / "base" / "scripts"
 SCRIPTS_MOUNT = "/etc/loraplane/scripts"  # where the engine pod mounts SCRIPTS
@@ -235,6 +235,42 @@ def test_prod_runs_engines_on_gpus_from_a_registry_and_keeps_artifacts_in_an_obj
     control = find(docs, "Deployment", "loraplane-control")["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "LORAPLANE_ARTIFACT_STORE", "value": "s3://loraplane-artifacts/prod"} in control["env"]
     assert not [d for d in docs if d["kind"] == "Secret"], "prod's Secrets are created outside git"
+
+
+def test_the_vllm_overlay_runs_vllm_beside_its_agent_on_a_shared_adapter_folder(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["vllm"]
+    pod = find(docs, "StatefulSet", "loraplane-vllm")["spec"]["template"]["spec"]
+    by_name = {c["name"]: c for c in pod["containers"]}
+    vllm, agent = by_name["vllm"], by_name["agent"]
+    assert agent["args"][:2] == ["loraplane", "agent"]
+    flag = {agent["args"][i]: agent["args"][i + 1] for i in range(2, len(agent["args"]) - 1)
+            if agent["args"][i].startswith("--")}
+    port = next(p["containerPort"] for p in vllm["ports"] if p["name"] == "http")
+    assert flag["--engine-kind"] == "vllm" and flag["--engine-url"] == f"http://$(POD_IP):{port}"
+    # one emptyDir: the agent writes what it verified, vLLM reads it (and cannot write it)
+    mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (vllm, agent)}
+    folder = flag["--adapter-dir"]
+    assert mounts["agent"]["adapters"]["mountPath"] == mounts["vllm"]["adapters"]["mountPath"] == folder
+    assert mounts["vllm"]["adapters"].get("readOnly") is True and not mounts["agent"]["adapters"].get("readOnly")
+    assert "emptyDir" in next(v for v in pod["volumes"] if v["name"] == "adapters")
+    vllm_env = {e["name"]: e for e in vllm["env"]}
+    assert vllm_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]["value"] == "True"
+    # vLLM takes the engines' inference key, the one the agent (and the routers) send
+    key = vllm_env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    agent_key = {e["name"]: e for e in agent["env"]}["LORAPLANE_ENGINE_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert key == agent_key == {"name": key["name"], "key": "engine-api-key"}
+    # the pod's name has its tokens in both of the engines' lists the wrapper reads
+    tokens = find(docs, "Secret", "loraplane-tokens")["data"]
+    for item in ("engine-credentials", "engine-admin-tokens"):
+        entries = dict(e.split("=", 1) for e in base64.b64decode(tokens[item]).decode().split(","))
+        assert entries.get("loraplane-vllm-0"), item
+    # only the routers and the pod itself reach vLLM; only the control plane the agent
+    policy = find(docs, "NetworkPolicy", "loraplane-vllm")["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "loraplane-vllm"}
+    admitted = {rule["ports"][0]["port"]: {f["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for f in rule["from"]}
+                for rule in policy["ingress"]}
+    assert admitted == {port: {"loraplane-router", "loraplane-vllm"}, int(flag["--port"]): {"loraplane-control"}}
 
 
 # --- commands, variables and secrets
