@@ -40,7 +40,9 @@ from shared.sanitize import safe_url
 
 # observed state of a placement desired held -> its residency for routing (None: not a holder)
 _PLACED: dict[str, Residency] = {ObservedState.LOADING.value: "loading", ObservedState.ABSENT.value: "loading"}
-_RESIDENT: dict[str | None, Residency] = {"device": "device", "host": "host"}  # as engines report it
+# as engines report it; `loaded` (an engine that cannot say where, vLLM through its agent) ranks as
+# `device`: vLLM serves its runtime-loaded adapters from its GPU's LoRA slots
+_RESIDENT: dict[str | None, Residency] = {"device": "device", "host": "host", "loaded": "device"}
 
 
 def servable() -> ColumnElement[bool]:
