@@ -31,6 +31,9 @@ Seed = Annotated[int, Meta(ge=SEED_MIN, le=SEED_MAX, description="a signed 64-bi
 TokenId = Annotated[int, Meta(ge=0)]
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 StopString = Annotated[str, Meta(min_length=1)]
+# OpenAI's bound on a bias; the entry count is ours (a request may not make every step scatter thousands).
+MAX_LOGIT_BIAS_ENTRIES = 300
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
 Unsupported = Meta(max_length=0, description="not supported: must be absent, null or empty")
 
 
@@ -69,7 +72,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: Annotated[dict[str, float], Unsupported] | None = None
+    logit_bias: Annotated[dict[TokenId, Bias], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None  # ids: request_types
     user: str | None = None
     # vLLM extras
     top_k: TopK | None = None
@@ -107,6 +110,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
             "min_tokens": self.min_tokens,
             "ignore_eos": self.ignore_eos,
             "stop_token_ids": self.stop_token_ids,
+            "logit_bias": self.logit_bias or None,
             "skip_special_tokens": self.skip_special_tokens,
             "include_stop_str_in_output": self.include_stop_str_in_output,
         }
@@ -212,19 +216,47 @@ def _prompt_type(vocab_size: int) -> Any:
     ]
 
 
+def _ids_below(limit: int) -> str:
+    """A regular expression matching exactly the decimal integers in [0, limit), as JSON object keys are
+    written (no sign, no leading zero): what a schema can say of the keys of a map."""
+    top = str(limit - 1)
+    width = len(top)
+    alternatives = ["0"] + ([f"[1-9][0-9]{{0,{width - 2}}}"] if width > 1 else [])  # fewer digits than top
+    for i, digit in enumerate(top):  # top's first i digits, a smaller digit, then any digits
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            alternatives.append(f"{top[:i]}[{low}-{int(digit) - 1}][0-9]{{{width - i - 1}}}")
+    alternatives.append(top)
+    return "^(" + "|".join(alternatives) + ")$"
+
+
+def _logit_bias_type(vocab_size: int) -> Any:
+    """`logit_bias`: token ids (JSON object keys, so strings of integers) within the vocabulary, each
+    mapped to a bias in [-100, 100], at most MAX_LOGIT_BIAS_ENTRIES of them."""
+    token = Annotated[int, Meta(ge=0, le=vocab_size - 1)]
+    description = (
+        f"token id (a key in [0, {vocab_size})) -> bias in [-100, 100], added to the logits before sampling "
+        f"(greedy included); at most {MAX_LOGIT_BIAS_ENTRIES} entries"
+    )
+    names = {"propertyNames": {"pattern": _ids_below(vocab_size)}}
+    meta = Meta(max_length=MAX_LOGIT_BIAS_ENTRIES, description=description, extra_json_schema=names)
+    return Annotated[dict[token, Bias], meta] | None
+
+
 def request_types(
     max_model_len: int, max_n: int, max_stop_strings: int, max_stop_string_length: int, vocab_size: int
 ) -> RequestTypes:
     """Subclasses that only narrow the engine-dependent fields, so decoding enforces them and the
     OpenAPI schema states them: n <= --max-n, stop strings per --max-stop-strings and
     --max-stop-string-length, max_tokens and min_tokens within the context, prompt token ids within
-    the vocabulary."""
+    the vocabulary, logit_bias ids within the vocabulary."""
     stop_string = Annotated[str, Meta(min_length=1, max_length=max_stop_string_length)]
     stop = stop_string | Annotated[list[stop_string], Meta(max_length=max_stop_strings)] | None
     n = Annotated[int, Meta(ge=1, le=max_n, description="samples per prompt (--max-n)")] | None
     max_tokens = Annotated[int, Meta(ge=1, le=max_model_len, description="tokens to generate")] | None
     min_tokens = Annotated[int, Meta(ge=0, le=max_model_len)] | None
-    shared = [("n", n, None), ("stop", stop, None), ("min_tokens", min_tokens, None)]
+    logit_bias = _logit_bias_type(vocab_size)
+    shared = [("n", n, None), ("stop", stop, None), ("min_tokens", min_tokens, None), ("logit_bias", logit_bias, None)]
     chat = msgspec.defstruct(
         "ChatCompletionRequest",
         [*shared, ("max_tokens", max_tokens, None), ("max_completion_tokens", max_tokens, None)],
@@ -243,7 +275,7 @@ def request_types(
 
 
 # Fields that are accepted only absent, null or empty: say so rather than quote the length rule.
-_UNSUPPORTED = {"logit_bias", "tools", "suffix", "response_format.type"}
+_UNSUPPORTED = {"tools", "suffix", "response_format.type"}
 
 
 def decode_request(body: bytes, kind: type[T]) -> T:
@@ -255,4 +287,11 @@ def decode_request(body: bytes, kind: type[T]) -> T:
         if exc.param in _UNSUPPORTED:
             detail = exc.message.removeprefix("Invalid request: ")
             raise InvalidRequestError(f"{exc.param} is not supported: {detail}", param=exc.param) from None
+        if exc.param is not None and exc.param.startswith("logit_bias"):  # "logit_bias[...]" for a value
+            detail = exc.message.removeprefix("Invalid request: ")
+            raise InvalidRequestError(
+                "logit_bias maps token ids within the vocabulary to biases in [-100, 100], "
+                f"at most {MAX_LOGIT_BIAS_ENTRIES} of them: {detail}",
+                param="logit_bias",
+            ) from None
         raise

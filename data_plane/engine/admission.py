@@ -56,6 +56,8 @@ def validate_request(request: Request, config: EngineConfig, vocab_size: int) ->
         )
     if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab_size:
         raise InvalidRequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
+    if any(t >= vocab_size for t in request.sampling_params.logit_bias or ()):
+        raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab_size}).", param="logit_bias")
 
 
 def _shape(requests: Sequence[Request]) -> str:

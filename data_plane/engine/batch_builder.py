@@ -87,7 +87,7 @@ def sampling_rows(seqs: list[Sequence]) -> list[SamplingRow]:
         rows.append(SamplingRow(
             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, min_p=p.min_p,
             repetition_penalty=p.repetition_penalty, frequency_penalty=p.frequency_penalty,
-            presence_penalty=p.presence_penalty, logprobs=p.logprobs,
+            presence_penalty=p.presence_penalty, logprobs=p.logprobs, logit_bias=p.logit_bias,
             below_min_tokens=len(seq.output_token_ids) < p.min_tokens, stop_token_ids=p.stop_token_ids,
             prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids, generator=seq.generator,
         ))

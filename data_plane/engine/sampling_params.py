@@ -9,6 +9,8 @@ from shared.errors import InvalidRequestError
 # vLLM's and OpenAI's seed is a signed 64-bit integer; torch generators take [-2**63, 2**64 - 1].
 SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
+# OpenAI's range of a logit bias: -100 effectively bans a token, +100 effectively forces it.
+LOGIT_BIAS_LIMIT = 100.0
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -34,6 +36,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per generated token; None = off
+    # token id -> bias added to that token's logit before sampling (greedy included); ids are checked
+    # against the vocabulary at admission (data_plane/engine/admission.py)
+    logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
 
@@ -59,6 +64,12 @@ class SamplingParams:
                 f"seed must be between {SEED_MIN} and {SEED_MAX} (a signed 64-bit integer)",
             ),
         ]
+        bias = self.logit_bias or {}
+        checks.append((
+            all(t >= 0 and -LOGIT_BIAS_LIMIT <= b <= LOGIT_BIAS_LIMIT for t, b in bias.items()),
+            "logit_bias",
+            "logit_bias maps non-negative token ids to biases in [-100, 100]",
+        ))
         for ok, param, message in checks:
             if not ok:
                 raise InvalidRequestError(message, param=param)

@@ -1,12 +1,14 @@
 """Sampler: turn the last-position logits of each sequence into one token (vLLM semantics).
 
-Order of operations, all batched over rows with per-row parameters:
+Order of operations, all batched over rows with per-row parameters (vLLM's order):
+  0. logit_bias: each biased row's {token id: bias} added to its logits, greedy rows included
   1. penalties (repetition over prompt+output, frequency and presence over output)
   2. min_tokens: eos ids and stop_token_ids get -inf while the output is shorter than min_tokens
   3. greedy rows (temperature 0): argmax of the logits so far
   4. sampled rows: temperature, top-k, top-p, min-p, then softmax and an exponential race
      (argmax of probs / q, q ~ Exp(1)), which is a draw from the categorical distribution.
-Logprobs are taken from log_softmax of the *raw* model logits (vLLM's default "raw_logprobs").
+Logprobs are taken from log_softmax of the *raw* model logits (vLLM's default "raw_logprobs"), so
+they are reported before logit_bias, penalties and every other step here.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class SamplingRow:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: int | None = None  # how many top logprobs to return; None: none at all
+    logit_bias: dict[int, float] | None = None  # token id -> bias added to the logit; None: no bias
     below_min_tokens: bool = False  # min_tokens not reached yet: eos and stop_token_ids get -inf
     stop_token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
@@ -54,6 +57,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         """logits: [S, V] float32 for the last position of each sequence, one SamplingRow per row."""
         needs_min_tokens = [r.below_min_tokens for r in rows]
+        has_bias = any(r.logit_bias for r in rows)
         has_penalties = any(
             p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
             for p in rows
@@ -62,11 +66,14 @@ class Sampler:
         is_greedy = [p.temperature < _SAMPLING_EPS for p in rows]
 
         # Fast path: plain greedy decoding needs nothing but the argmax.
-        if all(is_greedy) and not has_penalties and not any(needs_min_tokens) and not wants_logprobs:
+        plain = not (has_bias or has_penalties or any(needs_min_tokens) or wants_logprobs)
+        if all(is_greedy) and plain:
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=None)
 
         raw_logits = logits
         logits = logits.float()  # [S, V]
+        if has_bias:
+            logits = _apply_logit_bias(logits, rows)
         if has_penalties:
             logits = _apply_penalties(logits, rows)
         if any(needs_min_tokens):
@@ -159,6 +166,18 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     probs = logits.softmax(dim=-1)  # [S, V]
     threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [S, 1]
     return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """A new [S, V] tensor: each row's logit_bias added to its logits, in one scatter of the flattened
+    (row, token id, bias) triples on the logits' device; rows without a bias are left as they are."""
+    biased = [(i, row.logit_bias) for i, row in enumerate(rows) if row.logit_bias]
+    row_index = [i for i, bias in biased for _ in bias]
+    cols = [t for _, bias in biased for t in bias]
+    values = [v for _, bias in biased for v in bias.values()]
+    device = logits.device
+    index = (torch.tensor(row_index, device=device), torch.tensor(cols, device=device))
+    return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -5,6 +5,7 @@ every status a route answers; bodies match their schemas; a wrong method is a 40
 from __future__ import annotations
 
 import json
+import re
 
 import msgspec
 import pytest
@@ -28,7 +29,8 @@ def client_for(demo_model_dir):
     return make
 
 
-def test_requests_and_responses_are_typed_with_the_engines_limits(client_for):
+def test_requests_and_responses_are_typed_with_the_engines_limits(client_for, demo_model_dir):
+    vocab_size = json.loads((demo_model_dir / "config.json").read_text())["vocab_size"]
     with client_for(max_n=3, max_stop_strings=5, max_stop_string_length=7) as client:
         doc = client.get("/schema/openapi.json").json()
     components = doc["components"]["schemas"]
@@ -45,6 +47,13 @@ def test_requests_and_responses_are_typed_with_the_engines_limits(client_for):
     assert stop_string["maxLength"] == 7 and stop_list["maxItems"] == 5
     assert props["max_tokens"]["anyOf"][0]["maximum"] == MAX_MODEL_LEN
     assert props["seed"]["anyOf"][0]["maximum"] == 2**63 - 1
+    for request in ("CompletionRequest", "ChatCompletionRequest"):
+        bias = components[request]["properties"]["logit_bias"]["anyOf"][0]
+        assert bias["maxProperties"] == 300
+        assert bias["additionalProperties"] == {"type": "number", "minimum": -100, "maximum": 100}
+        ids = re.compile(bias["propertyNames"]["pattern"])
+        assert ids.fullmatch("0") and ids.fullmatch(str(vocab_size - 1)) and not ids.fullmatch(str(vocab_size))
+        assert not ids.fullmatch("-1") and not ids.fullmatch("01") and not ids.fullmatch("1.5")
     roles = components["ChatMessage"]["properties"]["role"]["enum"]
     assert "user" in roles and "wizard" not in roles
     assert doc["paths"]["/health"]["get"]["responses"]["503"]

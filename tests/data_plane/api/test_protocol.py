@@ -62,6 +62,16 @@ def test_chat_sampling_fields_reach_sampling_params():
     assert req.include_usage
 
 
+def test_logit_bias_keys_become_token_ids_and_an_empty_map_means_none():
+    assert chat(logit_bias={"7": 100, "0": -100, "3": 0.5}).to_sampling_params(10).logit_bias == {
+        7: 100.0, 0: -100.0, 3: 0.5
+    }
+    assert completion(logit_bias={str(i): 1 for i in range(300)}).to_sampling_params().logit_bias == {
+        i: 1.0 for i in range(300)
+    }
+    assert completion(logit_bias={}).to_sampling_params().logit_bias is None
+
+
 def test_chat_logprobs_without_top_logprobs_means_zero_alternatives():
     assert chat(logprobs=True).to_sampling_params(10).logprobs == 0
 
@@ -74,7 +84,13 @@ def test_chat_logprobs_without_top_logprobs_means_zero_alternatives():
         ({"top_p": 0}, "top_p"),
         ({"n": 0}, "n"),
         ({"stop": ["ok", ""]}, "stop[1]"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
+        ({"logit_bias": {"1": -100.5}}, "logit_bias"),
+        ({"logit_bias": {"x": 5}}, "logit_bias"),
+        ({"logit_bias": {"1.5": 5}}, "logit_bias"),
+        ({"logit_bias": {"-1": 5}}, "logit_bias"),
+        ({"logit_bias": {"1": "5"}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
     ],
 )
 def test_chat_invalid_sampling_values_name_the_field(fields, param):

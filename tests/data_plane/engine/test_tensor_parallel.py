@@ -80,3 +80,18 @@ def test_tp2_with_one_kv_head_replicated(tmp_path):
     adapter = write_peft_adapter(model, tmp_path / "attention", "attention")
     spec = _spec(model, [adapter])
     assert _drive(spec, enable_lora=True, tensor_parallel_size=2)["tokens"] == _drive(spec, enable_lora=True)["tokens"]
+
+
+def test_tp2_applies_a_logit_bias_to_its_row_only(llama_with_adapters):
+    model, adapters = llama_with_adapters
+    p = _prompts(3, seed=5)
+    jobs = [["plain", p[0], 0], ["adapter", p[1], 1], ["biased", p[2], 0]]
+    unbiased = _drive({"model": str(model), "adapters": [str(adapters[0])], "max_tokens": 6, "phases": [jobs]},
+                      enable_lora=True)["tokens"]
+    spec = {"model": str(model), "adapters": [str(adapters[0])], "max_tokens": 6, "phases": [jobs],
+            "logit_bias": {"biased": {str(unbiased["biased"][0]): -100}}}
+    one = _drive(spec, enable_lora=True)
+    two = _drive(spec, enable_lora=True, tensor_parallel_size=2)
+    assert two["tokens"] == one["tokens"]
+    assert one["tokens"]["biased"][0] != unbiased["biased"][0]
+    assert {k: one["tokens"][k] for k in ("plain", "adapter")} == {k: unbiased[k] for k in ("plain", "adapter")}

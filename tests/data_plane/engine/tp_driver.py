@@ -8,6 +8,7 @@ of a tensor-parallel engine spawns its workers. Used by test_tensor_parallel.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ def main(spec: dict) -> dict:
         for adapter_id, path in enumerate(spec.get("adapters", []), start=1)
     }
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    biases = spec.get("logit_bias", {})  # job name -> {token id (a string): bias}
     tokens: dict[str, list[int]] = {}
     try:
         for number, phase in enumerate(spec["phases"]):  # each phase: jobs admitted together, run to completion
@@ -37,7 +39,9 @@ def main(spec: dict) -> dict:
                     engine.remove_lora(adapter_id)  # what an unload does once its requests have drained
             for name, prompt, adapter_id in phase:
                 w = weights.get(adapter_id)
-                engine.add_request(Request(name, prompt, params, adapter_id=adapter_id,
+                bias = {int(t): v for t, v in biases[name].items()} if name in biases else None
+                job_params = dataclasses.replace(params, logit_bias=bias)
+                engine.add_request(Request(name, prompt, job_params, adapter_id=adapter_id,
                                            prefix_hash_seed=w.cache_namespace if w else 0, lora=w))
                 tokens[name] = []
             while engine.has_work():

@@ -9,6 +9,7 @@ import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
@@ -52,6 +53,33 @@ def test_greedy_rows_in_a_mixed_batch_equal_argmax() -> None:
     expected = logits.argmax(-1).tolist()
     assert [out.token_ids[i] for i in (0, 2, 4)] == [expected[i] for i in (0, 2, 4)]
     assert torch.equal(logits, before)  # the caller's logits are not modified
+
+
+def test_logit_bias_applies_to_its_rows_only_and_matches_transformers() -> None:
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(5, 60, generator=gen) * 3
+    biases: list[dict[int, float] | None] = [{7: 100.0}, None, {int(logits[2].argmax()): -100.0, 3: 2.5}, None, {}]
+    rows = [make_row(temperature=0.0, logit_bias=b) for b in biases]
+    before = logits.clone()
+    out = Sampler({EOS})(logits, rows)
+    expected = []
+    for i, bias in enumerate(biases):
+        processor = SequenceBiasLogitsProcessor({(t,): v for t, v in (bias or {}).items()}) if bias else None
+        row = logits[i : i + 1].clone()
+        expected.append(int((processor(torch.zeros(1, 1, dtype=torch.long), row) if processor else row).argmax()))
+    assert out.token_ids == expected
+    assert out.token_ids[0] == 7 and out.token_ids[2] != int(logits[2].argmax())
+    assert torch.equal(logits, before)  # the caller's logits are not modified
+
+
+def test_logprobs_are_reported_before_the_logit_bias() -> None:
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(6))
+    rows = [make_row(temperature=0.0, logprobs=1, logit_bias={9: 100.0}), make_row(temperature=0.0, logprobs=1)]
+    out = Sampler({EOS})(logits, rows)
+    raw = torch.log_softmax(logits, dim=-1)
+    assert out.token_ids[0] == 9 and out.logprobs is not None
+    assert out.logprobs[0][9] == pytest.approx(float(raw[0, 9]))
+    assert out.logprobs[1][out.token_ids[1]] == pytest.approx(float(raw[1].max()))
 
 
 def test_repetition_penalty_matches_transformers() -> None:
