@@ -55,7 +55,7 @@ def main() -> None:
         x = torch.randn(rows, args.hidden).to(dtype)
         residual = torch.randn(rows, args.hidden).to(dtype)
         times: dict[str, list[float]] = {name: [] for name in variants}
-        for name, norm in variants.items():  # warm up
+        for norm in variants.values():  # warm up
             timed_us(norm, x, residual, 10)
         for repeat in range(args.repeats):
             order = list(variants) if repeat % 2 == 0 else list(variants)[::-1]
