@@ -154,7 +154,8 @@ class LlamaModel(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin, kv_cache, attn, lora)
         if residual is None:  # no layers
-            return self.norm(h)
+            only_normed: torch.Tensor = self.norm(h)
+            return only_normed
         normed, _ = self.norm.add_forward(h, residual)
         return normed
 

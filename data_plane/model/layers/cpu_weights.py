@@ -37,16 +37,18 @@ def prepare_cpu_weights(model: nn.Module) -> str:
     embedded = {id(m.weight) for m in model.modules()
                 if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)}
     dtype = (linears or heads)[0].weight.dtype if linears or heads else torch.float32
-    layout = PackedWeight if can_pack(dtype) else WidenedWeight if should_widen(dtype) else None
+    layout: type[PackedWeight] | type[WidenedWeight] | None = (
+        PackedWeight if can_pack(dtype) else WidenedWeight if should_widen(dtype) else None)
     with torch.no_grad():
-        for module in linears:
-            if layout is None:
+        if layout is None:
+            for module in linears:
                 module.weight.data = module.weight.data.t().contiguous().t()
-                continue
+            return "column-major"
+        for module in linears:
             module.cpu_weight = layout(module.weight.data)
             module.weight.data = module.weight.data.new_empty(0)
-        for head in heads if layout is not None else []:
+        for head in heads:
             head.cpu_weight = layout(head.weight.data)
             if id(head.weight) not in embedded:  # untied: the laid-out copy is the only one needed
                 head.weight.data = head.weight.data.new_empty(0)
-    return {PackedWeight: "packed", WidenedWeight: "widened", None: "column-major"}[layout]
+    return "packed" if layout is PackedWeight else "widened"
