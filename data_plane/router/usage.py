@@ -19,8 +19,9 @@ as it passes (calling `on_usage`, which meters the stream) and gives the client 
     include_usage + continuous        passed on              passed on
 
 The engines put `usage` last in a chunk (`…,"usage":{…}}`), so it is found and cut by one `rfind` per
-event, without decoding or re-encoding the chunk. An engine that does not send continuous usage is
-metered by its last usage event alone.
+event, without decoding or re-encoding the chunk; an event with fields after it (vLLM's last one ends
+with `system_fingerprint`) is decoded whole. An engine that does not send continuous usage is metered by
+its last usage event alone.
 """
 
 from __future__ import annotations
@@ -191,17 +192,43 @@ class UsageTap:
     def _event(self, event: bytes) -> bytes:
         """The event as the client gets it (b"" to drop it); its usage read on the way."""
         at = event.rfind(_KEY)
-        if at < 0 or not event.startswith(_DATA) or not event.endswith(b"}}"):
+        if at < 0 or not event.startswith(_DATA):
             return event
+        if not event.endswith(b"}}"):
+            return self._decoded(event)
         try:
             usage = _usage.decode(event[at + len(_KEY):-1])
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return event  # not a usage we know: pass it on untouched
-        self.usage = usage
-        if self.on_usage is not None:
-            self.on_usage(usage)
+            return self._decoded(event)
+        self._seen(usage)
         if self.keep_all:
             return event
         if event[at - len(_FINAL):at] == _FINAL:  # the last event: no choices, then the usage
             return event if self.keep_final else b""
         return event[:at] + (_NULL if self.keep_final else b"") + b"}"
+
+    def _decoded(self, event: bytes) -> bytes:
+        """`_event` for an event whose usage is not its last field (vLLM's last event puts
+        `system_fingerprint` after it), decoded whole: only such events pay for it. One without a usage
+        we know passes untouched."""
+        try:
+            chunk = msgspec.json.decode(event[len(_DATA) - 1:])
+            usage = msgspec.convert(chunk["usage"], Usage)
+            final = chunk["choices"] == []
+        except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError):
+            return event
+        self._seen(usage)
+        if self.keep_all:
+            return event
+        if final:
+            return event if self.keep_final else b""
+        if self.keep_final:
+            chunk["usage"] = None
+        else:
+            del chunk["usage"]
+        return _DATA[:-1] + msgspec.json.encode(chunk)
+
+    def _seen(self, usage: Usage) -> None:
+        self.usage = usage
+        if self.on_usage is not None:
+            self.on_usage(usage)

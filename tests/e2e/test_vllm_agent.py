@@ -135,12 +135,16 @@ def engine_state(reader: httpx.Client, cp: str) -> str | None:
     return {e["name"]: e["state"] for e in reader.get(cp + "/v1/engines").json()["data"]}.get(ENGINE)
 
 
-def upload(fleet: SimpleNamespace, name: str, folder: Path) -> dict:
+def upload(fleet: SimpleNamespace, name: str, folder: Path, replicas: str = '{"min": 1, "max": 1}',
+           loaded_on: tuple[str, ...] = (ENGINE,), activate: bool = True) -> dict:
+    """A version uploaded to the control plane (`fleet.cp`, `fleet.admin`); `loaded_on` the engines it was
+    pushed to, each answering loaded."""
     files = {n: (n, (folder / n).read_bytes(), "application/octet-stream") for n in (CONFIG_NAME, WEIGHTS_NAME)}
     r = fleet.admin.post(f"{fleet.cp}/v1/lora_adapters/{name}/versions", files=files,
-                         data={"base_model": SERVED, "replicas": '{"min": 1, "max": 1}'})
+                         data={"base_model": SERVED, "replicas": replicas, "activate": str(activate).lower()})
     assert r.status_code == 200, r.text
-    assert [(e["engine"], e["outcome"]) for e in r.json()["engines"]] == [(ENGINE, "loaded")], r.text
+    assert sorted((e["engine"], e["outcome"]) for e in r.json()["engines"]) == [
+        (engine, "loaded") for engine in sorted(loaded_on)], r.text
     return r.json()
 
 
@@ -150,18 +154,30 @@ def vllm_roots(fleet: SimpleNamespace) -> dict[str, str]:
     return {m["id"]: m["root"] for m in models if m["parent"] is not None}
 
 
-def vllm_greedy(fleet: SimpleNamespace, model: str, prompt: list[int]):  # noqa: ANN201
+def greedy_request(model: str, prompt: list[int]) -> dict:
+    """A completion's body: NEW_TOKENS greedy tokens past eos, with each position's top-TOP logprobs."""
+    return {"model": model, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "logprobs": TOP,
+            "ignore_eos": True}
+
+
+def greedy_of(tokens: list[str], top_logprobs: list[dict[str, float]]):  # noqa: ANN201
+    """A completion choice's `logprobs` (token texts "t17") as a Greedy of token ids."""
     from tests.data_plane.bfloat16.closeness import Greedy
     from tests.data_plane.bfloat16.models import token_id
 
-    r = httpx.post(fleet.vllm.url + "/v1/completions", timeout=60, json={
-        "model": model, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "logprobs": TOP,
-        "ignore_eos": True})
+    return Greedy([token_id(t) for t in tokens], [{token_id(t): v for t, v in p.items()} for p in top_logprobs])
+
+
+def completion_greedy(url: str, model: str, prompt: list[int], headers: dict[str, str] | None = None):  # noqa: ANN201
+    """The greedy continuation server `url` answers for `model`."""
+    r = httpx.post(url + "/v1/completions", timeout=60, json=greedy_request(model, prompt), headers=headers)
     assert r.status_code == 200, r.text
     logprobs = r.json()["choices"][0]["logprobs"]
-    tokens = [token_id(t) for t in logprobs["tokens"]]
-    top = [{token_id(t): v for t, v in position.items()} for position in logprobs["top_logprobs"]]
-    return Greedy(tokens, top)
+    return greedy_of(logprobs["tokens"], logprobs["top_logprobs"])
+
+
+def vllm_greedy(fleet: SimpleNamespace, model: str, prompt: list[int]):  # noqa: ANN201
+    return completion_greedy(fleet.vllm.url, model, prompt)
 
 
 def peft_greedy(base: Path, adapter: Path, prompt: list[int]):  # noqa: ANN201

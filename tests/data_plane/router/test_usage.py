@@ -38,9 +38,20 @@ def through(tap: UsageTap, data: bytes, cut: int) -> bytes:
     return out + tap.flush()
 
 
+def with_fingerprint(stream: bytes) -> bytes:
+    """The stream with a field after the last event's usage, as vLLM sends it (`system_fingerprint`)."""
+    sent = events(stream)
+    last = sent[-2]
+    assert last.endswith(b"}}") and b'"choices":[]' in last
+    return b"".join(e + b"\n\n" for e in [*sent[:-2], last[:-1] + b',"system_fingerprint":"vllm-0"}', sent[-1]])
+
+
 @pytest.mark.parametrize(("asked", "continuous"), [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("fingerprint", [False, True], ids=["usage-last", "fields-after-usage"])
 def test_the_client_gets_what_it_asked_and_the_router_every_usage(engine_stream: bytes, asked: bool,
-                                                                 continuous: bool) -> None:
+                                                                 continuous: bool, fingerprint: bool) -> None:
+    if fingerprint:
+        engine_stream = with_fingerprint(engine_stream)
     sent = events(engine_stream)
     chunks = [json.loads(e[6:]) for e in sent if e != b"data: [DONE]"]
     assert all("usage" in c for c in chunks) and chunks[-1]["choices"] == []
