@@ -2,25 +2,29 @@
 
 What an engine (or any server we call) answers is never passed on verbatim: it may not even be the server
 we think, and its text ends up in logs, JSON answers and the database. `sanitize` keeps printable
-characters only, whitespace runs collapsed, at most `limit` of them; `safe_url` drops a URL's userinfo,
+characters only, whitespace runs collapsed, the userinfo of any URL in the text dropped, at most `limit` of
+them; `safe_url` drops a URL's userinfo,
 query and fragment (a password in a URL must not reach a log or a stored error); `reply_reason` is an
 error answer as status plus the server's OpenAI-style message so treated, never the body itself.
 """
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import msgspec
 
 MAX_REASON = 200
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@]*@")  # scheme://user:password@
 
 
 def sanitize(text: str, limit: int = MAX_REASON) -> str:
-    """Printable characters only, at most `limit` of them: safe in logs, JSON answers and the database."""
+    """Printable characters only, URLs without their userinfo, at most `limit` of them: safe in logs, JSON
+    answers and the database."""
     clean = "".join(c if c.isprintable() else " " for c in text[: limit * 2])
-    clean = " ".join(clean.split())
+    clean = _URL_USERINFO.sub(r"\1", " ".join(clean.split()))
     return clean if len(clean) <= limit else clean[: limit - 1] + "…"
 
 
