@@ -1,4 +1,4 @@
-"""A layer's residual add and RMSNorm alone: the compiled CPU kernel (data_plane/model/layers/rms_norm_cpu.cpp)
+"""A layer's residual add and RMSNorm alone: the compiled CPU kernel (data_plane/model/rms_norm_cpu.cpp)
 against the torch ops it replaces (RMSNorm.add_forward with no kernel), alternated in one process, at a
 decode batch's rows and a prefill chunk's; medians of --repeats timings (each the mean of --calls calls),
 with their range, and the kernel's time over torch's. Prints one JSON object.

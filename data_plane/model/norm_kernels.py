@@ -1,6 +1,6 @@
 """Which RMSNorm the model's norms run: LORAPLANE_NORM_KERNELS=auto (default) or torch.
 
-auto: on the CPU the compiled kernel (layers/rms_norm_cpu.cpp) for bfloat16/float16 rows, which also
+auto: on the CPU the compiled kernel (rms_norm_cpu.cpp) for bfloat16/float16 rows, which also
 fuses the residual add; where it cannot be built (said once in the log), and on other devices and for
 float32, the torch ops. torch: the torch ops everywhere, e.g. to compare against them.
 """
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 NORM_KERNELS_ENV = "LORAPLANE_NORM_KERNELS"
 CHOICES = ("auto", "torch")
-SOURCE = Path(__file__).parent / "layers" / "rms_norm_cpu.cpp"
+SOURCE = Path(__file__).with_name("rms_norm_cpu.cpp")
 
 
 @functools.cache

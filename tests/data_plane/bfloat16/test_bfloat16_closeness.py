@@ -83,6 +83,8 @@ def families(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Family
 
     return get
 
+MIX_ATTEMPTS = 3  # rounds of the jobs sent at once, until one step mixed all three adapters
+
 
 def _served(server: EngineServer, model: str, prompt: list[int]) -> Greedy:
     body = {"model": model, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0, "logprobs": TOP,
@@ -120,12 +122,18 @@ def test_served_bfloat16_is_close_to_peft_in_mixed_batches(families, serve, fami
     setup = families(family)
     server = serve(setup, FORCED_AVX2 if forced else {})
     jobs = setup.jobs()
-    with ThreadPoolExecutor(len(jobs)) as pool:  # all at once, so that they share engine steps
-        got = list(pool.map(lambda job: _served(server, job[0] or "demo", setup.prompts[job[1]]), jobs))
-    assert_close(got, setup.expected(), [f"{name or 'base'}/prompt {i}" for name, i in jobs])
-    # some steps ran all three adapters together (the histogram counts steps by distinct adapters)
-    steps = scrape_metric(server.url, "loraplane_step_adapters_count")
-    assert steps - scrape_metric(server.url, "loraplane_step_adapters_bucket", 'le="2"') > 0
+
+    def mixed_steps() -> float:  # steps that ran all three adapters together (counted by distinct adapters)
+        steps = scrape_metric(server.url, "loraplane_step_adapters_count")
+        return steps - scrape_metric(server.url, "loraplane_step_adapters_bucket", 'le="2"')
+
+    for _ in range(MIX_ATTEMPTS):  # a busy host can spread the arrivals over steps: send them again
+        with ThreadPoolExecutor(len(jobs)) as pool:  # all at once, so that they share engine steps
+            got = list(pool.map(lambda job: _served(server, job[0] or "demo", setup.prompts[job[1]]), jobs))
+        assert_close(got, setup.expected(), [f"{name or 'base'}/prompt {i}" for name, i in jobs])
+        if mixed_steps() > 0:
+            break
+    assert mixed_steps() > 0, f"no step ran the three adapters together in {MIX_ATTEMPTS} attempts"
     if forced:
         log = server.log.read_text()
         assert "lora_bgmv_avx2" in log and "paged_attention_avx2" in log, server.log_tail()

@@ -1,4 +1,4 @@
-"""The compiled CPU RMSNorm (data_plane/model/layers/rms_norm_cpu.cpp) against the torch ops it replaces:
+"""The compiled CPU RMSNorm (data_plane/model/rms_norm_cpu.cpp) against the torch ops it replaces:
 the residual add bit for bit, the norm within a unit in the last place, and rarely (only the order of the
 sum of squares differs), for bfloat16 and float16, row widths with and without a vector tail, the vector path
 and the plain loops (forced by building for ATen's DEFAULT capability)."""
