@@ -2,7 +2,7 @@
 
 Each test module is one unit of work, run on one worker in file order: its module-scoped fixtures (an
 engine, a control plane, a fleet) start once, and some modules' tests build on what the ones before them
-left. The units that take minutes (SLOW_FIRST) are handed out first. tests/faults/ is one unit as a whole: its tests share a package-scoped fleet and run in file order
+left. tests/faults/ is one unit as a whole: its tests share a package-scoped fleet and run in file order
 across its files (tests/faults/conftest.py). Without xdist, or with another --dist, nothing changes here.
 
 (xdist's own `--dist loadgroup` marks cannot say this under pytest 9.2: it renames items through an
@@ -18,32 +18,16 @@ from collections.abc import Iterator
 import pytest
 
 WHOLE_PACKAGES = ("tests/faults/",)  # one unit each, whatever the module (node ids are relative to the root)
-# units that take minutes, longest first: handed out before the rest, so that the many short modules fill
-# the workers' time at the end instead of one long module running alone there; the two vLLM modules are
-# 1st and 3rd, so that the same worker runs them one after the other, never at once
-SLOW_FIRST = ("tests/e2e/test_vllm_agent.py", "tests/faults/", "tests/e2e/test_vllm_fleet.py",
-              "tests/e2e/test_router.py", "tests/e2e/test_up.py", "tests/contracts/test_engine_contract.py",
-              "tests/contracts/test_router_contract.py", "tests/docs_walk/test_docs_walk.py",
-              "tests/packaging/test_base_install.py", "tests/e2e/test_control_plane_engines.py")
 
 if importlib.util.find_spec("xdist") is not None:
     from xdist.scheduler import LoadFileScheduling
 
     class ModuleScheduling(LoadFileScheduling):
-        """--dist loadfile, with each of WHOLE_PACKAGES one unit, and the SLOW_FIRST units handed out first."""
-
-        _slow_first = False
+        """--dist loadfile, with each of WHOLE_PACKAGES one unit."""
 
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
             return next((p for p in WHOLE_PACKAGES if module.startswith(p)), module)
-
-        def _assign_work_unit(self, node: object) -> None:
-            if not self._slow_first:  # the queue is complete before the first unit is handed out
-                for scope in reversed([s for s in SLOW_FIRST if s in self.workqueue]):
-                    self.workqueue.move_to_end(scope, last=False)
-                self._slow_first = True
-            super()._assign_work_unit(node)  # type: ignore[arg-type]
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadFileScheduling | None:
         return ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None  # type: ignore[arg-type]
