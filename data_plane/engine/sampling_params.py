@@ -20,6 +20,31 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on a request's output (vLLM's `structured_outputs`): exactly one of the fields is set.
+
+    json: a JSON schema, as compact JSON text; json_object: any JSON object; regex: a regular expression
+    the whole output matches; choice: the output is one of these strings; grammar: a Lark grammar.
+    The API process checks and compiles it (data_plane/structured/); the engine core holds one matcher per
+    constrained sequence and masks that row's logits before sampling.
+    """
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = sum(v is not None for v in (self.json, self.regex, self.choice, self.grammar))
+        if given + self.json_object != 1:
+            raise InvalidRequestError(
+                "structured_outputs takes exactly one of json, json_object, regex, choice and grammar.",
+                param="structured_outputs",
+            )
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     max_tokens: int = 16
@@ -41,6 +66,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # None: unconstrained
 
     def __post_init__(self) -> None:
         if self.top_k == 0:
