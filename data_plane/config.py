@@ -101,7 +101,8 @@ class EngineConfig:
         1.25, flag="--decode-stall-limit", group=SCHEDULING,
         help="while requests decode, a step that also computes chunks of a long prompt (see "
         "--long-prefill-token-threshold) may take at most this many times a step of the decodes alone, measured as "
-        "the engine runs, so a long prompt does not hold up their next tokens (engine/prefill_pacer.py); 0 lets "
+        "the engine runs, so a long prompt does not hold up their next tokens; more while many long prompts wait "
+        "for each decode: 1 + prompts / decodes (engine/prefill_pacer.py); 0 lets "
         "chunks fill --max-num-batched-tokens, as vLLM")
     long_prefill_token_threshold: int = setting(
         LONG_PREFILL_TOKENS, flag="--long-prefill-token-threshold", group=SCHEDULING, metavar="TOKENS",

@@ -20,6 +20,12 @@ one decode token costs (t_decode / decodes), an overestimate, so the first chunk
 The share at most doubles from one step to the next: an estimate of c from a few cheap steps, where
 noise is most of the figure, cannot jump it to the whole token budget and stall the decodes at once.
 
+The limit rises with how many long prompts wait for each running decode: a step may take up to
+1 + (long prompts) / (decodes) times a decode-only step where that is above `stall_limit`, so that each
+waiting prompt gets about the share of a step that one decode gets. Held back further, prompts that
+outnumber the decodes would keep the batch small (a decode step costs about as much for a few sequences
+as for many) for the sake of those few decodes.
+
 Only prompts with more than `LONG_PREFILL_TOKENS` tokens (--long-prefill-token-threshold, vLLM's
 flag) are paced: a chat turn's prompt is admitted whole (pacing it would add steps to every request's
 time to first token), and the long stalls come from the long ones. On a slow CPU even a short prompt
@@ -68,22 +74,24 @@ class PrefillPacer:
                 self._prefill_token_s.append(max(extra, 0.0) / num_prefill_tokens)
         self._budget = None
 
-    def long_prefill_budget(self, num_decodes: int) -> int:
-        """Tokens of long prompts the next step may compute beside `num_decodes` running decodes (> 0);
-        0 on a probe step. (A probe that short prompts fill is no probe; the next comes PROBE_EVERY later,
-        so that arrivals of short prompts never hold a long one back for good.)"""
+    def long_prefill_budget(self, num_decodes: int, num_long_prompts: int = 1) -> int:
+        """Tokens of long prompts the next step may compute beside `num_decodes` running decodes (> 0) while
+        `num_long_prompts` long prompts wait or prefill; 0 on a probe step. (A probe that short prompts
+        fill is no probe; the next comes PROBE_EVERY later, so that arrivals of short prompts never hold a
+        long one back for good.)"""
         if self._mixed_steps and self._mixed_steps % PROBE_EVERY == 0:
             return 0
         if self._budget is None:
-            self._budget = min(self._compute(num_decodes), 2 * self._last_budget)
+            self._budget = min(self._compute(num_decodes, num_long_prompts), 2 * self._last_budget)
             self._last_budget = self._budget
         return self._budget
 
-    def _compute(self, num_decodes: int) -> int:
+    def _compute(self, num_decodes: int, num_long_prompts: int) -> int:
         if not self._decode_step_s:
             return MIN_LONG_CHUNK
         decode_s = statistics.median(self._decode_step_s)
         per_token = statistics.median(self._prefill_token_s) if self._prefill_token_s else decode_s / max(num_decodes, 1)
         if per_token <= 0.0:
             per_token = decode_s / max(num_decodes, 1) / 8  # prefill measured free: grow, but not unboundedly
-        return max(MIN_LONG_CHUNK, int((self.stall_limit - 1.0) * decode_s / per_token))
+        limit = max(self.stall_limit, 1.0 + num_long_prompts / max(num_decodes, 1))
+        return max(MIN_LONG_CHUNK, int((limit - 1.0) * decode_s / per_token))

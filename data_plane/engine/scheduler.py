@@ -89,10 +89,11 @@ class _LongPrefillShare:
     pacer is asked once a step, and only when a long prompt is scheduled: it grows its share only over
     steps that use it."""
 
-    def __init__(self, pacer: PrefillPacer | None, num_decodes: int, long_tokens: int) -> None:
+    def __init__(self, pacer: PrefillPacer | None, num_decodes: int, long_tokens: int, num_long: int) -> None:
         self._pacer = pacer if num_decodes else None  # nothing to stall without decodes
         self._num_decodes = num_decodes
         self._long_tokens = long_tokens  # a prompt of more tokens than this is long
+        self._num_long = num_long  # long prompts waiting or prefilling
         self._left: int | None = None
 
     def cap(self, seq: Sequence, num_new: int) -> int:
@@ -100,7 +101,7 @@ class _LongPrefillShare:
         if self._pacer is None or len(seq) <= self._long_tokens:
             return num_new
         if self._left is None:
-            self._left = self._pacer.long_prefill_budget(self._num_decodes)
+            self._left = self._pacer.long_prefill_budget(self._num_decodes, self._num_long)
         return min(num_new, self._left)
 
     def spend(self, seq: Sequence, num_new: int) -> None:
@@ -208,7 +209,8 @@ class Scheduler:
         if not prefills and not self.waiting:
             return out
         fair = self._fair_share()  # after the step's preemptions
-        long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes), self.long_prefill_tokens)
+        num_long = sum(len(seq) > self.long_prefill_tokens for seq in (*prefills, *self.waiting))
+        long_share = _LongPrefillShare(self.prefill_pacer, len(out.decodes), self.long_prefill_tokens, num_long)
         beyond = [seq for seq in prefills if not fair.within(seq)]
         token_budget = self.max_num_batched_tokens - len(out.decodes)
         token_budget = self._continue_prefills(out, [s for s in prefills if fair.within(s)], token_budget, long_share)

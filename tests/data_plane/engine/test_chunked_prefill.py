@@ -254,6 +254,29 @@ def test_long_prompts_beside_decodes_get_the_pacers_share_and_short_ones_run_who
     assert [p.num_new_tokens for p in idle.schedule().prefills] == [128]
 
 
+def test_more_long_prompts_per_decode_get_a_larger_share():
+    """Three long prompts beside four decodes may take a step of 1 + 3/4 times the decodes' alone: three
+    times the room one prompt gets (1 + 1/4, the stall limit). (The pacer is warmed first, so that its growth
+    bound of twice the last share does not bind.)"""
+    def first_shares(long_prompts: int) -> list[int]:
+        pacer = PrefillPacer(1.25)
+        for _ in range(4):
+            pacer.observe(4, 0, 0.010)
+        for _ in range(8):  # a prefill token costs 0.1 ms beside the decodes
+            share = pacer.long_prefill_budget(4, 3)
+            pacer.observe(4, share, 0.010 + share * 0.0001)
+            pacer.observe(4, 0, 0.010)
+        scheduler = Scheduler(BlockManager(1024, block_size=4), max_num_seqs=8, max_num_batched_tokens=1024,
+                              enable_chunked_prefill=True, prefill_pacer=pacer)
+        _decoding(scheduler, 4)
+        for i in range(long_prompts):
+            scheduler.add(_seq(10 + i, LONG_PREFILL_TOKENS + 400))
+        return [p.num_new_tokens for p in scheduler.schedule().prefills]
+
+    assert first_shares(1) == [25]  # 0.25 * 10 ms / 0.1 ms
+    assert first_shares(3) == [75]  # 0.75 * 10 ms / 0.1 ms, to the oldest prompt
+
+
 def test_threshold_zero_paces_every_prompt_beside_decodes():
     """--long-prefill-token-threshold 0: a short prompt beside running decodes gets the pacer's share too
     (a few tokens a step, growing), instead of running whole in one long step; with the default it runs

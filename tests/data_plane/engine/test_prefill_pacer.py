@@ -19,13 +19,13 @@ def pacer_with_decode_steps(stall_limit: float = 1.25, steps: int = 20) -> Prefi
     return pacer
 
 
-def run_chunks(pacer: PrefillPacer, seconds_per_token: float, steps: int, decode_step_s=lambda step: DECODE_STEP_S
-               ) -> list[int]:
+def run_chunks(pacer: PrefillPacer, seconds_per_token: float, steps: int, decode_step_s=lambda step: DECODE_STEP_S,
+               num_long: int = 1) -> list[int]:
     """The shares of `steps` steps whose prefill tokens cost `seconds_per_token` each beside decodes that
-    cost `decode_step_s(step)`; probe steps (share 0) left out."""
+    cost `decode_step_s(step)`, with `num_long` long prompts waiting; probe steps (share 0) left out."""
     shares = []
     for step in range(steps):
-        share = pacer.long_prefill_budget(DECODES)
+        share = pacer.long_prefill_budget(DECODES, num_long)
         if share:
             shares.append(share)
         pacer.observe(DECODES, share, decode_step_s(step) + share * seconds_per_token)
@@ -86,3 +86,10 @@ def test_without_decode_steps_the_smallest_share_and_no_pacing_of_idle_steps():
 def test_a_stall_limit_of_one_or_less_is_refused():
     with pytest.raises(ValueError, match="above 1"):
         PrefillPacer(1.0)
+
+
+def test_many_long_prompts_per_decode_raise_the_limit():
+    # 8 long prompts beside 32 decodes: 1 + 8/32 = 1.25, the stall limit; 16: 1.5, twice the room; 32: 2
+    assert run_chunks(pacer_with_decode_steps(), 0.0001, steps=8, num_long=8)[-1] in (24, 25)
+    assert run_chunks(pacer_with_decode_steps(), 0.0001, steps=8, num_long=16)[-1] in (49, 50)
+    assert run_chunks(pacer_with_decode_steps(), 0.0001, steps=8, num_long=32)[-1] in (99, 100)
