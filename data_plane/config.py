@@ -59,7 +59,9 @@ def parse_lora_modules(items: list[str]) -> dict[str, str]:
 
 
 MODEL, KV, SCHEDULING, LIMITS, PROCESSES = "model", "KV cache", "scheduling", "request limits", "processes and devices"
-LORA, CONTROL = "multi-LoRA", "control plane"
+LORA, CONTROL, TOOLS = "multi-LoRA", "control plane", "tool calling"
+# --tool-call-parser's formats: data_plane/api/tool_parsers (a test checks the two lists agree)
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 
 @dataclass
@@ -220,6 +222,15 @@ class EngineConfig:
         30.0, flag="--shutdown-timeout-s", group="HTTP",
         help="on SIGTERM: admit nothing new, drain at the control plane, let in-flight requests finish "
         "for up to this long, then stop")
+    enable_auto_tool_choice: bool = setting(
+        False, flag="--enable-auto-tool-choice", group=TOOLS,
+        help='read the calls the model writes itself (tool_choice "auto", the default when a request has tools) '
+        "with --tool-call-parser; off, such requests get 400, as vLLM's ('required' and named tool choices "
+        "work either way: the output is constrained to the calls)")
+    tool_call_parser: str | None = setting(
+        None, flag="--tool-call-parser", group=TOOLS, choices=TOOL_CALL_PARSERS,
+        help="how calls are written in the model's output: hermes (<tool_call>{json}</tool_call>, Qwen2.5 and "
+        'Qwen3, Hermes) or llama3_json ({"name": ..., "parameters": ...}, Llama 3.1+)')
     log_level: str = log_level_setting()
     log_format: str = log_format_setting()
 
@@ -292,6 +303,8 @@ class EngineConfig:
                               "such as 1.25")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ConfigError("--num-kv-blocks must be at least 2")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")
 
     def finalize(self, model_max_len: int) -> None:
         """Fill the defaults that depend on the loaded model; check the scheduling limits fit together."""

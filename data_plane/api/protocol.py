@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import Meta
 
+from data_plane.api.tool_calls import Tool, ToolCall, ToolChoice, ToolPlan, template_tool_calls
 from data_plane.engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
 from shared.errors import InvalidRequestError
 from shared.openapi import decode_body
@@ -46,6 +47,8 @@ class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message's answer to
 
     def text(self) -> str:
         """The message's content as one string (the schema admits text parts only)."""
@@ -128,7 +131,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None  # newer name of max_tokens; wins when both are given
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: Annotated[list[dict[str, Any]], Unsupported] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, "none" without
+    parallel_tool_calls: bool | None = None  # default: true
     response_format: ResponseFormat | None = None
 
     def check(self) -> None:
@@ -136,9 +141,22 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
 
-    def conversation(self) -> list[dict[str, str]]:
-        """Messages in the shape chat templates expect: role and plain-text content."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        """Messages in the shape chat templates expect: role and plain-text content, an assistant's
+        tool_calls (arguments as objects) and a tool message's tool_call_id."""
+        out = []
+        for i, m in enumerate(self.messages):
+            message: dict[str, Any] = {"role": m.role, "content": m.text()}
+            if m.tool_calls:
+                message["tool_calls"] = template_tool_calls(m.tool_calls, f"messages[{i}].tool_calls")
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            out.append(message)
+        return out
+
+    def tool_plan(self, auto_parser: str | None) -> ToolPlan:
+        """The request's tool fields checked (data_plane/api/tool_calls.py)."""
+        return ToolPlan.of(self.tools, self.tool_choice, self.parallel_tool_calls, auto_parser)
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """default_max_tokens: what is left of the context after the prompt (as vLLM does)."""
@@ -275,7 +293,7 @@ def request_types(
 
 
 # Fields that are accepted only absent, null or empty: say so rather than quote the length rule.
-_UNSUPPORTED = {"tools", "suffix", "response_format.type"}
+_UNSUPPORTED = {"suffix", "response_format.type"}
 
 
 def decode_request(body: bytes, kind: type[T]) -> T:

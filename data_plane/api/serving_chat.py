@@ -15,6 +15,7 @@ from data_plane.api.models import ModelResolver
 from data_plane.api.prompts import check_prompt_chars, off_loop
 from data_plane.api.protocol import ChatCompletionRequest
 from data_plane.api.streaming import EventStream, event_stream, new_id, now_s, usage
+from data_plane.api.tool_calls import ChoiceCalls, ToolPlan, deltas, message
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
 from data_plane.metrics import EngineMetrics
@@ -39,12 +40,15 @@ class ChatService:
         self.max_model_len: int = max_model_len
         self.resolver = resolver
         self.metrics = metrics
+        config = engine.config
+        self.auto_tool_parser = config.tool_call_parser if config.enable_auto_tool_choice else None
 
     async def create(self, req: ChatCompletionRequest) -> dict[str, Any] | EventStream:
         """The response body, or an EventStream when req.stream; engine refusals raise (→ 4xx/5xx)."""
         arrival = time.monotonic()
         try:
             req.check()
+            tools = req.tool_plan(self.auto_tool_parser)
             conversation = req.conversation()
             chars = sum(len(m["content"]) for m in conversation)
             limit = self.engine.config.max_prompt_chars
@@ -57,13 +61,13 @@ class ChatService:
             raise
         metrics = self.metrics.start_request(arrival, adapter=req.model)
         try:
-            request = await self._engine_request(req, conversation, lease)
+            request = await self._engine_request(req, conversation, tools, lease)
         except Exception as exc:
             lease.release()
             metrics.finish("rejected" if isinstance(exc, LoraplaneError) else "error")
             raise
         generation = await start_generation(self.engine, request, metrics, lease)  # owns the lease now
-        ctx = _Context(req, request.request_id, request.prompt_token_ids, LogprobFormatter(self.tokenizer))
+        ctx = _Context(req, tools, request.request_id, request.prompt_token_ids, LogprobFormatter(self.tokenizer))
         if req.stream:
             return event_stream(_chunks(generation, ctx), generation.aclose)
         try:
@@ -71,15 +75,16 @@ class ChatService:
         finally:
             await generation.aclose()
 
-    def _render(self, conversation: list[dict[str, str]]) -> list[int]:
-        prompt = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
+    def _render(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        prompt = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tools=tools)
         return self.tokenizer.encode(prompt)  # the template already holds any BOS token
 
     async def _engine_request(
-        self, req: ChatCompletionRequest, conversation: list[dict[str, str]], lease: Lease
+        self, req: ChatCompletionRequest, conversation: list[dict[str, Any]], tools: ToolPlan, lease: Lease
     ) -> Request:
-        prompt_ids = await off_loop(self._render, conversation)
+        prompt_ids = await off_loop(self._render, conversation, tools.template_tools())
         params = req.to_sampling_params(default_max_tokens=max(1, self.max_model_len - len(prompt_ids)))
+        tools.constrain(params)
         request = Request(
             new_id("chatcmpl"),
             prompt_ids,
@@ -95,6 +100,7 @@ class ChatService:
 @dataclass
 class _Context:
     req: ChatCompletionRequest
+    tools: ToolPlan
     request_id: str
     prompt_token_ids: list[int]
     formatter: LogprobFormatter
@@ -133,11 +139,12 @@ def _choice_body(index: int, c: _Choice, ctx: _Context) -> dict[str, Any]:
     logprobs = None
     if ctx.req.logprobs:
         logprobs = {"content": ctx.formatter.chat(c.token_ids, c.logprobs, ctx.top_n)}
+    body, calls = message(ctx.tools, c.text)
     choice: dict[str, Any] = {
         "index": index,
-        "message": {"role": "assistant", "content": c.text},
+        "message": body,
         "logprobs": logprobs,
-        "finish_reason": c.finish_reason,
+        "finish_reason": c.finish_reason if calls is None else calls.finish_reason(c.finish_reason),
         "stop_reason": c.stop_reason,
     }
     if ctx.req.return_token_ids:
@@ -173,25 +180,38 @@ async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[s
         if req.return_token_ids and index == 0:
             first["prompt_token_ids"] = ctx.prompt_token_ids
         yield first
+    calls = [ChoiceCalls(ctx.tools) for _ in range(req.n or 1)] if ctx.tools.parses else None
     async for output in generation:
         cached = max(cached, output.num_cached_tokens)
         for d in output.deltas:
             completion_tokens += len(d.token_ids)
             if not d.text and not d.token_ids and d.finish_reason is None:
                 continue
-            choice: dict[str, Any] = {
-                "index": d.index,
-                "delta": {"content": d.text} if d.text else {},
-                "logprobs": {"content": ctx.formatter.chat(d.token_ids, d.logprobs or [], ctx.top_n)}
-                if req.logprobs
-                else None,
-                "finish_reason": d.finish_reason,
-            }
-            if d.finish_reason is not None:
-                choice["stop_reason"] = d.stop_reason
-            if req.return_token_ids:
-                choice["token_ids"] = d.token_ids
-            yield chunk(choice)
+            finish_reason = d.finish_reason
+            if calls is None:
+                pieces = [{"content": d.text} if d.text else {}]
+            else:  # the text read for tool calls: content and call pieces, some held back until more comes
+                c = calls[d.index]
+                events = c.feed(d.text) + (c.finish() if d.finish_reason is not None else [])
+                pieces = deltas(events) or [{}]
+                finish_reason = c.finish_reason(d.finish_reason)
+                if pieces == [{}] and finish_reason is None and not (req.logprobs or req.return_token_ids):
+                    continue  # nothing to show yet
+            for i, delta in enumerate(pieces):  # the first piece carries the tokens, the last the finish
+                is_first, last = i == 0, i == len(pieces) - 1
+                choice: dict[str, Any] = {
+                    "index": d.index,
+                    "delta": delta,
+                    "logprobs": {"content": ctx.formatter.chat(d.token_ids, d.logprobs or [], ctx.top_n)}
+                    if req.logprobs and is_first
+                    else None,
+                    "finish_reason": finish_reason if last else None,
+                }
+                if last and finish_reason is not None:
+                    choice["stop_reason"] = d.stop_reason
+                if req.return_token_ids:
+                    choice["token_ids"] = d.token_ids if is_first else []
+                yield chunk(choice)
     if include_usage:
         yield {
             **header,

@@ -105,7 +105,7 @@ def test_chat_invalid_sampling_values_name_the_field(fields, param):
         ({"messages": []}, "messages"),
         ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs=true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"response_format": {"type": "json_object"}}, "response_format.type"),
     ],
 )
