@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 StopReason = str | int | None  # the stop string or stop token id that ended the choice
 
 
@@ -44,9 +44,21 @@ class ChatLogprobs(msgspec.Struct):
     content: list[TokenLogprob]
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class ToolCall(msgspec.Struct):
+    id: str  # call_...
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(msgspec.Struct):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # null when the answer is only tool calls
+    tool_calls: list[ToolCall] | None = None  # the calls made (data_plane/api/tool_calls.py)
 
 
 class ChatChoice(msgspec.Struct):
@@ -68,9 +80,24 @@ class ChatCompletion(msgspec.Struct):
     prompt_token_ids: list[int] | None = None
 
 
+class FunctionCallDelta(msgspec.Struct):
+    name: str | None = None  # in a call's first piece
+    arguments: str | None = None  # "" in the first piece, then pieces of the JSON text
+
+
+class ToolCallDelta(msgspec.Struct):
+    """A piece of a call: the first carries id, type and the function's name; later ones index and arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChatDelta(msgspec.Struct):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct):

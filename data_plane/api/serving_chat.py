@@ -198,16 +198,16 @@ async def _chunks(generation: Generation, ctx: _Context) -> AsyncIterator[dict[s
                 if pieces == [{}] and finish_reason is None and not (req.logprobs or req.return_token_ids):
                     continue  # nothing to show yet
             for i, delta in enumerate(pieces):  # the first piece carries the tokens, the last the finish
-                is_first, last = i == 0, i == len(pieces) - 1
+                is_first, is_last = i == 0, i == len(pieces) - 1
                 choice: dict[str, Any] = {
                     "index": d.index,
                     "delta": delta,
                     "logprobs": {"content": ctx.formatter.chat(d.token_ids, d.logprobs or [], ctx.top_n)}
                     if req.logprobs and is_first
                     else None,
-                    "finish_reason": finish_reason if last else None,
+                    "finish_reason": finish_reason if is_last else None,
                 }
-                if last and finish_reason is not None:
+                if is_last and finish_reason is not None:
                     choice["stop_reason"] = d.stop_reason
                 if req.return_token_ids:
                     choice["token_ids"] = d.token_ids if is_first else []
