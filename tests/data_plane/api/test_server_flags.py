@@ -126,3 +126,13 @@ def test_a_bad_variable_is_a_usage_error_that_names_it(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         parse("m")
     assert "LORAPLANE_LOG_LEVEL 'loud': expected critical, error, warning, info, debug or trace" in capsys.readouterr().err
+
+
+def test_tool_calling_flags_as_vllms(model_dir):
+    c = config(model_dir, "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json")
+    assert c.enable_auto_tool_choice and c.tool_call_parser == "llama3_json"
+    assert not config(model_dir).enable_auto_tool_choice
+    with pytest.raises(ConfigError, match="--enable-auto-tool-choice requires --tool-call-parser"):
+        config(model_dir, "--enable-auto-tool-choice")
+    with pytest.raises(ConfigError, match="--tool-call-parser 'pythonic': expected"):
+        config(model_dir, "--tool-call-parser", "pythonic")
