@@ -1,0 +1,47 @@
+"""The oracle of constrained greedy decoding: transformers' float32 logits, masked step by step with the
+tokens an llguidance matcher allows (built here from tokenizer.json, independently of the engine's code)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import llguidance
+import torch
+from transformers import AutoModelForCausalLM
+
+from data_plane.tokenizer import Tokenizer
+
+
+def json_grammar(schema: dict) -> str:
+    """The grammar the engine's rule gives a JSON schema: no whitespace beyond "," and ":"."""
+    return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": False})
+
+
+def eos_ids(model_dir: Path) -> list[int]:
+    """Every id that ends a sequence (the configs' and the tokenizer's): the grammar allows them when complete."""
+    return sorted(Tokenizer.from_pretrained(model_dir).eos_token_ids)
+
+
+def constrained_greedy(model_dir: Path, prompt: list[int], grammar: str, max_tokens: int) -> list[int]:
+    """Greedy tokens under the grammar: EOS (kept, as the engine reports it) or a complete grammar ends them."""
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    eos = eos_ids(model_dir)
+    ll_tok = llguidance.LLTokenizer((model_dir / "tokenizer.json").read_text(), n_vocab=vocab, eos_token=eos)
+    matcher = llguidance.LLMatcher(ll_tok, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits = model(ids).logits[0, -1].clone()
+            allowed = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8)[:vocab] > 0
+            logits[~allowed] = float("-inf")
+            token = int(logits.argmax())
+            out.append(token)
+            assert matcher.consume_token(token), matcher.get_error()
+            if token in eos or matcher.is_stopped():
+                break
+            ids = torch.cat([ids, torch.tensor([[token]])], dim=1)
+    return out
