@@ -60,6 +60,9 @@ class StreamOptions(msgspec.Struct):
 
 
 class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    """response_format's json_schema: the output is JSON valid under `schema` (strict or not), written without
+    free whitespace (docs/structured-outputs.md)."""
+
     name: str | None = None
     description: str | None = None
     schema: dict[str, Any] | None = msgspec.field(default=None, name="schema")

@@ -13,7 +13,8 @@ from litestar.testing import TestClient
 from data_plane.api.app import create_app
 from data_plane.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from data_plane.engine.sequence import Request
-from tests.data_plane.api.engines import SERVED, make_engine as make_async_engine
+from tests.data_plane.api.engines import SERVED
+from tests.data_plane.api.engines import make_engine as make_async_engine
 from tests.data_plane.engine.conftest import make_engine, run
 from tests.data_plane.structured.oracle import constrained_greedy, json_grammar
 
@@ -29,6 +30,8 @@ SCHEMA = {
     "additionalProperties": False,
 }
 MAX_TOKENS = 60
+# "a", then a terminal no text matches: the grammar allows one token, then none
+DEAD_END = 'start: "a" b\nb: /[^\\s\\S]/'
 PROMPTS = [[11, 42, 7, 99, 23, 5], [300, 17, 8], [5, 6, 7, 8, 9, 10, 11, 12]]
 
 
@@ -84,14 +87,15 @@ def test_preempted_constrained_sequences_resume_where_their_grammar_was(demo_mod
 
 def test_a_grammar_dead_end_fails_its_request_and_the_batch_goes_on(demo_model_dir):
     engine = make_engine(demo_model_dir)
-    dead = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(regex=DEAD_END))
+    dead = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=StructuredOutputsParams(grammar=DEAD_END))
     engine.add_request(Request("plain", PROMPTS[0], unconstrained()))
     engine.add_request(Request("dead", PROMPTS[1], dead))
     outputs = {}
     while engine.has_work():
         for output in engine.step():
             outputs.setdefault(output.request_id, []).append(output)
-    [failed] = outputs["dead"]
+    *first, failed = outputs["dead"]  # its one allowed token, then the dead end
+    assert [t for o in first for d in o.deltas for t in d.token_ids] == [engine.tokenizer.encode("a")[0]]
     assert failed.finished and failed.deltas[0].finish_reason == "error"
     assert failed.client_error is not None and failed.client_error.status_code == 400
     plain = [t for o in outputs["plain"] for d in o.deltas for t in d.token_ids]

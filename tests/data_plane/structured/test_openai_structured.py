@@ -6,7 +6,6 @@ grammar makes the answers valid, so every schema here bounds its output below ma
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from data_plane.demo.adapters import write_demo_adapters
+from data_plane.tokenizer import Tokenizer
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
+from tests.data_plane.structured.test_engine_grammar import DEAD_END
 
 openai = pytest.importorskip("openai")
 
@@ -76,16 +77,22 @@ def test_json_schema_streamed_equals_the_whole_answer_and_validates(client):
     Pet.model_validate_json(text)
 
 
-def test_json_object_is_a_json_object_on_chat_and_completions(client):
+def test_json_object_is_masked_before_the_logit_bias_on_chat_and_completions(client, demo_model_dir):
+    """Any JSON object is unbounded, so a bias steers it: "}" favoured (unconstrained, every token would be
+    "}"), '{"' shunned. The mask comes first, so the answer opens with "{" and closes at once."""
+    tokenizer = Tokenizer.from_pretrained(demo_model_dir)
+    bias = {str(tokenizer.token_to_id("}")): 100, str(tokenizer.token_to_id('{"')): -100}
+    fields = {**GREEDY, "logit_bias": bias}
     chat = client.chat.completions.create(
-        model="demo", messages=MESSAGES, response_format={"type": "json_object"}, **GREEDY
+        model="demo", messages=MESSAGES, response_format={"type": "json_object"}, **fields
     ).choices[0]
     completion = client.completions.create(
-        model="demo", prompt="Hi", **GREEDY, extra_body={"response_format": {"type": "json_object"}}
+        model="demo", prompt="Hi", **fields, extra_body={"response_format": {"type": "json_object"}}
     ).choices[0]
-    for text, finish in ((chat.message.content, chat.finish_reason), (completion.text, completion.finish_reason)):
-        assert finish == "stop", text
-        assert isinstance(json.loads(text), dict)
+    assert (chat.message.content, chat.finish_reason) == ("{}", "stop")
+    assert (completion.text, completion.finish_reason) == ("{}", "stop")
+    plain = client.completions.create(model="demo", prompt="Hi", temperature=0.0, max_tokens=3, logit_bias=bias)
+    assert plain.choices[0].text == "}}}"
 
 
 def test_regex_on_completions_streamed_and_not(client):
@@ -136,7 +143,7 @@ def test_a_constraint_that_cannot_be_used_is_a_400_naming_the_field(server, body
 
 
 def test_a_dead_end_fails_the_request_and_the_engine_serves_on(server, client):
-    body = {"model": "demo", "prompt": "Hi", **GREEDY, "structured_outputs": {"regex": DEAD_END}}
+    body = {"model": "demo", "prompt": "Hi", **GREEDY, "structured_outputs": {"grammar": DEAD_END}}
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "structured_output_dead_end", r.text
     assert client.completions.create(model="demo", prompt="Hi", max_tokens=4).choices[0].finish_reason == "length"
