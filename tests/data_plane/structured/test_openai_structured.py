@@ -6,6 +6,7 @@ grammar makes the answers valid, so every schema here bounds its output below ma
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +147,12 @@ def test_a_dead_end_fails_the_request_and_the_engine_serves_on(server, client):
     body = {"model": "demo", "prompt": "Hi", **GREEDY, "structured_outputs": {"grammar": DEAD_END}}
     r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "structured_output_dead_end", r.text
+    # streamed: its first token went out, so the dead end is the stream's error event
+    streamed = httpx.post(server.url + "/v1/completions", json={**body, "stream": True}, timeout=60)
+    events = [line.removeprefix("data: ") for line in streamed.text.split("\n\n") if line]
+    assert streamed.status_code == 200 and events[-1] == "[DONE]"
+    assert json.loads(events[0])["choices"][0]["text"] == "a"
+    assert json.loads(events[-2])["error"]["code"] == "structured_output_dead_end"
     assert client.completions.create(model="demo", prompt="Hi", max_tokens=4).choices[0].finish_reason == "length"
 
 
