@@ -3,6 +3,7 @@ tokens an llguidance matcher allows (built here from tokenizer.json, independent
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -23,14 +24,20 @@ def eos_ids(model_dir: Path) -> list[int]:
     return sorted(Tokenizer.from_pretrained(model_dir).eos_token_ids)
 
 
-def constrained_greedy(model_dir: Path, prompt: list[int], grammar: str, max_tokens: int) -> list[int]:
-    """Greedy tokens under the grammar: EOS (kept, as the engine reports it) or a complete grammar ends them."""
+@functools.cache
+def _oracle(model_dir: Path) -> tuple[AutoModelForCausalLM, llguidance.LLTokenizer, list[int]]:
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     eos = eos_ids(model_dir)
     ll_tok = llguidance.LLTokenizer((model_dir / "tokenizer.json").read_text(), n_vocab=vocab, eos_token=eos)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), ll_tok, eos
+
+
+def constrained_greedy(model_dir: Path, prompt: list[int], grammar: str, max_tokens: int) -> list[int]:
+    """Greedy tokens under the grammar: EOS (kept, as the engine reports it) or a complete grammar ends them."""
+    model, ll_tok, eos = _oracle(model_dir)
+    vocab = model.config.vocab_size
     matcher = llguidance.LLMatcher(ll_tok, grammar, log_level=0)
     assert not matcher.is_error(), matcher.get_error()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt])
     out: list[int] = []
     with torch.no_grad():
