@@ -1,5 +1,6 @@
-"""The oracle of constrained greedy decoding: transformers' float32 logits, masked step by step with the
-tokens an llguidance matcher allows (built here from tokenizer.json, independently of the engine's code)."""
+"""The cases the structured-output tests share, and the oracle of constrained greedy decoding: transformers'
+float32 logits, masked step by step with the tokens an llguidance matcher allows (built here from
+tokenizer.json, independently of the engine's code)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,22 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from data_plane.tokenizer import Tokenizer
+
+# bounded: every answer is complete within MAX_TOKENS, whatever the random weights prefer
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["cat", "dog", "fish"]},
+        "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+        "tags": {"type": "array", "items": {"enum": ["old", "new"]}, "maxItems": 2},
+    },
+    "required": ["kind", "name", "tags"],
+    "additionalProperties": False,
+}
+MAX_TOKENS = 60
+# "a", then a terminal no text matches: the grammar allows one token, then none
+DEAD_END = 'start: "a" b\nb: /[^\\s\\S]/'
+PROMPTS = [[11, 42, 7, 99, 23, 5], [300, 17, 8], [5, 6, 7, 8, 9, 10, 11, 12]]
 
 
 def json_grammar(schema: dict) -> str:

@@ -13,26 +13,18 @@ from litestar.testing import TestClient
 from data_plane.api.app import create_app
 from data_plane.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from data_plane.engine.sequence import Request
+from data_plane.tokenizer import Tokenizer
 from tests.data_plane.api.engines import SERVED
 from tests.data_plane.api.engines import make_engine as make_async_engine
 from tests.data_plane.engine.conftest import make_engine, run
-from tests.data_plane.structured.oracle import constrained_greedy, json_grammar
-
-# bounded: every answer is complete within MAX_TOKENS, whatever the random weights prefer
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "kind": {"enum": ["cat", "dog", "fish"]},
-        "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
-        "tags": {"type": "array", "items": {"enum": ["old", "new"]}, "maxItems": 2},
-    },
-    "required": ["kind", "name", "tags"],
-    "additionalProperties": False,
-}
-MAX_TOKENS = 60
-# "a", then a terminal no text matches: the grammar allows one token, then none
-DEAD_END = 'start: "a" b\nb: /[^\\s\\S]/'
-PROMPTS = [[11, 42, 7, 99, 23, 5], [300, 17, 8], [5, 6, 7, 8, 9, 10, 11, 12]]
+from tests.data_plane.structured.oracle import (
+    DEAD_END,
+    MAX_TOKENS,
+    PROMPTS,
+    SCHEMA,
+    constrained_greedy,
+    json_grammar,
+)
 
 
 def constrained(**fields: object) -> SamplingParams:
@@ -50,8 +42,6 @@ def expected(demo_model_dir: Path) -> list[list[int]]:
 
 
 def decode_json(model_dir: Path, tokens: list[int]) -> dict:
-    from data_plane.tokenizer import Tokenizer
-
     return json.loads(Tokenizer.from_pretrained(model_dir).decode(tokens))
 
 

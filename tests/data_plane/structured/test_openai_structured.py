@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from data_plane.demo.adapters import write_demo_adapters
 from data_plane.tokenizer import Tokenizer
 from tests.data_plane.api.conftest import SHARED_FLAGS, EngineServer, run_engine
-from tests.data_plane.structured.test_engine_grammar import DEAD_END
+from tests.data_plane.structured.oracle import DEAD_END
 
 openai = pytest.importorskip("openai")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import httpx
 
 from tests.data_plane.api.conftest import SERVED_NAME, run_engine
-from tests.data_plane.structured.oracle import constrained_greedy, json_grammar
-from tests.data_plane.structured.test_engine_grammar import MAX_TOKENS, PROMPTS, SCHEMA
+from tests.data_plane.structured.oracle import MAX_TOKENS, PROMPTS, SCHEMA, constrained_greedy, json_grammar
 
 
 def test_tp2_constrained_greedy_matches_the_oracle(demo_model_dir, tmp_path):
