@@ -128,6 +128,16 @@ class EngineConfig:
     max_prompt_chars: int | None = setting(
         None, flag="--max-prompt-chars", group=LIMITS,
         help=f"longer prompts are refused before tokenizing (default: --max-model-len x {PROMPT_CHARS_PER_TOKEN})")
+    max_structured_output_bytes: int = setting(
+        64 * 1024, flag="--max-structured-output-bytes", group=LIMITS, default_text="64 KiB",
+        help="bytes of a structured output's constraint (JSON schema, regex, choices, grammar); more gets 400")
+    structured_output_compile_timeout: float = setting(
+        10.0, flag="--structured-output-compile-timeout", group=LIMITS, metavar="SECONDS",
+        help="a request waits this long for its structured output's constraint to compile; longer gets 400")
+    structured_output_cache_size: int = setting(
+        256, flag="--structured-output-cache-size", group=LIMITS, metavar="GRAMMARS",
+        help="compiled structured-output constraints kept (least recently used dropped first), in the API "
+        "process and in the engine core")
     host: str = host_setting()
     port: int = port_setting(8000)
     max_request_body_bytes: int = setting(8 * 1024 * 1024, flag="--max-request-body-bytes", group="HTTP",
@@ -260,6 +270,10 @@ class EngineConfig:
             raise ConfigError(f"--max-n must be between 1 and min(--max-num-seqs, --max-waiting-requests) = {n_cap}")
         if self.max_stop_strings < 0 or self.max_stop_string_length < 1:
             raise ConfigError("--max-stop-strings must be at least 0 and --max-stop-string-length at least 1")
+        if self.max_structured_output_bytes < 1 or self.structured_output_cache_size < 1:
+            raise ConfigError("--max-structured-output-bytes and --structured-output-cache-size must be at least 1")
+        if not self.structured_output_compile_timeout > 0:
+            raise ConfigError("--structured-output-compile-timeout must be positive")
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
             raise ConfigError("--max-prompt-chars must be at least 1")
         if self.max_request_tokens is not None and self.max_request_tokens < 1:

@@ -224,6 +224,35 @@ class _EngineStatsCollector:
         yield _step_adapters_histogram(s.step_adapters)
 
 
+class GrammarCacheLike(Protocol):
+    """data_plane.structured.compiler.GrammarCompiler, as far as the metrics read it."""
+
+    hits: int
+    misses: int
+
+
+class GrammarCacheCollector:
+    """The structured-output compile cache's lookups, read at scrape time."""
+
+    def __init__(self, cache: GrammarCacheLike) -> None:
+        self._cache = cache
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "loraplane_structured_output_cache_hits",
+            "Structured-output constraints found compiled in the API process's cache",
+            value=self._cache.hits,
+        )
+        yield CounterMetricFamily(
+            "loraplane_structured_output_cache_misses",
+            "Structured-output constraints compiled because the API process's cache did not hold them",
+            value=self._cache.misses,
+        )
+
+
 def _step_adapters_histogram(steps_by_count: dict[int, int]) -> HistogramMetricFamily:
     """How many distinct LoRA adapters each engine step ran, from the engine's per-step counts."""
     buckets = [(str(le), sum(n for k, n in steps_by_count.items() if k <= le)) for le in _STEP_ADAPTER_BUCKETS]

@@ -35,7 +35,8 @@ from data_plane.api.serving_lora import LoRAService
 from data_plane.api.streaming import EventStream
 from data_plane.config import EngineConfig
 from data_plane.engine.protocol import EngineProtocol
-from data_plane.metrics import CONTENT_TYPE, EngineMetrics
+from data_plane.metrics import CONTENT_TYPE, EngineMetrics, GrammarCacheCollector
+from data_plane.structured.compiler import GrammarCompiler
 from shared.disconnect import until_disconnect
 from shared.errors import EngineDeadError, LoraplaneError
 from shared.http_errors import exception_handlers
@@ -207,6 +208,14 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
         engine_metrics.registry.register(ArtifactCollector(artifacts.cache))
     if reader_process is not None:
         engine_metrics.registry.register(AdapterReaderCollector(reader_process))
+    grammars = GrammarCompiler(
+        engine.tokenizer,
+        engine.vocab_size,
+        timeout_s=config.structured_output_compile_timeout,
+        max_bytes=config.max_structured_output_bytes,
+        cache_size=config.structured_output_cache_size,
+    )
+    engine_metrics.registry.register(GrammarCacheCollector(grammars))
     state = State(
         {
             "engine": engine,
@@ -220,14 +229,15 @@ def create_app(engine: EngineProtocol, config: EngineConfig, *, lora_loader: Loa
             ),
             "resolver": resolver,
             "metrics": engine_metrics,
-            "chat": ChatService(engine, resolver, engine_metrics),
-            "completion": CompletionService(engine, resolver, engine_metrics),
+            "chat": ChatService(engine, resolver, engine_metrics, grammars),
+            "completion": CompletionService(engine, resolver, engine_metrics, grammars),
             "lora": LoRAService(registry, engine, request_stats, base_name, artifacts),
         }
     )
 
     async def start_engine() -> None:
         engine.start()  # captures the running loop: the engine's outputs are handed back on it
+        grammars.warm()
         if artifacts is not None:
             await artifacts.open()
         if reader_process is not None and config.lora_modules:

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from data_plane.api.tool_calls import Tool, ToolCall, ToolChoice, ToolPlan, template_tool_calls
-from data_plane.engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams
+from data_plane.engine.sampling_params import SEED_MAX, SEED_MIN, SamplingParams, StructuredOutputsParams
 from shared.errors import InvalidRequestError
 from shared.openapi import decode_body
 
@@ -62,6 +62,68 @@ class StreamOptions(msgspec.Struct):
     continuous_usage_stats: bool | None = None  # vLLM's: every chunk carries the usage so far (with include_usage)
 
 
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    """response_format's json_schema: the output is JSON valid under `schema` (strict or not), written without
+    free whitespace (docs/structured-outputs.md)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema: dict[str, Any] | None = msgspec.field(default=None, name="schema")
+    strict: bool | None = None  # the output always follows the schema, strict or not
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's response_format: text (no constraint), json_object (any JSON object), or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+
+Choices = Annotated[list[str], Meta(min_length=1)]
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True):
+    """vLLM's structured_outputs: exactly one of json (a JSON schema, as an object or as JSON text),
+    json_object, regex, choice or grammar (Lark, llguidance's dialect)."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: Choices | None = None
+    grammar: str | None = None
+
+
+def structured_outputs_params(
+    response_format: ResponseFormat | None, structured: StructuredOutputs | None
+) -> StructuredOutputsParams | None:
+    """The request's output constraint, from OpenAI's response_format or vLLM's structured_outputs."""
+    constrained_format = response_format is not None and response_format.type != "text"
+    if structured is not None:
+        if constrained_format:
+            raise InvalidRequestError("Give response_format or structured_outputs, not both.", param="structured_outputs")
+        schema = structured.json
+        return StructuredOutputsParams(
+            json=_schema_text(schema) if isinstance(schema, dict) else schema,
+            json_object=bool(structured.json_object),
+            regex=structured.regex,
+            choice=structured.choice,
+            grammar=structured.grammar,
+        )
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if response_format.json_schema is None or response_format.json_schema.schema is None:
+        raise InvalidRequestError(
+            "response_format of type json_schema needs json_schema.schema.", param="response_format.json_schema"
+        )
+    return StructuredOutputsParams(json=_schema_text(response_format.json_schema.schema))
+
+
+def _schema_text(schema: dict[str, Any]) -> str:
+    return msgspec.json.encode(schema).decode()
+
+
 class _SamplingFields(msgspec.Struct, kw_only=True):
     """Fields shared by chat and completion requests (OpenAI plus the vLLM extras)."""
 
@@ -87,6 +149,14 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     return_token_ids: bool | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    structured_outputs: StructuredOutputs | None = None
+    response_format: ResponseFormat | None = None
+
+    @property
+    def structured_param(self) -> str:
+        """The field a constraint's 400 names."""
+        given = self.response_format is not None and self.response_format.type != "text"
+        return "response_format" if given else "structured_outputs"
 
     @property
     def include_usage(self) -> bool:
@@ -118,11 +188,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
             "include_stop_str_in_output": self.include_stop_str_in_output,
         }
         kwargs = {k: v for k, v in given.items() if v is not None}
-        return SamplingParams(max_tokens=max_tokens, stop=stop, logprobs=logprobs, **kwargs)
-
-
-class ResponseFormat(msgspec.Struct):
-    type: Literal["text"] = "text"  # JSON modes are not supported
+        structured = structured_outputs_params(self.response_format, self.structured_outputs)
+        return SamplingParams(
+            max_tokens=max_tokens, stop=stop, logprobs=logprobs, structured_outputs=structured, **kwargs
+        )
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -134,7 +203,6 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None  # default: "auto" with tools, "none" without
     parallel_tool_calls: bool | None = None  # default: true
-    response_format: ResponseFormat | None = None
 
     def check(self) -> None:
         """Refusals that need no tokenizer: checked before any work is done."""
@@ -293,7 +361,7 @@ def request_types(
 
 
 # Fields that are accepted only absent, null or empty: say so rather than quote the length rule.
-_UNSUPPORTED = {"suffix", "response_format.type"}
+_UNSUPPORTED = {"suffix"}
 
 
 def decode_request(body: bytes, kind: type[T]) -> T:

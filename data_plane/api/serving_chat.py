@@ -19,6 +19,7 @@ from data_plane.api.tool_calls import ChoiceCalls, ToolPlan, deltas, message
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
 from data_plane.metrics import EngineMetrics
+from data_plane.structured.compiler import GrammarCompiler
 from shared.errors import LoraplaneError
 
 
@@ -32,8 +33,11 @@ class _Choice:
 
 
 class ChatService:
-    def __init__(self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics) -> None:
+    def __init__(
+        self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics, grammars: GrammarCompiler
+    ) -> None:
         self.engine = engine
+        self.grammars = grammars
         self.tokenizer = engine.tokenizer
         max_model_len = engine.config.max_model_len
         assert max_model_len is not None  # EngineProtocol.config is finalized
@@ -85,6 +89,8 @@ class ChatService:
         prompt_ids = await off_loop(self._render, conversation, tools.template_tools())
         params = req.to_sampling_params(default_max_tokens=max(1, self.max_model_len - len(prompt_ids)))
         tools.constrain(params)
+        param = "tools" if tools.constrains else req.structured_param  # the field a compile refusal names
+        grammar = await self.grammars.grammar_of(params.structured_outputs, param)
         request = Request(
             new_id("chatcmpl"),
             prompt_ids,
@@ -92,6 +98,7 @@ class ChatService:
             adapter_id=lease.adapter_id,
             prefix_hash_seed=lease.cache_namespace,
             lora=lease.weights,
+            grammar=grammar,
         )
         lease.bind(request.request_id)
         return request

@@ -20,6 +20,7 @@ from data_plane.engine.outputs import CompletionDelta
 from data_plane.engine.protocol import EngineProtocol
 from data_plane.engine.sequence import Request
 from data_plane.metrics import EngineMetrics
+from data_plane.structured.compiler import GrammarCompiler
 from shared.errors import InvalidRequestError, LoraplaneError
 
 MAX_BATCH_PROMPTS = 64  # a batched request is admitted all at once; keep one client from filling the queue
@@ -37,8 +38,11 @@ class _Choice:
 
 
 class CompletionService:
-    def __init__(self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics) -> None:
+    def __init__(
+        self, engine: EngineProtocol, resolver: ModelResolver, metrics: EngineMetrics, grammars: GrammarCompiler
+    ) -> None:
         self.engine = engine
+        self.grammars = grammars
         self.tokenizer = engine.tokenizer
         self.resolver = resolver
         self.metrics = metrics
@@ -105,6 +109,7 @@ class CompletionService:
         self, req: CompletionRequest, prompts: list[str | list[int]], leases: list[Lease], response_id: str
     ) -> list[Request]:
         params = req.to_sampling_params()
+        grammar = await self.grammars.grammar_of(params.structured_outputs, req.structured_param)
         # token ids need no tokenizer: only text goes to the tokenizer threads (a hop per request otherwise)
         text = any(isinstance(p, str) for p in prompts)
         encoded = (
@@ -122,6 +127,7 @@ class CompletionService:
                     prefix_hash_seed=lease.cache_namespace,
                     lora=lease.weights,
                     group_id=response_id if len(prompts) > 1 else "",
+                    grammar=grammar,
                 )
             )
             lease.bind(request_id)

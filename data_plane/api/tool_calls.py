@@ -187,6 +187,11 @@ class ToolPlan:
         """The tools as the chat template gets them (the request's objects), None without tools."""
         return [msgspec.to_builtins(t) for t in self.tools] if self.tools else None
 
+    @property
+    def constrains(self) -> bool:
+        """Whether the choice constrains the output (required or named)."""
+        return self.mode in ("required", "named")
+
     def constrain(self, params: SamplingParams) -> None:
         """Set the constraint of a required or named choice on params (400 if they already carry one)."""
         if self.mode == "required":

@@ -26,7 +26,8 @@ from data_plane.engine.sequence import FinishReason, Request, Sequence
 from data_plane.engine.worker import build_runner
 from data_plane.lora.slots import LoRAEngineStats, LoRASlotManager
 from data_plane.lora.weights import LoRAAdapterWeights
-from data_plane.model.sampler import Sampler
+from data_plane.model.sampler import Sampler, SamplingRow
+from data_plane.structured.grammar import MatcherCache, grammar_text
 from data_plane.tokenizer import Tokenizer
 from shared.errors import EngineDeadError, InvalidRequestError, OverloadedError
 
@@ -87,6 +88,7 @@ class LLMEngine:
         )
         self.builder = BatchBuilder(config.block_size, runner.device, lora_slots, fold_chunks=runner.reads_kv_in_place)
         self.sampler = Sampler(tokenizer.eos_token_ids)
+        self.grammars = MatcherCache(tokenizer, vocab_size, config.structured_output_cache_size)
         self.outputs = OutputProcessor(tokenizer, config.max_model_len)
         self.requests: dict[str, _RequestState] = {}
         self._seq_ids = itertools.count()
@@ -99,7 +101,9 @@ class LLMEngine:
         built = build_runner(config, rank=0)  # spawns the other ranks of a tensor-parallel engine
         assert config.tokenizer is not None  # EngineConfig.__post_init__ defaults it to the model
         tokenizer = Tokenizer.from_pretrained(config.tokenizer)
-        return cls(config, built.runner, tokenizer, built.model_config.vocab_size, built.lora_slots)
+        engine = cls(config, built.runner, tokenizer, built.model_config.vocab_size, built.lora_slots)
+        engine.grammars.warm()
+        return engine
 
     # ---- requests ------------------------------------------------------------------------------
     def validate(self, request: Request) -> None:
@@ -150,11 +154,20 @@ class LLMEngine:
             else:
                 self.lora_slots.prepare(request.lora)
         params = request.sampling_params
+        grammar = None
+        if params.structured_outputs is not None:
+            try:  # the API process sends the grammar it checked; a request made without one gets it here
+                grammar = request.grammar or grammar_text(params.structured_outputs.constraint())
+            except ValueError as exc:
+                raise InvalidRequestError(f"The structured_outputs constraint is not valid: {exc}",
+                                          param="structured_outputs") from None
         seqs = []
         for index in range(params.n):
             seq = Sequence(next(self._seq_ids), request, index)
             if params.seed is not None:
                 seq.generator = torch.Generator(self.runner.device).manual_seed(sample_seed(params.seed, index))
+            if grammar is not None:
+                seq.matcher = self.grammars.new(grammar)  # a 400 when llguidance rejects the grammar
             seqs.append(seq)
         return _RequestState(request, seqs, self.num_steps)
 
@@ -190,7 +203,9 @@ class LLMEngine:
             self.step_adapters[used] = self.step_adapters.get(used, 0) + 1
             self.num_steps += 1
             logits = self.runner.forward(step_input)  # [S, vocab]
-            sampled = self.sampler(logits, sampling_rows(seqs)) if seqs else None
+            rows = sampling_rows(seqs)
+            dead_ends = _grammar_masks(seqs, rows)  # while the device computes the logits
+            sampled = self.sampler(logits, rows) if seqs else None
         except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
             raise
         except Exception as exc:  # a failing batch fails its requests, never the engine
@@ -204,13 +219,33 @@ class LLMEngine:
         for seq in scheduled:
             self.block_manager.cache_full_blocks(seq)
         touched: dict[str, _RequestState] = {}
+        failed: dict[str, RequestOutput] = {}  # requests whose grammar came to a dead end this step
         for row, seq in enumerate(seqs):
             assert sampled is not None
-            self.outputs.append_token(seq, sampled.token_ids[row], sampled.logprobs[row] if sampled.logprobs else None)
+            request_id = seq.request.request_id
+            if request_id in failed:
+                continue
+            token_id = sampled.token_ids[row]
+            matcher = seq.matcher
+            if matcher is not None and (row in dead_ends or not matcher.advance(token_id)):
+                touched.pop(request_id, None)
+                failed[request_id] = self._grammar_dead_end(self.requests[request_id], matcher.error)
+                continue
+            self.outputs.append_token(seq, token_id, sampled.logprobs[row] if sampled.logprobs else None,
+                                      grammar_done=matcher is not None and matcher.done)
             if seq.is_finished:
                 self.scheduler.remove(seq)
-            touched[seq.request.request_id] = self.requests[seq.request.request_id]
-        return [self._collect(state) for state in touched.values()]
+            touched[request_id] = self.requests[request_id]
+        return [self._collect(state) for state in touched.values()] + list(failed.values())
+
+    def _grammar_dead_end(self, state: _RequestState, reason: str) -> RequestOutput:
+        """The request's grammar allows no token (or not the one sampled): it fails, the batch goes on."""
+        logger.info("request %s: its structured output's grammar came to a dead end: %s", state.request.request_id, reason)
+        output = self._fail(state, FinishReason.ERROR, error=f"structured output dead end: {reason}")
+        output.client_error = InvalidRequestError(
+            f"The structured output's grammar allows no further token here: {reason}", param="structured_outputs",
+            code="structured_output_dead_end")
+        return output
 
     def fail_requests(self, request_ids: set[str], exc: BaseException) -> list[RequestOutput]:
         """Fail these requests (those still known) with an engine error; their blocks are freed."""
@@ -307,3 +342,15 @@ class LLMEngine:
                 else LoRAEngineStats(slots_total=0, slots_used=0, adapters={})
             ),
         )
+
+
+def _grammar_masks(seqs: list[Sequence], rows: list[SamplingRow]) -> set[int]:
+    """Give each constrained row its grammar's allowed tokens; answers the rows whose grammar allows none
+    (they sample unmasked, and their request then fails)."""
+    dead: set[int] = set()
+    for row, seq in enumerate(seqs):
+        if seq.matcher is not None:
+            rows[row].allowed_tokens = seq.matcher.allowed_tokens()
+            if rows[row].allowed_tokens is None:
+                dead.add(row)
+    return dead

@@ -14,8 +14,11 @@ class OutputProcessor:
         self.eos_token_ids = tokenizer.eos_token_ids
         self.max_model_len = max_model_len
 
-    def append_token(self, seq: Sequence, token_id: int, logprobs: dict[int, float] | None) -> None:
-        """Record one sampled token and finish the sequence if a stop condition is met."""
+    def append_token(
+        self, seq: Sequence, token_id: int, logprobs: dict[int, float] | None, grammar_done: bool = False
+    ) -> None:
+        """Record one sampled token and finish the sequence if a stop condition is met. grammar_done: its
+        structured output's grammar is complete after this token, which ends the sequence (`stop`)."""
         params = seq.sampling_params
         seq.output_token_ids.append(token_id)
         if logprobs is not None and params.logprobs is not None:
@@ -29,9 +32,12 @@ class OutputProcessor:
         elif min_reached and token_id in params.stop_token_ids:
             seq.finish(FinishReason.STOP, stop_reason=token_id)
         else:
-            self._detokenize(seq, flush=at_length)  # the last token: emit a held-back partial character too
+            # the last token: emit a held-back partial character too
+            self._detokenize(seq, flush=at_length or grammar_done)
             if min_reached and params.stop:
                 self._check_stop_strings(seq)
+        if not seq.is_finished and grammar_done:
+            seq.finish(FinishReason.STOP)
         if not seq.is_finished and at_length:
             seq.finish(FinishReason.LENGTH)
 

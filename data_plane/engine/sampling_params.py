@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
+from data_plane.structured.constraint import Constraint
 from shared.errors import InvalidRequestError
 
 # vLLM's and OpenAI's seed is a signed 64-bit integer; torch generators take [-2**63, 2**64 - 1].
@@ -42,6 +44,18 @@ class StructuredOutputsParams:
                 "structured_outputs takes exactly one of json, json_object, regex, choice and grammar.",
                 param="structured_outputs",
             )
+
+    def constraint(self) -> Constraint:
+        """The constraint as text, what the grammar compiler and its cache take."""
+        if self.json is not None:
+            return Constraint("json", self.json)
+        if self.regex is not None:
+            return Constraint("regex", self.regex)
+        if self.choice is not None:
+            return Constraint("choice", json.dumps(self.choice, ensure_ascii=False))
+        if self.grammar is not None:
+            return Constraint("grammar", self.grammar)
+        return Constraint("json_object", "")
 
 
 @dataclass

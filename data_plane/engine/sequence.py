@@ -9,6 +9,7 @@ import torch
 
 from data_plane.engine.sampling_params import SamplingParams
 from data_plane.lora.weights import LoRAAdapterWeights
+from data_plane.structured.grammar import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -40,6 +41,9 @@ class Request:
     # the API request it belongs to when that one made several (a completion's prompts): the scheduler's
     # fair share is per group (scheduler.py); "" makes the request a group of its own
     group_id: str = ""
+    # llguidance's grammar text of sampling_params.structured_outputs, compiled and checked by the API process
+    # (data_plane/structured/compiler.py); None with a constraint: the engine derives it itself
+    grammar: str | None = None
 
     @property
     def group(self) -> str:
@@ -62,6 +66,9 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (this schedule)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     generator: torch.Generator | None = None  # per-request seed: set by the engine when seed is given
+    # where a constrained sequence stands in its grammar: advanced once per sampled token, so a recomputation
+    # after preemption (which samples nothing it had sampled) leaves it where it was
+    matcher: GrammarMatcher | None = None
     # Detokenizer state (see data_plane/engine/detokenizer.py)
     output_text: str = ""
     sent_text_offset: int = 0  # characters of output_text already returned to the client

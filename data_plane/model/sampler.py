@@ -1,6 +1,8 @@
 """Sampler: turn the last-position logits of each sequence into one token (vLLM semantics).
 
 Order of operations, all batched over rows with per-row parameters (vLLM's order):
+  -1. allowed tokens: a constrained row's logits outside its grammar's bitmask become -inf (structured
+      outputs, data_plane/structured); rows without a bitmask are left alone
   0. logit_bias: each biased row's {token id: bias} added to its logits, greedy rows included
   1. penalties (repetition over prompt+output, frequency and presence over output)
   2. min_tokens: eos ids and stop_token_ids get -inf while the output is shorter than min_tokens
@@ -8,7 +10,7 @@ Order of operations, all batched over rows with per-row parameters (vLLM's order
   4. sampled rows: temperature, top-k, top-p, min-p, then softmax and an exponential race
      (argmax of probs / q, q ~ Exp(1)), which is a draw from the categorical distribution.
 Logprobs are taken from log_softmax of the *raw* model logits (vLLM's default "raw_logprobs"), so
-they are reported before logit_bias, penalties and every other step here.
+they are reported before the grammar's mask, logit_bias, penalties and every other step here.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class SamplingRow:
     prompt_token_ids: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None  # a seeded request's own; None: the global RNG
+    # [ceil(V / 32)] int32, bit t % 32 of word t // 32 set: token t is allowed (a structured output's grammar);
+    # None: every token
+    allowed_tokens: torch.Tensor | None = None
 
 
 @dataclass
@@ -64,14 +69,17 @@ class Sampler:
         )
         wants_logprobs = any(p.logprobs is not None for p in rows)
         is_greedy = [p.temperature < _SAMPLING_EPS for p in rows]
+        constrained = [i for i, r in enumerate(rows) if r.allowed_tokens is not None]
 
         # Fast path: plain greedy decoding needs nothing but the argmax.
-        plain = not (has_bias or has_penalties or any(needs_min_tokens) or wants_logprobs)
+        plain = not (has_bias or has_penalties or any(needs_min_tokens) or wants_logprobs or constrained)
         if all(is_greedy) and plain:
             return SamplerOutput(token_ids=logits.argmax(dim=-1).tolist(), logprobs=None)
 
         raw_logits = logits
         logits = logits.float()  # [S, V]
+        if constrained:
+            logits = apply_token_bitmask(logits, constrained, [rows[i].allowed_tokens for i in constrained])
         if has_bias:
             logits = _apply_logit_bias(logits, rows)
         if has_penalties:
@@ -159,6 +167,21 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     tail[:, -1] = False  # the most likely token always survives
     logits_sort = logits_sort.masked_fill(tail, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, logits_sort)  # back to vocab order
+
+
+def apply_token_bitmask(logits: torch.Tensor, row_index: list[int], bitmasks: list[torch.Tensor | None]) -> torch.Tensor:
+    """A new [S, V] tensor: rows `row_index` masked to -inf outside their bitmask ([W] int32 each, W*32 >= V
+    or shorter: tokens past the mask are not allowed); the other rows as they are."""
+    vocab_size = logits.shape[1]
+    device = logits.device
+    words = torch.stack([b for b in bitmasks if b is not None]).to(device)  # [R, W]
+    shifts = torch.arange(32, dtype=torch.int32, device=device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)  # [R, W * 32]
+    if allowed.shape[1] < vocab_size:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
+    index = torch.tensor(row_index, device=device)
+    masked = logits[index].masked_fill(~allowed[:, :vocab_size], float("-inf"))  # [R, V]
+    return logits.index_copy(0, index, masked)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.packaging, pytest.mark.timeout(900)]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # what only the engine extra brings, and our engine package: none may load with the control plane
-ENGINE_ONLY = {"torch", "numpy", "safetensors", "tokenizers", "xxhash", "data_plane"}
+ENGINE_ONLY = {"torch", "numpy", "safetensors", "tokenizers", "llguidance", "xxhash", "data_plane"}
 
 
 def _unavailable(reason: str) -> None:

@@ -130,7 +130,7 @@ class EngineCoreClient(SubmittingEngine):
             validate_request(request, self.config, self.vocab_size)
         group = self._encode(m.AddGroup([
             m.AddRequest(r.request_id, r.prompt_token_ids, r.sampling_params, r.adapter_id, r.prefix_hash_seed,
-                         r.group_id) for r in requests]))
+                         r.group_id, r.grammar) for r in requests]))
         streams = self._streams.admit(requests, self._stats.num_waiting)
         acquired: list[int] = []
         try:  # no await from the admission to the send (see generation.py)

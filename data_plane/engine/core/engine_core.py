@@ -129,7 +129,7 @@ class EngineCore:
     def _add(self, msg: m.AddGroup) -> None:
         try:
             requests = [Request(r.request_id, r.prompt_token_ids, r.sampling_params, r.adapter_id, r.prefix_hash_seed,
-                                self._weights(r.adapter_id) if r.adapter_id else None, r.group_id)
+                                self._weights(r.adapter_id) if r.adapter_id else None, r.group_id, r.grammar)
                         for r in msg.requests]
             self.engine.add_requests(requests)  # all or nothing: a refusal leaves nothing of the group queued
         except Exception as exc:

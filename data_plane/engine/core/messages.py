@@ -60,6 +60,7 @@ class AddRequest(msgspec.Struct, array_like=True):
     adapter_id: int
     prefix_hash_seed: int
     group_id: str = ""  # Request.group_id
+    grammar: str | None = None  # Request.grammar
 
 
 class AddGroup(msgspec.Struct, tag=True, array_like=True):

@@ -54,6 +54,13 @@ def test_requests_and_responses_are_typed_with_the_engines_limits(client_for, de
         ids = re.compile(bias["propertyNames"]["pattern"])
         assert ids.fullmatch("0") and ids.fullmatch(str(vocab_size - 1)) and not ids.fullmatch(str(vocab_size))
         assert not ids.fullmatch("-1") and not ids.fullmatch("01") and not ids.fullmatch("1.5")
+        # structured outputs: OpenAI's response_format and vLLM's structured_outputs
+        fields = components[request]["properties"]
+        assert fields["response_format"]["anyOf"][0]["$ref"].endswith("/ResponseFormat")
+        assert fields["structured_outputs"]["anyOf"][0]["$ref"].endswith("/StructuredOutputs")
+    assert set(components["ResponseFormat"]["properties"]["type"]["enum"]) == {"text", "json_object", "json_schema"}
+    assert {"name", "schema", "strict"} <= set(components["JsonSchemaFormat"]["properties"])
+    assert set(components["StructuredOutputs"]["properties"]) == {"json", "json_object", "regex", "choice", "grammar"}
     roles = components["ChatMessage"]["properties"]["role"]["enum"]
     assert "user" in roles and "wizard" not in roles
     assert doc["paths"]["/health"]["get"]["responses"]["503"]

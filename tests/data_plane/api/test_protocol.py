@@ -7,6 +7,7 @@ import json
 import pytest
 
 from data_plane.api.protocol import ChatCompletionRequest, CompletionRequest, decode_request
+from data_plane.engine.sampling_params import StructuredOutputsParams
 from shared.errors import InvalidRequestError
 
 
@@ -106,7 +107,6 @@ def test_chat_invalid_sampling_values_name_the_field(fields, param):
         ({"top_logprobs": 2}, "top_logprobs"),  # needs logprobs=true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"tools": [{"type": "function"}]}, "tools[0].function"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
     ],
 )
 def test_chat_check_refusals(fields, param):
@@ -196,3 +196,43 @@ def test_deeply_nested_json_is_400_not_500():
     for body in (b'{"model": "m", "prompt": "x", "extra": ' + deep + b"}", b'{"model": "m", "prompt": "x", "n": 1.0, "x": ' + deep + b"}"):
         with pytest.raises(InvalidRequestError, match="nested too deeply"):
             decode_request(body, CompletionRequest)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x"]}}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, None),
+        ({"response_format": {"type": "text"}}, None),
+        ({"response_format": {"type": "json_object"}}, StructuredOutputsParams(json_object=True)),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA, "strict": True}}},
+         StructuredOutputsParams(json=json.dumps(SCHEMA, separators=(",", ":")))),
+        ({"structured_outputs": {"json": SCHEMA}}, StructuredOutputsParams(json=json.dumps(SCHEMA, separators=(",", ":")))),
+        ({"structured_outputs": {"json": '{"type": "object"}'}}, StructuredOutputsParams(json='{"type": "object"}')),
+        ({"structured_outputs": {"regex": "a+"}}, StructuredOutputsParams(regex="a+")),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, StructuredOutputsParams(choice=["a", "b"])),
+        ({"structured_outputs": {"grammar": "start: /a/"}}, StructuredOutputsParams(grammar="start: /a/")),
+        ({"structured_outputs": {"json_object": True}}, StructuredOutputsParams(json_object=True)),
+    ],
+)
+def test_response_format_and_structured_outputs_become_the_constraint(fields, expected):
+    assert chat(**fields).to_sampling_params(default_max_tokens=10).structured_outputs == expected
+    assert completion(**fields).to_sampling_params().structured_outputs == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"structured_outputs": {}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "grammar": "start: /a/"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}}, "structured_outputs"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}, "response_format.json_schema"),
+    ],
+)
+def test_an_unusable_constraint_names_its_field(fields, param):
+    with pytest.raises(InvalidRequestError) as err:
+        chat(**fields).to_sampling_params(default_max_tokens=10)
+    assert err.value.param == param

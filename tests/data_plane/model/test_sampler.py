@@ -82,6 +82,28 @@ def test_logprobs_are_reported_before_the_logit_bias() -> None:
     assert out.logprobs[1][out.token_ids[1]] == pytest.approx(float(raw[1].max()))
 
 
+def bitmask(allowed: list[int], vocab: int) -> torch.Tensor:
+    """[ceil(V/32)] int32 with bit t % 32 of word t // 32 set for each allowed token (llguidance's layout)."""
+    words = [0] * ((vocab + 31) // 32)
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32)
+
+
+def test_a_token_bitmask_masks_its_rows_only_and_logprobs_stay_raw() -> None:
+    logits = torch.randn(3, 70, generator=torch.Generator().manual_seed(7)) * 3
+    allowed = [5, 31, 63, 69]  # words 0, 1 and 2, a sign bit among them
+    rows = [make_row(temperature=0.0, logprobs=1, allowed_tokens=bitmask(allowed, 70)), make_row(temperature=0.0),
+            make_row(temperature=0.8, seed=1, allowed_tokens=bitmask([31], 70))]
+    before = logits.clone()
+    out = Sampler({EOS})(logits, rows)
+    assert out.token_ids[0] == max(allowed, key=lambda t: float(logits[0, t]))
+    assert out.token_ids[1] == int(logits[1].argmax()) and out.token_ids[2] == 31
+    assert out.logprobs is not None  # before the mask, as vLLM reports them by default
+    assert out.logprobs[0][out.token_ids[0]] == pytest.approx(float(torch.log_softmax(logits[0], -1)[out.token_ids[0]]))
+    assert torch.equal(logits, before)
+
+
 def test_repetition_penalty_matches_transformers() -> None:
     gen = torch.Generator().manual_seed(2)
     vocab = 50
