@@ -2,7 +2,7 @@
 openai client works unchanged, x-loraplane-engine names the engine, unknown models are 404 after one
 placement call, a refused connection is retried on the next holder, client keys are checked and never
 forwarded, bad bodies are 4xx, an engine that dies mid-stream ends the stream with an error event, and a
-client that leaves aborts the engine's request."""
+client that leaves aborts the engine's request. Structured outputs and a tool call pass through unchanged."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated, Literal
 
 import httpx
 import pytest
+from pydantic import BaseModel, Field
 
 from shared.routes import RouteEngine
 from tests.data_plane.api.conftest import EngineServer, run_engine, scrape_metric
@@ -119,6 +121,34 @@ def test_the_openai_client_works_unchanged(router: RouterUnderTest, lora_engine:
     with pytest.raises(openai.NotFoundError) as caught:
         client.completions.create(model="no-such-adapter", prompt="hi", max_tokens=2)
     assert caught.value.body["code"] == "model_not_found"
+
+
+class Pet(BaseModel):
+    kind: Literal["cat", "dog", "fish"]
+    name: Annotated[str, Field(pattern="^[a-z]{1,6}$")]
+
+
+CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def test_structured_outputs_and_a_tool_call_on_an_adapter_pass_through(long_engine: EngineServer) -> None:
+    """The grammar alone makes a random model's answers valid; through the router they equal the engine's.
+    (The long engine: the tools' system prompt is longer than the module's other engine's context.)"""
+    direct = openai.OpenAI(base_url=long_engine.api, api_key="unused", max_retries=0, timeout=60)
+    chat = {"model": "demo-poet", "messages": CHAT["messages"], "max_tokens": 60, "temperature": 0}
+    named = {"type": "function", "function": {"name": "get_time"}}
+    with routed(fleet(("e1", long_engine))) as router:
+        client = openai.OpenAI(base_url=router.api, api_key="unused", max_retries=0, timeout=60)
+        parsed = client.chat.completions.parse(response_format=Pet, **chat).choices[0]
+        with client.chat.completions.stream(tools=[CLOCK], tool_choice=named, **chat) as stream:
+            [call] = stream.get_final_completion().choices[0].message.tool_calls
+    assert parsed.finish_reason == "stop" and isinstance(parsed.message.parsed, Pet)
+    assert parsed.message.parsed == direct.chat.completions.parse(response_format=Pet, **chat).choices[0].message.parsed
+    assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
+    [same] = direct.chat.completions.create(tools=[CLOCK], tool_choice=named, **chat).choices[0].message.tool_calls
+    assert same.function.arguments == call.function.arguments
 
 
 def test_unknown_models_are_404_after_one_placement_call(router: RouterUnderTest) -> None:
