@@ -37,10 +37,9 @@ def chat_template() -> str:
     return _package_text("chat_template.jinja")
 
 
-@functools.lru_cache(maxsize=4)
-def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
-    """Train on corpus.txt and return the tokenizer.json text (cached: training is the slow part), with
-    exactly vocab_size tokens: padded as the module says when the corpus yields fewer."""
+def train_bpe(lines: list[str], vocab_size: int, min_frequency: int = 1) -> Tokenizer:
+    """A byte-level BPE tokenizer with the Qwen2 pipeline and SPECIAL_TOKENS (ids 0-2), trained on lines up to
+    vocab_size tokens (fewer when the lines run out of merges); the same lines give the same tokenizer."""
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -53,20 +52,29 @@ def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=1,  # the corpus is small; frequency-1 merges are needed to reach ~4096
+        min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         # All 256 byte symbols, so bytes absent from the corpus (CJK, emoji) still have tokens.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    lines = [line for line in _package_text("corpus.txt").splitlines() if line.strip()]
     # Trainer ties are broken by pair order, not hash order, so the result is reproducible.
     tok.train_from_iterator(lines, trainer=trainer, length=len(lines))
+    return tok
+
+
+@functools.lru_cache(maxsize=4)
+def build_tokenizer_json(vocab_size: int = VOCAB_SIZE) -> str:
+    """Train on corpus.txt and return the tokenizer.json text (cached: training is the slow part), with
+    exactly vocab_size tokens: padded as the module says when the corpus yields fewer."""
+    lines = [line for line in _package_text("corpus.txt").splitlines() if line.strip()]
+    # the corpus is small; frequency-1 merges are needed to reach ~4096
+    tok = train_bpe(lines, vocab_size, min_frequency=1)
     text = tok.to_str(pretty=True)
-    return text if tok.get_vocab_size() >= vocab_size else _padded(text, vocab_size)
+    return text if tok.get_vocab_size() >= vocab_size else padded(text, vocab_size)
 
 
-def _padded(text: str, vocab_size: int) -> str:
+def padded(text: str, vocab_size: int) -> str:
     """tokenizer.json text whose BPE vocabulary is filled up to vocab_size with `<unused{id}>` tokens (no
     merge makes them: only decode meets them; `<`, `>` and ASCII letters are their own byte-level symbols)."""
     obj = json.loads(text)
