@@ -2,7 +2,7 @@
 first token, and what constrained requests cost the unconstrained ones beside them. One JSON object.
 
     .venv/bin/python bench/structured.py [--model DIR | --demo] [--repeats 3] [--requests 8] [--adapters 32]
-        [--requests-per-client 2] [--output-len 64] [--answers FILE]
+        [--requests-per-client 2] [--output-len 64] [--answers FILE] [--log FILE]
 
 The model is bench/peer.py's (`loraplane demo-model --preset llama-250m` and its rank-16 adapters
 lora-000 ..., bfloat16, written once to .peer-model/), served with bench/peer.py's flags; --demo serves the
@@ -22,8 +22,12 @@ against its schema (`answers`; --answers FILE writes every one, with its schema,
   new schema per request; the odd ones unconstrained). Unconstrained requests decode --output-len tokens
   (ignore_eos). Per variant and group (constrained, unconstrained, all): TTFT and ITL p50/p99, and the
   run's tok/s, median and range over the repeats; `unconstrained_vs_plain`: the unconstrained group's
-  figures over the plain run's, and `tokens_per_s_vs_plain`, both paired by repeat (a constrained answer
-  stops at its schema's end, shorter than --output-len: the runs' token counts differ).
+  figures over the plain run's, paired by repeat, and `all_vs_plain` the same for every request together.
+  `decode_step_ms` (under all): the median wall time of the engine core's decode-only steps with every
+  client decoding (its DEBUG step log, as bench/peer.py reads it): the constrained rows' masks are in it.
+  A constrained answer stops at its schema's end, shorter than --output-len, so a mixed run decodes
+  fewer tokens than a plain one: its tok/s and its unconstrained rows' ITL (their last steps at half
+  the batch) are not the plain run's on equal terms; decode_step_ms is.
 - cache: the API process's compile cache (loraplane_structured_output_cache_hits_total, _misses_total
   on /metrics): its lookups during each variant, summed over the repeats.
 """
@@ -55,6 +59,7 @@ from peer import (
     SERVED_NAME,
     Server,
     cpu_model,
+    decode_step_times,
     ensure_model,
     median_range,
     percentile,
@@ -170,7 +175,8 @@ def drive(conn: Any, url: str, clients: list[list[Job]], output_len: int) -> lis
     answer = conn.recv()
     if isinstance(answer, str):
         sys.exit(f"the client failed against {url}: {answer}")
-    return answer
+    records: list[dict[str, Any]] = answer
+    return records
 
 
 # ---- figures (pure) --------------------------------------------------------------------------------
@@ -275,6 +281,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--output-len", type=int, default=64, help="tokens of each unconstrained request")
     parser.add_argument("--answers", type=Path, help="write every constrained answer and its schema here (JSON lines)")
+    parser.add_argument("--log", type=Path, help="keep the engine's log (DEBUG: its step lines) here")
     parser.add_argument("--server-timeout", type=float, default=900, help="seconds the engine may take to start")
     args = parser.parse_args(argv)
     for name in ("repeats", "requests", "requests_per_client", "output_len"):
@@ -307,26 +314,29 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     try:
         progress(f"starting the engine on {model}")
-        server = Server("loraplane", model, args.adapters, tmp / "engine.log", None, args.server_timeout, extra)
-        url = server.url or ""
+        server = engine = Server("loraplane", model, args.adapters, args.log or tmp / "engine.log", None, args.server_timeout, extra)
+        url = engine.url or ""
         progress("warming up: every adapter once, the warm schema compiled")
         drive(conn, url, [[Job(f"lora-{i:03d}", None)] for i in range(args.adapters)], 2)
         answers += drive(conn, url, [[Job(SERVED_NAME, schemas.warm)]], 2)
 
-        def measured(variant: str, clients: list[list[Job]]) -> list[dict[str, Any]]:
-            before = cache_counts(url)
+        def measured(variant: str, clients: list[list[Job]]) -> tuple[list[dict[str, Any]], list[float]]:
+            """The run's records, and the ms of its decode-only steps with every client decoding."""
+            before, offset = cache_counts(url), engine.log_size()
             records = drive(conn, url, clients, args.output_len)
             after = cache_counts(url)
             for key in CACHE_METRICS:
                 cache[variant][key] += after[key] - before[key]
             answers.extend(r for r in records if r["schema"] is not None)
-            return records
+            with engine.log.open("rb") as log:
+                log.seek(offset)
+                return records, decode_step_times(log.read().decode(errors="replace"), len(clients))
 
         for repeat in range(args.repeats):
             for i in range(args.requests):  # alternated: cold first on even requests
                 for kind in ("cold", "warm") if i % 2 == 0 else ("warm", "cold"):
                     job = Job(SERVED_NAME, schemas.cold() if kind == "cold" else schemas.warm)
-                    single[kind].append(ttft(measured(f"single_{kind}", [[job]])[0]))
+                    single[kind].append(ttft(measured(f"single_{kind}", [[job]])[0][0]))
             progress(f"repeat {repeat + 1}/{args.repeats} single: TTFT median cold "
                      f"{1000 * statistics.median(single['cold']):.0f} ms, warm {1000 * statistics.median(single['warm']):.0f} ms")
             for variant in rotated(VARIANTS, repeat):
@@ -337,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
                     clients.append([Job(model_name, None if not constrained else
                                         schemas.warm if variant == "mixed_warm" else schemas.cold())
                                     for _ in range(args.requests_per_client)])
-                figures = run_figures(measured(variant, clients))
+                records, steps = measured(variant, clients)
+                figures = run_figures(records)
+                if steps:
+                    figures["all"]["decode_step_ms"] = statistics.median(steps)
                 mixed[variant].append(figures)
                 progress(f"repeat {repeat + 1}/{args.repeats} {variant}: {figures['all']['tokens_per_s']:.1f} tok/s, "
                          f"ITL p50 {figures['all'].get('itl_ms_p50', 0):.0f} ms")
@@ -366,8 +379,7 @@ def report(args: argparse.Namespace, single: dict[str, list[float]], mixed: dict
         if variant != "plain":
             out_mixed[variant]["unconstrained_vs_plain"] = paired([r["unconstrained"] for r in runs],
                                                                   [r["unconstrained"] for r in mixed["plain"]])
-            out_mixed[variant]["tokens_per_s_vs_plain"] = median_range(
-                [r["all"]["tokens_per_s"] / p["all"]["tokens_per_s"] for r, p in zip(runs, mixed["plain"], strict=True)])
+            out_mixed[variant]["all_vs_plain"] = paired([r["all"] for r in runs], [r["all"] for r in mixed["plain"]])
     return {
         "benchmark": "structured",
         "model": "loraplane demo-model (small Qwen2, float32)" if args.demo else
