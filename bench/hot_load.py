@@ -57,6 +57,7 @@ from pathlib import Path
 
 import httpx
 from serving import Server, build_model  # bench/serving.py: run as `python bench/hot_load.py`
+from stack import sse_events  # bench/stack.py
 from tqdm import tqdm
 
 from data_plane.config import LONG_PREFILL_TOKENS
@@ -83,11 +84,9 @@ def client_main(conn) -> None:
         async with session.post(url + "/v1/completions", json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"stream answered {resp.status}: {await resp.text()}")
-            rest = b""
-            async for data in resp.content.iter_any():
-                now = time.perf_counter()
-                *events, rest = (rest + data).split(b"\n\n")
-                stamps.extend(now for e in events if e.startswith(b"data: {"))
+            async for now, event in sse_events(resp):
+                if event.startswith(b"data: {"):
+                    stamps.append(now)
 
     async def short(session, url, model, prompt: str = PROMPT) -> float:
         started = time.perf_counter()

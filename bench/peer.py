@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stack import free_port, stop  # bench/stack.py: run as `python bench/peer.py`
+from stack import free_port, sse_events, stop  # bench/stack.py: run as `python bench/peer.py`
 from vllm_venv import VLLM_PIN, SetupError, ensure_vllm, run_logged, server_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,50 +244,64 @@ class Server:
 
 
 # ---- the HTTP client process ---------------------------------------------------------------------
-def client_main(conn: Any) -> None:
-    """Runs in its own process: each job is (url, [(prompt ids, model)] per request, clients, output_len);
-    answers each request's record {start, end, tokens, stamps}. Each client sends its requests in turn."""
+async def stream_completion(session: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST a streaming completion (`body` asks for the usage) with an aiohttp session; its record: start
+    and end (perf_counter seconds), stamps (when each event with choices arrived), its text, its finish
+    reason, and tokens (the usage's count, else the events')."""
+    start = time.perf_counter()
+    stamps: list[float] = []
+    text, finish, usage_tokens = "", None, None
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url} ({body['model']}): {resp.status}: {await resp.text()}")
+        async for now, event in sse_events(resp):
+            if not event.startswith(b"data: {"):
+                continue
+            chunk = json.loads(event[6:])
+            if chunk.get("choices"):
+                stamps.append(now)
+            for choice in chunk.get("choices") or []:
+                text += choice.get("text") or ""
+                finish = choice.get("finish_reason") or finish
+            if chunk.get("usage"):
+                usage_tokens = chunk["usage"]["completion_tokens"]
+    return {"start": start, "end": time.perf_counter(), "tokens": len(stamps) if usage_tokens is None else usage_tokens,
+            "stamps": stamps, "text": text, "finish": finish}
+
+
+def serve_clients(conn: Any, one: Any) -> None:
+    """The client process's loop: each item (url, [[job, ...] per client], output_len) runs the clients at
+    once, each its jobs in turn (`await one(session, url, job, output_len)`, a record each), and answers
+    the records, client after client, or the error's text; None ends it."""
     import aiohttp
 
-    async def one(session: aiohttp.ClientSession, url: str, prompt: list[int], model: str, output_len: int) -> dict:
-        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}
-        start = time.perf_counter()
-        stamps: list[float] = []
-        usage_tokens = None
-        async with session.post(url + "/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{url}: {resp.status}: {await resp.text()}")
-            rest = b""
-            async for data in resp.content.iter_any():
-                now = time.perf_counter()
-                *events, rest = (rest + data).split(b"\n\n")
-                for event in events:
-                    if not event.startswith(b"data: ") or event == b"data: [DONE]":
-                        continue
-                    chunk = json.loads(event[6:])
-                    if chunk.get("choices"):
-                        stamps.append(now)
-                    if chunk.get("usage"):
-                        usage_tokens = chunk["usage"]["completion_tokens"]
-        end = time.perf_counter()
-        return {"start": start, "end": end, "tokens": len(stamps) if usage_tokens is None else usage_tokens,
-                "stamps": stamps}
-
-    async def job(url: str, requests: list[tuple[list[int], str]], clients: int, output_len: int) -> list[dict]:
-        per_client = [requests[i::clients] for i in range(clients)]
+    async def run(url: str, clients: list[list[Any]], output_len: int) -> list[dict[str, Any]]:
         timeout = aiohttp.ClientTimeout(total=3600)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients), timeout=timeout) as session:
-            async def client(mine: list[tuple[list[int], str]]) -> list[dict]:
-                return [await one(session, url, prompt, model, output_len) for prompt, model in mine]
-            done = await asyncio.gather(*(client(mine) for mine in per_client))
+        connector = aiohttp.TCPConnector(limit=len(clients))
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            async def client(jobs: list[Any]) -> list[dict[str, Any]]:
+                return [await one(session, url, job, output_len) for job in jobs]
+            done = await asyncio.gather(*(client(jobs) for jobs in clients))
         return [record for records in done for record in records]
 
-    while (work := conn.recv()) is not None:
+    while (item := conn.recv()) is not None:
         try:
-            conn.send(asyncio.run(job(*work)))
+            conn.send(asyncio.run(run(*item)))
         except Exception as exc:  # the parent reports it
             conn.send(f"{type(exc).__name__}: {exc}")
+
+
+def client_main(conn: Any) -> None:
+    """Runs in its own process (serve_clients): a job is (prompt ids, model); its record {start, end,
+    tokens, stamps, ...} (stream_completion's)."""
+
+    async def one(session: Any, url: str, job: tuple[list[int], str], output_len: int) -> dict[str, Any]:
+        prompt, model = job
+        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        return await stream_completion(session, url, body)
+
+    serve_clients(conn, one)
 
 
 def requests_for(shape: Shape, rng: random.Random, vocab: int) -> list[tuple[list[int], str]]:
@@ -298,7 +312,8 @@ def requests_for(shape: Shape, rng: random.Random, vocab: int) -> list[tuple[lis
 
 
 def drive(conn: Any, url: str, requests: list[tuple[list[int], str]], clients: int, output_len: int) -> list[dict]:
-    conn.send((url, requests, clients, output_len))
+    """The requests' records, sent by `clients` clients in turn (request i by client i % clients)."""
+    conn.send((url, [requests[i::clients] for i in range(clients)], output_len))
     answer = conn.recv()
     if isinstance(answer, str):
         sys.exit(f"the client failed against {url}: {answer}")

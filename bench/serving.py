@@ -36,7 +36,7 @@ from pathlib import Path
 import core_openmp  # noqa: F401  (bench/core_openmp.py, first: this process spins as the engine core does)
 import torch
 from peft_baseline import NaivePeft  # bench/peft_baseline.py: run as `python bench/serving.py`
-from stack import stop  # bench/stack.py: run as `python bench/serving.py`
+from stack import sse_events, stop  # bench/stack.py: run as `python bench/serving.py`
 from tqdm import tqdm
 
 from data_plane.adapters.loading.peft_loader import load_peft_adapter
@@ -125,14 +125,10 @@ def client_main(conn) -> None:
                 tokens = (await resp.json())["usage"]["completion_tokens"]
             else:  # every byte read, as a user would; the events a read completed are stamped on arrival
                 tokens = 0
-                rest = b""
-                async for data in resp.content.iter_any():  # one call per read, not one per line
-                    now = time.perf_counter()
-                    *events, rest = (rest + data).split(b"\n\n")
-                    for event in events:
-                        if event.startswith(b"data: ") and event != b"data: [DONE]":
-                            stamps.append(now)
-                            tokens += 1  # one event per token: each step's token is sent as it comes
+                async for now, event in sse_events(resp):
+                    if event.startswith(b"data: ") and event != b"data: [DONE]":
+                        stamps.append(now)
+                        tokens += 1  # one event per token: each step's token is sent as it comes
         end = time.perf_counter()
         return {"start": start, "end": end, "tokens": tokens, "stamps": stamps}
 

@@ -17,9 +17,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -45,6 +46,17 @@ def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = sum(int(f) for f in fields[11:15 if reaped_children else 13])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+async def sse_events(response: Any) -> AsyncIterator[tuple[float, bytes]]:
+    """Each server-sent event of an aiohttp streaming `response`, with the perf_counter time the read that
+    completed it returned: every byte is read as a user would, one call per read, not one per line."""
+    rest = b""
+    async for data in response.content.iter_any():
+        now = time.perf_counter()
+        *events, rest = (rest + data).split(b"\n\n")
+        for event in events:
+            yield now, event
 
 
 def free_port() -> int:

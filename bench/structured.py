@@ -35,7 +35,6 @@ against its schema (`answers`; --answers FILE writes every one, with its schema,
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
@@ -63,6 +62,8 @@ from peer import (
     ensure_model,
     median_range,
     percentile,
+    serve_clients,
+    stream_completion,
 )
 
 CACHE_METRICS = {"hits": "loraplane_structured_output_cache_hits_total",
@@ -116,8 +117,8 @@ class Schemas:
 # ---- the HTTP client process ---------------------------------------------------------------------
 def client_main(conn: Any) -> None:
     """Runs in its own process: each work item is (url, [[Job, ...] per client], output_len); answers one
-    record {start, end, tokens, stamps, text, finish, schema} per request (perf_counter seconds; stamps:
-    when each event with text arrived), or the error's text."""
+    record {start, end, tokens, stamps, text, finish, schema} per request (peer.stream_completion's, with
+    the schema), or the error's text."""
     import aiohttp
 
     prompt_numbers = itertools.count()  # every prompt new: no request finds another's prefix cached
@@ -130,44 +131,9 @@ def client_main(conn: Any) -> None:
         else:
             body |= {"max_tokens": CONSTRAINED_MAX_TOKENS, "response_format": {
                 "type": "json_schema", "json_schema": {"name": "pet", "schema": job.schema, "strict": True}}}
-        stamps: list[float] = []
-        text, finish, tokens = "", None, None
-        start = time.perf_counter()
-        async with session.post(url + "/v1/completions", json=body) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"{job.model} answered {resp.status}: {await resp.text()}")
-            rest = b""
-            async for data in resp.content.iter_any():
-                now = time.perf_counter()
-                *events, rest = (rest + data).split(b"\n\n")
-                for event in events:
-                    if not event.startswith(b"data: {"):
-                        continue
-                    chunk = json.loads(event[6:])
-                    for choice in chunk.get("choices") or []:
-                        if choice.get("text"):
-                            stamps.append(now)
-                            text += choice["text"]
-                        finish = choice.get("finish_reason") or finish
-                    if chunk.get("usage"):
-                        tokens = chunk["usage"]["completion_tokens"]
-        return {"start": start, "end": time.perf_counter(), "stamps": stamps, "text": text, "finish": finish,
-                "tokens": len(stamps) if tokens is None else tokens, "schema": job.schema}
+        return {**await stream_completion(session, url, body), "schema": job.schema}
 
-    async def work(url: str, clients: list[list[Job]], output_len: int) -> list[dict[str, Any]]:
-        timeout = aiohttp.ClientTimeout(total=3600)
-        connector = aiohttp.TCPConnector(limit=len(clients))
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            async def client(jobs: list[Job]) -> list[dict[str, Any]]:
-                return [await one(session, url, job, output_len) for job in jobs]
-            done = await asyncio.gather(*(client(jobs) for jobs in clients))
-        return [record for records in done for record in records]
-
-    while (item := conn.recv()) is not None:
-        try:
-            conn.send(asyncio.run(work(*item)))
-        except Exception as exc:  # the parent reports it
-            conn.send(f"{type(exc).__name__}: {exc}")
+    serve_clients(conn, one)
 
 
 def drive(conn: Any, url: str, clients: list[list[Job]], output_len: int) -> list[dict[str, Any]]:
