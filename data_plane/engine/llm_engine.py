@@ -204,7 +204,7 @@ class LLMEngine:
             self.num_steps += 1
             logits = self.runner.forward(step_input)  # [S, vocab]
             rows = sampling_rows(seqs)
-            dead_ends = _grammar_masks(seqs, rows)  # while the device computes the logits
+            dead_ends = self._grammar_masks(seqs, rows)  # while the device computes the logits
             sampled = self.sampler(logits, rows) if seqs else None
         except EngineDeadError:  # a tensor-parallel rank is gone: nothing can run any more
             raise
@@ -237,6 +237,17 @@ class LLMEngine:
                 self.scheduler.remove(seq)
             touched[request_id] = self.requests[request_id]
         return [self._collect(state) for state in touched.values()] + list(failed.values())
+
+    def _grammar_masks(self, seqs: list[Sequence], rows: list[SamplingRow]) -> set[int]:
+        """Give each constrained row its grammar's allowed tokens; answers the rows whose grammar allows none
+        (they sample unmasked, and their request then fails)."""
+        constrained = [(row, seq.matcher) for row, seq in enumerate(seqs) if seq.matcher is not None]
+        if not constrained:
+            return set()
+        masks = self.grammars.masks([matcher for _, matcher in constrained])
+        for (row, _), mask in zip(constrained, masks, strict=True):
+            rows[row].allowed_tokens = mask
+        return {row for (row, _), mask in zip(constrained, masks, strict=True) if mask is None}
 
     def _grammar_dead_end(self, state: _RequestState, reason: str) -> RequestOutput:
         """The request's grammar allows no token (or not the one sampled): it fails, the batch goes on."""
@@ -342,15 +353,3 @@ class LLMEngine:
                 else LoRAEngineStats(slots_total=0, slots_used=0, adapters={})
             ),
         )
-
-
-def _grammar_masks(seqs: list[Sequence], rows: list[SamplingRow]) -> set[int]:
-    """Give each constrained row its grammar's allowed tokens; answers the rows whose grammar allows none
-    (they sample unmasked, and their request then fails)."""
-    dead: set[int] = set()
-    for row, seq in enumerate(seqs):
-        if seq.matcher is not None:
-            rows[row].allowed_tokens = seq.matcher.allowed_tokens()
-            if rows[row].allowed_tokens is None:
-                dead.add(row)
-    return dead

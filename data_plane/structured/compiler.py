@@ -17,14 +17,12 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-import llguidance
-
 from data_plane.structured.constraint import Constraint
 from data_plane.structured.grammar import (
     MAX_REASON_CHARS,
+    LLVocabulary,
     build_matcher,
     grammar_text,
-    ll_tokenizer,
     rejected,
 )
 from data_plane.tokenizer import Tokenizer
@@ -42,8 +40,6 @@ class Constrained(Protocol):
 class GrammarCompiler:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, *, timeout_s: float, max_bytes: int,
                  cache_size: int) -> None:
-        self._tokenizer = tokenizer
-        self._vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.cache_size = max(1, cache_size)
@@ -52,8 +48,7 @@ class GrammarCompiler:
         # constraint -> (its grammar text, None) or (None, why it was rejected)
         self._cache: OrderedDict[Constraint, tuple[str | None, str | None]] = OrderedDict()
         self._lock = threading.Lock()  # the cache's
-        self._tok_lock = threading.Lock()  # the LLTokenizer's (built once, slowly: not under the cache's lock)
-        self._ll_tok: llguidance.LLTokenizer | None = None
+        self._vocabulary = LLVocabulary(tokenizer, vocab_size)  # built once, slowly: not under the cache's lock
 
     async def grammar_of(self, structured_outputs: Constrained | None, param: str) -> str | None:
         """The grammar text of a request's SamplingParams.structured_outputs (None: unconstrained), whatever
@@ -92,20 +87,14 @@ class GrammarCompiler:
 
     def warm(self) -> None:
         """Build the vocabulary's LLTokenizer now (on the compile threads), not on the first request."""
-        _EXECUTOR.submit(self._tokenizer_for_llguidance)
-
-    def _tokenizer_for_llguidance(self) -> llguidance.LLTokenizer:
-        with self._tok_lock:
-            if self._ll_tok is None:
-                self._ll_tok = ll_tokenizer(self._tokenizer, self._vocab_size)
-            return self._ll_tok
+        _EXECUTOR.submit(self._vocabulary.warm)
 
     def _compile(self, constraint: Constraint) -> tuple[str | None, str | None]:
         """On a compile thread: (grammar text, None) or (None, why it is rejected); either is cached."""
         result: tuple[str | None, str | None]
         try:
             grammar = grammar_text(constraint)
-            built = build_matcher(self._tokenizer_for_llguidance(), grammar)
+            built = build_matcher(self._vocabulary.get(), grammar)
             result = (None, built) if isinstance(built, str) else (grammar, None)
         except Exception as exc:  # noqa: BLE001 (whatever the library raises on a constraint is the client's 400)
             result = (None, str(exc)[:MAX_REASON_CHARS] or type(exc).__name__)

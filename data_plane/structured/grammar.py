@@ -12,6 +12,7 @@ so a schema that bounds its values bounds the output. A schema's own "x-guidance
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 
@@ -21,6 +22,8 @@ import torch
 from data_plane.structured.constraint import Constraint
 from data_plane.tokenizer import Tokenizer
 from shared.errors import InvalidRequestError
+
+logger = logging.getLogger(__name__)
 
 # llguidance's rejection messages can quote the whole grammar: a client reads the start of it
 MAX_REASON_CHARS = 1000
@@ -41,11 +44,51 @@ def grammar_text(constraint: Constraint) -> str:
     return llguidance.grammar_from("grammar", text)  # Lark (llguidance's dialect), or GBNF turned into Lark
 
 
+class UnsupportedTokenizer(ValueError):
+    """llguidance cannot read this model's tokenizer: the model serves, without structured outputs."""
+
+
 def ll_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     """The vocabulary llguidance masks over, built from the `tokenizers` JSON (no transformers); vocab_size:
-    the model's logits width, so a bitmask covers every logit. Slow for large vocabularies: build it once."""
+    the model's logits width, so a bitmask covers every logit. Slow for large vocabularies: build it once.
+    UnsupportedTokenizer when llguidance cannot read the tokenizer."""
     eos = sorted(tokenizer.eos_token_ids)
-    return llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size, eos_token=eos or None)
+    try:
+        return llguidance.LLTokenizer(tokenizer.to_json(), n_vocab=vocab_size, eos_token=eos or None)
+    except Exception as exc:  # noqa: BLE001 (whatever llguidance raises on a tokenizer it cannot read)
+        raise UnsupportedTokenizer(
+            f"structured outputs are not available for this model: the grammar library cannot read its "
+            f"tokenizer ({str(exc)[:200]})") from exc
+
+
+class LLVocabulary:
+    """A tokenizer's LLTokenizer, built once, on first use (any thread); UnsupportedTokenizer on every use
+    when llguidance cannot read the tokenizer (it is tried once: the tokenizer does not change)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._built: llguidance.LLTokenizer | UnsupportedTokenizer | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._built is None:
+                try:
+                    self._built = ll_tokenizer(self._tokenizer, self._vocab_size)
+                except UnsupportedTokenizer as exc:
+                    self._built = exc
+        if isinstance(self._built, UnsupportedTokenizer):
+            raise self._built
+        return self._built
+
+    def warm(self) -> None:
+        """Build it now rather than on the first constrained request; a tokenizer llguidance cannot read is
+        logged, and the model serves without structured outputs."""
+        try:
+            self.get()
+        except UnsupportedTokenizer as exc:
+            logger.warning("%s", exc)
 
 
 def build_matcher(ll_tok: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher | str:
@@ -73,13 +116,16 @@ class GrammarMatcher:
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self._matcher = matcher
 
-    def allowed_tokens(self) -> torch.Tensor | None:
-        """The next token's bitmask, [ceil(V/32)] int32; None when the grammar allows no token (a dead end)
-        or is in error."""
-        mask = torch.frombuffer(bytearray(self._matcher.compute_bitmask()), dtype=torch.int32)
-        if self._matcher.is_error() or not bool(mask.any()):
-            return None
-        return mask
+    @staticmethod
+    def fill_masks(executor: llguidance.LLExecutor, matchers: list[GrammarMatcher], words: int) -> list[torch.Tensor | None]:
+        """Each matcher's next-token bitmask, [words] int32 (bit t % 32 of word t // 32 allows token t),
+        filled at once on the executor's threads; None for a matcher whose grammar allows no token (a dead
+        end) or is in error."""
+        masks = torch.zeros(len(matchers), words, dtype=torch.int32)  # [R, W]
+        executor.unsafe_compute_mask_ptr([(m._matcher, i) for i, m in enumerate(matchers)], masks.data_ptr(),
+                                         words * 4, len(matchers))
+        allowed = masks.any(dim=1).tolist()
+        return [masks[i] if allowed[i] and not m._matcher.is_error() else None for i, m in enumerate(matchers)]
 
     def advance(self, token_id: int) -> bool:
         """Consume the sampled token; False when the grammar does not allow it (the matcher is then in error)."""
@@ -101,22 +147,16 @@ class MatcherCache:
     first constrained request."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, size: int) -> None:
-        self._tokenizer = tokenizer
-        self._vocab_size = vocab_size
+        self.vocabulary = LLVocabulary(tokenizer, vocab_size)
+        self._words = bitmask_words(vocab_size)
+        self._executor = llguidance.LLExecutor(num_threads=max(1, torch.get_num_threads()))
         self._size = max(1, size)
-        self._ll_tok: llguidance.LLTokenizer | None = None
         self._templates: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
 
     def warm(self) -> None:
         """Build the LLTokenizer now (at startup), not on the step of the first constrained request."""
-        with self._lock:
-            self._ll_tokenizer()
-
-    def _ll_tokenizer(self) -> llguidance.LLTokenizer:
-        if self._ll_tok is None:
-            self._ll_tok = ll_tokenizer(self._tokenizer, self._vocab_size)
-        return self._ll_tok
+        self.vocabulary.warm()
 
     def new(self, grammar: str, param: str = "structured_outputs") -> GrammarMatcher:
         """A matcher at the grammar's start for one sequence; a 400 naming `param` when llguidance rejects it."""
@@ -125,7 +165,10 @@ class MatcherCache:
             if template is not None:
                 self._templates.move_to_end(grammar)
             else:
-                built = build_matcher(self._ll_tokenizer(), grammar)
+                try:
+                    built = build_matcher(self.vocabulary.get(), grammar)
+                except UnsupportedTokenizer as exc:
+                    raise rejected(param, str(exc)) from None
                 if isinstance(built, str):
                     raise rejected(param, built)
                 template = built
@@ -134,3 +177,7 @@ class MatcherCache:
                     self._templates.popitem(last=False)
             return GrammarMatcher(template.deep_copy())
 
+    def masks(self, matchers: list[GrammarMatcher]) -> list[torch.Tensor | None]:
+        """The matchers' next-token bitmasks (GrammarMatcher.fill_masks), computed side by side on the torch threads'
+        count of llguidance threads: between two forward passes those CPUs are free."""
+        return GrammarMatcher.fill_masks(self._executor, matchers, self._words)

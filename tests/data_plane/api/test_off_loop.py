@@ -52,7 +52,7 @@ def engine_with(demo_model_dir, tokenizer: BlockingTokenizer) -> AsyncLLMEngine:
 async def test_health_answers_while_a_prompt_is_being_tokenized(demo_model_dir, path, body):
     tokenizer = BlockingTokenizer.from_pretrained(demo_model_dir)
     if path.endswith("chat/completions"):  # the rendered chat prompt starts with the role
-        tokenizer.apply_chat_template = lambda messages, add_generation_prompt=True: "block " + messages[0]["content"]
+        tokenizer.apply_chat_template = lambda messages, add_generation_prompt=True, **_: "block " + messages[0]["content"]
     engine = engine_with(demo_model_dir, tokenizer)
     app = create_app(engine, engine.config)
     transport = httpx.ASGITransport(app=app)  # the app runs on this test's event loop

@@ -5,6 +5,7 @@ unconstrained neighbours untouched, preemption, a grammar's dead end; and the co
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from data_plane.api.app import create_app
 from data_plane.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from data_plane.engine.sequence import Request
 from data_plane.tokenizer import Tokenizer
+from shared.errors import InvalidRequestError
 from tests.data_plane.api.engines import SERVED
 from tests.data_plane.api.engines import make_engine as make_async_engine
 from tests.data_plane.engine.conftest import make_engine, run
@@ -104,3 +106,25 @@ def test_a_compile_that_outlasts_the_timeout_is_a_400_naming_the_field(demo_mode
         error = response.json()["error"]
         assert error["param"] == "response_format" and "--structured-output-compile-timeout" in error["message"]
         assert client.post("/v1/chat/completions", json={**body, "response_format": None}).status_code == 200
+
+
+def test_a_tokenizer_the_library_cannot_read_serves_without_structured_outputs(demo_model_dir, tmp_path):
+    """A tokenizer.json without a decoder (llguidance cannot tell how its tokens spell text): the engine
+    starts and serves; a constrained request is a 400 naming its field and saying why, in the API process
+    and in the engine core alike."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir, model)
+    tokenizer_json = json.loads((model / "tokenizer.json").read_text())
+    tokenizer_json["decoder"] = None
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    engine = make_async_engine(model)
+    body = {"model": SERVED, "prompt": "hi", "max_tokens": 3, "structured_outputs": {"choice": ["yes", "no"]}}
+    with TestClient(create_app(engine, engine.config), raise_server_exceptions=False) as client:
+        response = client.post("/v1/completions", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "structured_outputs" and "not available for this model" in error["message"]
+        assert client.post("/v1/completions", json={**body, "structured_outputs": None}).status_code == 200
+    core = make_engine(model)  # the engine core, handed a grammar the API process never checked
+    with pytest.raises(InvalidRequestError, match="not available for this model"):
+        core.grammars.new(json_grammar(SCHEMA))

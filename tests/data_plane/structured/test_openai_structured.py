@@ -78,6 +78,17 @@ def test_json_schema_streamed_equals_the_whole_answer_and_validates(client):
     Pet.model_validate_json(text)
 
 
+def test_a_constrained_answer_cut_by_max_tokens_finishes_with_length(client):
+    """Cut short, the answer is the start of the whole one, unfinished (it does not parse), as OpenAI's."""
+    fields = {"model": "demo", "messages": MESSAGES, "response_format": PET_FORMAT, "temperature": 0.0}
+    whole = client.chat.completions.create(**fields, max_tokens=GREEDY["max_tokens"]).choices[0].message.content
+    cut = client.chat.completions.create(**fields, max_tokens=3).choices[0]
+    assert cut.finish_reason == "length" and whole.startswith(cut.message.content) and cut.message.content != whole
+    with pytest.raises(ValueError):
+        Pet.model_validate_json(cut.message.content)
+    assert streamed_chat(client, **fields, max_tokens=3) == (cut.message.content, "length")
+
+
 def test_json_object_is_masked_before_the_logit_bias_on_chat_and_completions(client, demo_model_dir):
     """Any JSON object is unbounded, so a bias steers it: "}" favoured (unconstrained, every token would be
     "}"), '{"' shunned. The mask comes first, so the answer opens with "{" and closes at once."""
